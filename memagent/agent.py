@@ -1,0 +1,175 @@
+"""The memory agent: read a document chunk by chunk, overwriting a fixed-size memory, then answer.
+
+    memory = "No previous memory"
+    for chunk in chunks(document):                        # K calls, each with a bounded prompt
+        memory = LLM(question, memory, chunk)             # the reply *is* the new memory
+    answer = LLM(question, memory)                        # no document text in the last call
+
+One coroutine per document; the engine batches the calls of all documents in flight. The
+same function serves batch jobs, evaluation and RL rollouts (``keep_completions`` keeps the
+token ids and log-probs of every conversation for training).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from memagent.chunking import Chunk, chunk_document
+from memagent.config import AgentConfig
+from memagent.engines.base import Completion, Engine, SamplingParams
+from memagent.prompts import NO_MEMORY, extract_answer, final_answer_messages, memory_update_messages, strip_thinking
+
+
+class InputError(ValueError):
+    """A document/question the agent cannot read; the message names the field and what was expected."""
+
+
+@dataclass
+class Step:
+    """One conversation of a read. ``kind`` is "memory" (one per chunk) or "answer" (the last).
+
+    For memory steps, ``char_start:char_end`` is the chunk's span in the original text and
+    ``memory`` the memory written from it. For the answer step both are None / the memory read.
+    """
+
+    step: int
+    kind: str
+    chunk_index: int | None
+    char_start: int | None
+    char_end: int | None
+    memory: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    seconds: float
+
+
+@dataclass
+class Result:
+    """Everything one read produced."""
+
+    prediction: str | None
+    response: str
+    memory: str
+    steps: list[Step]
+    n_chunks: int
+    context_tokens: int
+    truncated: bool
+    completions: list[Completion] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("completions")
+        return d
+
+
+def validate_inputs(question: object, context: object) -> tuple[str, str]:
+    """Check a (question, context) pair; raise :class:`InputError` saying what is wrong."""
+    if question is None or not isinstance(question, str) or not question.strip():
+        raise InputError(f"question must be a non-empty string, got {_describe(question)}")
+    if context is None or not isinstance(context, str):
+        raise InputError(f"context must be a string, got {_describe(context)}")
+    if not context.strip():
+        raise InputError("context is empty (only whitespace): there is nothing to read")
+    return question.strip(), context
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "an empty string" if not value.strip() else repr(value[:40])
+    return f"a value of type {type(value).__name__}"
+
+
+def template_overhead(engine: Engine, instruction: str | None = None) -> int:
+    """Tokens of the memory-update prompt with empty question, memory and chunk."""
+    return engine.count_chat_tokens(memory_update_messages("", "", "", instruction))
+
+
+def check_config(engine: Engine, config: AgentConfig) -> None:
+    """Reject a config whose worst-case call does not fit ``engine``'s context window."""
+    config.check_fits(engine.context_window, template_overhead(engine, config.instruction))
+
+
+def _step(n: int, kind: str, chunk: Chunk | None, memory: str, c: Completion, seconds: float) -> Step:
+    return Step(
+        step=n,
+        kind=kind,
+        chunk_index=chunk.index if chunk else None,
+        char_start=chunk.char_start if chunk else None,
+        char_end=chunk.char_end if chunk else None,
+        memory=memory,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        finish_reason=c.finish_reason,
+        seconds=round(seconds, 4),
+    )
+
+
+async def read_document(
+    engine: Engine,
+    question: str,
+    context: str,
+    config: AgentConfig,
+    *,
+    on_step: Callable[[Step], None] | None = None,
+    keep_completions: bool = False,
+    logprobs: bool = False,
+) -> Result:
+    """Read ``context`` with the memory agent and answer ``question``.
+
+    Args:
+        engine: any :class:`Engine`; its tokenizer cuts the chunks.
+        config: budgets, answer style and decoding.
+        on_step: called after each conversation (progress bars).
+        keep_completions: keep every conversation's token ids (RL rollouts).
+        logprobs: ask the engine for behaviour log-probs (RL rollouts).
+
+    Raises:
+        InputError: empty/missing question or context, or a question over ``query_tokens``.
+    """
+    question, context = validate_inputs(question, context)
+    n_question = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
+    if n_question > config.query_tokens:
+        raise InputError(
+            f"question is {n_question} tokens, over query_tokens={config.query_tokens}; "
+            "shorten it or raise query_tokens"
+        )
+    doc = chunk_document(engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
+    memory_params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs)
+    answer_params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, logprobs)
+
+    memory = NO_MEMORY
+    steps: list[Step] = []
+    completions: list[Completion] = []
+    for chunk in doc.chunks:
+        t0 = time.perf_counter()
+        messages = memory_update_messages(question, memory, chunk.text, config.instruction)
+        reply = await engine.chat(messages, memory_params)
+        memory = strip_thinking(reply.text).strip()  # overwrite, never append
+        steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
+        completions.append(reply)
+        if on_step:
+            on_step(steps[-1])
+
+    t0 = time.perf_counter()
+    messages = final_answer_messages(question, memory, config.answer_style, config.instruction)
+    reply = await engine.chat(messages, answer_params)
+    steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
+    completions.append(reply)
+    if on_step:
+        on_step(steps[-1])
+
+    return Result(
+        prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
+        response=reply.text,
+        memory=memory,
+        steps=steps,
+        n_chunks=len(doc.chunks),
+        context_tokens=doc.context_tokens,
+        truncated=doc.truncated,
+        completions=completions if keep_completions else None,
+    )

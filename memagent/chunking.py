@@ -1,0 +1,106 @@
+"""Cut a document into chunks of the policy's tokens, keeping each chunk's span in the text.
+
+The document is tokenised once (no special tokens, as the paper). Chunk ``k`` holds tokens
+``[k*C, (k+1)*C)``; its text is the slice of the original string from the first character of
+its first token to the first character of the next chunk, so the chunks tile the document
+exactly and every memory in a trace points back to the text it was written from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+class OffsetTokenizer(Protocol):
+    """The part of a Hugging Face fast tokenizer that chunking needs."""
+
+    def __call__(self, text: str, **kwargs: object) -> object: ...
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk: its index among all chunks of the full document and its span in the text."""
+
+    index: int
+    token_start: int
+    token_end: int
+    char_start: int
+    char_end: int
+    text: str
+
+    @property
+    def n_tokens(self) -> int:
+        return self.token_end - self.token_start
+
+
+@dataclass(frozen=True)
+class ChunkedDocument:
+    """The chunks an agent reads, plus what centre truncation dropped (if anything)."""
+
+    chunks: list[Chunk]
+    context_tokens: int
+    truncated: bool
+    dropped_char_span: tuple[int, int] | None = None
+
+
+def token_offsets(tokenizer: OffsetTokenizer, text: str) -> list[tuple[int, int]]:
+    """Character ``(start, end)`` of every token of ``text`` (no special tokens added).
+
+    Shape: one pair per token, ``len == n_tokens``.
+    """
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]  # type: ignore[index]
+    return [(int(a), int(b)) for a, b in offsets]
+
+
+def chunk_boundaries(offsets: Sequence[tuple[int, int]], text_len: int, token_starts: Sequence[int]) -> list[int]:
+    """Character position where each chunk starts; chunk k ends where chunk k+1 starts.
+
+    A chunk starts at its first token's first character, except the first chunk, which starts
+    at 0 so that leading whitespace is not lost.
+    """
+    return [0 if t == 0 else offsets[t][0] for t in token_starts] + [text_len]
+
+
+def chunk_document(
+    tokenizer: OffsetTokenizer, text: str, chunk_tokens: int, max_chunks: int | None = None
+) -> ChunkedDocument:
+    """Split ``text`` into chunks of ``chunk_tokens`` tokens (the last may be shorter).
+
+    With ``max_chunks`` and a longer document, keep the first ``ceil(max_chunks/2)`` chunks and
+    the last ``floor(max_chunks/2)`` full chunks' worth of tokens and drop the middle (centre
+    truncation, as the paper's training did); ``truncated`` is then True. Chunk indices stay
+    those of the untruncated document.
+    """
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    offsets = token_offsets(tokenizer, text)
+    n = len(offsets)
+    n_chunks = -(-n // chunk_tokens)
+    starts = list(range(0, n, chunk_tokens))
+    ends = [min(s + chunk_tokens, n) for s in starts]
+    indices = list(range(n_chunks))
+    truncated = max_chunks is not None and n_chunks > max_chunks
+    dropped: tuple[int, int] | None = None
+    if truncated:
+        assert max_chunks is not None
+        head = -(-max_chunks // 2)
+        tail = max_chunks - head
+        tail_start = n - tail * chunk_tokens
+        tail_starts = [tail_start + i * chunk_tokens for i in range(tail)]
+        starts = starts[:head] + tail_starts
+        ends = [min(s + chunk_tokens, n) for s in starts]
+        # Indices name the chunk's position in the untruncated grid (by its first token).
+        indices = list(range(head)) + [s // chunk_tokens for s in tail_starts]
+    bounds = chunk_boundaries(offsets, len(text), starts)
+    chunks: list[Chunk] = []
+    for i, (s, e, idx) in enumerate(zip(starts, ends, indices)):
+        c0 = bounds[i]
+        # Next kept chunk's start, unless the middle was dropped right after this chunk.
+        c1 = bounds[i + 1] if (i + 1 == len(starts) or starts[i + 1] == e) else offsets[e][0]
+        chunks.append(Chunk(idx, s, e, c0, c1, text[c0:c1]))
+    if truncated:
+        gap = next(i for i in range(len(chunks) - 1) if chunks[i].char_end != chunks[i + 1].char_start)
+        dropped = (chunks[gap].char_end, chunks[gap + 1].char_start)
+    return ChunkedDocument(chunks=chunks, context_tokens=n, truncated=truncated, dropped_char_span=dropped)

@@ -1,0 +1,107 @@
+"""Typed configuration of the memory agent: token budgets, answer style, decoding.
+
+One object per concern. ``AgentConfig`` holds what the paper calls the budgets (query,
+chunk, memory, final answer) plus how the final answer is asked for and decoded. Values are
+validated on construction; whether a config fits a given model's context window is checked by
+:meth:`AgentConfig.check_fits`, which the agent calls once it knows the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AnswerStyle = Literal["boxed", "phrase", "json"]
+
+
+class AgentConfig(BaseModel):
+    """Budgets and decoding of one memory-agent read. Defaults are the paper's (spec §1.4)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chunk_tokens: int = Field(5000, gt=0, description="Document tokens per memory-update call (paper: 5000).")
+    memory_tokens: int = Field(
+        1024, gt=0, description="Max new tokens of each memory update; the reply *is* the new memory (paper: 1024)."
+    )
+    answer_tokens: int = Field(1024, gt=0, description="Max new tokens of the final answer call (paper: 1024).")
+    query_tokens: int = Field(
+        1024, gt=0, description="Budget for the question in every prompt (paper: 1024); longer questions are an input error."
+    )
+    max_chunks: int | None = Field(
+        None,
+        gt=0,
+        description="Cap on chunks per document; longer documents keep their head and tail halves "
+        "(centre truncation, paper training: 8). None reads everything (paper evaluation).",
+    )
+    answer_style: AnswerStyle = Field(
+        "phrase",
+        description="'phrase': 'the answer is …' (paper evaluation); 'boxed': \\boxed{…} (training reward); "
+        "'json': a JSON value (corpus extraction).",
+    )
+    strict_extraction: bool = Field(
+        False,
+        description="True: no answer marker in the reply gives prediction None (the paper's scoring). "
+        "False: fall back to the cleaned reply.",
+    )
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy decoding (paper evaluation used 0.7).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; only used when temperature > 0.")
+    instruction: str | None = Field(
+        None, description="Extra task instruction placed before the question in every prompt (corpus extraction)."
+    )
+
+    @model_validator(mode="after")
+    def _budgets_are_sane(self) -> AgentConfig:
+        if self.memory_tokens > self.chunk_tokens * 4:
+            raise ValueError(
+                f"memory_tokens={self.memory_tokens} is more than 4x chunk_tokens={self.chunk_tokens}: "
+                "the memory would dwarf what each step reads; lower memory_tokens or raise chunk_tokens"
+            )
+        return self
+
+    def max_prompt_tokens(self, template_tokens: int) -> int:
+        """Worst-case prompt length of a memory-update call, given the template's own tokens."""
+        return template_tokens + self.query_tokens + self.memory_tokens + self.chunk_tokens
+
+    def check_fits(self, context_window: int, template_tokens: int) -> None:
+        """Reject budgets whose worst-case call (prompt + reply) exceeds the model's window.
+
+        Raises ``ValueError`` naming the numbers and what to change.
+        """
+        # Chunks are cut on the full document's tokens and re-tokenised inside the prompt;
+        # boundaries can shift a few tokens, so keep a small slack.
+        slack = 16
+        need = self.max_prompt_tokens(template_tokens) + max(self.memory_tokens, self.answer_tokens) + slack
+        if need > context_window:
+            over = need - context_window
+            raise ValueError(
+                f"budgets do not fit the model's context window of {context_window} tokens: "
+                f"template {template_tokens} + query {self.query_tokens} + memory {self.memory_tokens} + "
+                f"chunk {self.chunk_tokens} + reply {max(self.memory_tokens, self.answer_tokens)} (+{slack} slack) "
+                f"= {need}; lower chunk_tokens to {self.chunk_tokens - over} or less "
+                "(or lower memory_tokens/query_tokens/answer_tokens)"
+            )
+
+    def with_overrides(self, **overrides: object) -> AgentConfig:
+        """A copy with the non-None overrides applied (and validated)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return AgentConfig(**data)
+
+
+PRESETS: dict[str, AgentConfig] = {
+    # The paper's budgets (spec §1.4): for 8K-window models of 7B+ on GPUs.
+    "paper": AgentConfig(),
+    # CPU-sized: a 2-core machine reads ~10K tokens a minute with the packaged 135M model.
+    "small": AgentConfig(chunk_tokens=1024, memory_tokens=160, answer_tokens=48, query_tokens=160),
+    # Tests and smoke runs: many short steps.
+    "tiny": AgentConfig(chunk_tokens=256, memory_tokens=48, answer_tokens=24, query_tokens=96),
+}
+
+
+def preset(name: str) -> AgentConfig:
+    """The named preset; unknown names list the ones that exist."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None

@@ -1,0 +1,89 @@
+"""The engine interface every backend implements (transformers, vLLM, OpenAI-compatible).
+
+One request = one chat conversation. Callers are many concurrent coroutines (one per document);
+the engine batches whatever is in flight. Engines return text plus the token accounting the
+trace and the RL trainer need.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Messages = list[dict[str, str]]
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding of one request. ``temperature == 0`` means greedy."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    logprobs: bool = False  # return the behaviour log-prob of each generated token (RL)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Completion:
+    """One reply. Token ids are those of the policy's tokenizer (None if the backend cannot say)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # one per token of token_ids, when asked for
+
+
+@dataclass
+class EngineStats:
+    """Counters an engine keeps; ``batch_sizes`` records how many requests each forward held."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class Engine(abc.ABC):
+    """An async chat-completion backend.
+
+    Attributes:
+        name: model name as reported in outputs.
+        context_window: max tokens of prompt + reply.
+        tokenizer: the policy's Hugging Face tokenizer (used for chunking and budgets).
+    """
+
+    name: str
+    context_window: int
+    tokenizer: Any
+    stats: EngineStats
+
+    @abc.abstractmethod
+    async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
+        """Generate the assistant reply to ``messages``. Safe to call from many coroutines at once."""
+
+    def count_chat_tokens(self, messages: Messages) -> int:
+        """Tokens of ``messages`` rendered with the chat template and the generation prompt."""
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return len(ids)
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the backend (threads, subprocesses, GPU memory)."""

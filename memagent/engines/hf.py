@@ -1,0 +1,247 @@
+"""Transformers engine: CPU (and CUDA) generation that batches concurrent requests.
+
+Every ``chat`` call enqueues its tokenised prompt and awaits a future. One worker coroutine
+per event loop takes whatever is pending (up to ``max_batch_size``), left-pads it into one
+batch and runs ``model.generate`` in a thread, so the event loop keeps accepting requests from
+other documents while the model works. Rows with a smaller ``max_tokens`` stop early through a
+per-row stopping criterion; sampling settings that differ go into separate batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+
+from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """True when the CPU has bf16 matrix/vector units (AMX or AVX512-BF16)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 where the hardware runs it fast, else fp32."""
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_bf16_matmul() else torch.float32
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return default_dtype(device)
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, bf16, fp16 or fp32")
+    return names[dtype]
+
+
+class _PerRowTokenLimit(StoppingCriteria):
+    """Stops row i once it has generated ``limits[i]`` tokens."""
+
+    def __init__(self, prompt_len: int, limits: torch.Tensor):
+        self.prompt_len = prompt_len
+        self.limits = limits
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        generated = input_ids.shape[1] - self.prompt_len
+        return (generated >= self.limits).to(input_ids.device)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+
+
+class TransformersEngine(Engine):
+    """A Hugging Face causal LM behind the async engine interface.
+
+    Args:
+        model_dir: local HF model directory (config + safetensors + tokenizer).
+        device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
+        dtype: "auto" (bf16 where fast), "bf16", "fp16" or "fp32".
+        max_batch_size: most requests in one forward.
+        batch_wait_s: how long the worker waits after the first pending request for others to join.
+        name: model name reported in outputs (default: the directory name).
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str | torch.dtype = "auto",
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.01,
+        name: str | None = None,
+    ):
+        if max_batch_size <= 0:
+            raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.name = name or Path(model_dir).name
+        t0 = time.perf_counter()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(self.device).eval()
+        self.load_seconds = time.perf_counter() - t0
+        gen_eos = self.model.generation_config.eos_token_id
+        eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
+        self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+        self.context_window = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.stats = EngineStats()
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- public API -------------------------------------------------------------------------
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """Prompt token ids: the chat template with the generation prompt (it holds any BOS)."""
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def count_chat_tokens(self, messages: Messages) -> int:
+        return len(self.encode_chat(messages))
+
+    async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
+        prompt_ids = self.encode_chat(messages)
+        if len(prompt_ids) + params.max_tokens > self.context_window:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds the "
+                f"model's context window of {self.context_window}"
+            )
+        self._ensure_worker()
+        assert self._queue is not None
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(prompt_ids, params, future))
+        return await future
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            self._worker = None
+
+    # -- batching ---------------------------------------------------------------------------
+
+    def _ensure_worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._serve(), name="hf-engine-batcher")
+
+    async def _serve(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            pending = [await queue.get()]
+            await asyncio.sleep(self.batch_wait_s)
+            while not queue.empty():
+                pending.append(queue.get_nowait())
+            # Same decoding settings share a forward; at most max_batch_size per forward.
+            groups: dict[tuple, list[_Request]] = {}
+            for req in pending:
+                p = req.params
+                key = (p.greedy, p.temperature, p.top_p, p.logprobs)
+                groups.setdefault(key, []).append(req)
+            for reqs in groups.values():
+                # Longest prompts together: less padding per batch.
+                reqs.sort(key=lambda r: len(r.prompt_ids))
+                for i in range(0, len(reqs), self.max_batch_size):
+                    batch = [r for r in reqs[i : i + self.max_batch_size] if not r.future.cancelled()]
+                    if not batch:
+                        continue
+                    try:
+                        completions = await asyncio.to_thread(self._generate, batch)
+                    except Exception as exc:  # the batch fails, the engine keeps serving
+                        for r in batch:
+                            if not r.future.done():
+                                r.future.set_exception(exc)
+                        continue
+                    for r, c in zip(batch, completions):
+                        if not r.future.done():
+                            r.future.set_result(c)
+
+    @torch.inference_mode()
+    def _generate(self, batch: list[_Request]) -> list[Completion]:
+        """One left-padded ``generate`` over ``batch``. Shapes: input [B, L], output [B, L + T]."""
+        prompt_len = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((len(batch), prompt_len), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), prompt_len), dtype=torch.long)
+        for i, r in enumerate(batch):
+            input_ids[i, prompt_len - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            attention[i, prompt_len - len(r.prompt_ids) :] = 1
+        limits = torch.tensor([r.params.max_tokens for r in batch])
+        params = batch[0].params
+        sampling: dict[str, Any] = (
+            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+            if params.greedy
+            else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        )
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            max_new_tokens=int(limits.max()),
+            stopping_criteria=StoppingCriteriaList([_PerRowTokenLimit(prompt_len, limits)]),
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.eos_ids),
+            return_dict_in_generate=True,
+            output_logits=params.logprobs,
+            **sampling,
+        )
+        new_tokens = out.sequences[:, prompt_len:].cpu()
+        step_logprobs = None
+        if params.logprobs:
+            logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
+            if not params.greedy:
+                logits = logits / params.temperature
+            step_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1).to(logits.device))
+            step_logprobs = step_logprobs.squeeze(-1).cpu()  # [B, T]
+        self.stats.batch_sizes.append(len(batch))
+        completions = []
+        for i, r in enumerate(batch):
+            tokens = new_tokens[i, : r.params.max_tokens].tolist()
+            stop_at = next((j for j, t in enumerate(tokens) if t in self.eos_ids), None)
+            if stop_at is not None:
+                tokens = tokens[: stop_at + 1]  # the response ends with (and includes) EOS
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            completions.append(
+                Completion(
+                    text=text,
+                    prompt_tokens=len(r.prompt_ids),
+                    completion_tokens=len(tokens),
+                    finish_reason="stop" if stop_at is not None else "length",
+                    prompt_token_ids=r.prompt_ids,
+                    token_ids=tokens,
+                    logprobs=step_logprobs[i, : len(tokens)].tolist() if step_logprobs is not None else None,
+                )
+            )
+            self.stats.requests += 1
+            self.stats.prompt_tokens += len(r.prompt_ids)
+            self.stats.completion_tokens += len(tokens)
+        return completions
