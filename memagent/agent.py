@@ -115,7 +115,7 @@ async def read_document(
     context: str,
     config: AgentConfig,
     *,
-    on_step: Callable[[Step], None] | None = None,
+    on_step: Callable[[Step, int], None] | None = None,
     keep_completions: bool = False,
     logprobs: bool = False,
 ) -> Result:
@@ -124,7 +124,7 @@ async def read_document(
     Args:
         engine: any :class:`Engine`; its tokenizer cuts the chunks.
         config: budgets, answer style and decoding.
-        on_step: called after each conversation (progress bars).
+        on_step: called after each conversation with (step, total conversations): progress bars.
         keep_completions: keep every conversation's token ids (RL rollouts).
         logprobs: ask the engine for behaviour log-probs (RL rollouts).
 
@@ -153,7 +153,7 @@ async def read_document(
         steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
         completions.append(reply)
         if on_step:
-            on_step(steps[-1])
+            on_step(steps[-1], len(doc.chunks) + 1)
 
     t0 = time.perf_counter()
     messages = final_answer_messages(question, memory, config.answer_style, config.instruction)
@@ -161,7 +161,7 @@ async def read_document(
     steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
     completions.append(reply)
     if on_step:
-        on_step(steps[-1])
+        on_step(steps[-1], len(doc.chunks) + 1)
 
     return Result(
         prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),

@@ -245,3 +245,15 @@ class TransformersEngine(Engine):
             self.stats.prompt_tokens += len(r.prompt_ids)
             self.stats.completion_tokens += len(tokens)
         return completions
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """RL weight sync: copy ``state_dict`` into the model in place (cast to its dtype/device).
+
+        Call it between rollouts (no generation in flight). Every key must match a weight.
+        """
+        with torch.no_grad():
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")

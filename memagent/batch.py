@@ -1,0 +1,140 @@
+"""Read many rows concurrently through one engine and turn each into an output record.
+
+This is the unit of work of every batch job: a Ray Data actor calls :func:`answer_rows` on
+each batch it receives; the demo and tests call it in-process. One coroutine per row, so the
+engine batches the calls of all rows in flight. A row that cannot be read becomes an error
+record (``error`` set, results null) and never stops the others.
+
+Output record (DESIGN.md "Batch output"): ``id``, passthrough columns, ``prediction``,
+``response``, ``memory``, ``n_chunks``, ``context_tokens``, ``truncated``, ``steps``,
+``score`` (when ``answers`` are given), ``error``, ``model``, ``config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import pyarrow as pa
+
+from memagent.agent import InputError, Result, read_document
+from memagent.config import AgentConfig
+from memagent.engines.base import Engine
+from memagent.prompts import parse_json_answer
+from memagent.verify import score as score_metric
+
+log = logging.getLogger(__name__)
+
+RESULT_COLUMNS = (
+    "prediction", "response", "memory", "n_chunks", "context_tokens", "truncated", "steps", "score",
+    "error", "model", "config", "seconds",
+)
+
+STEP_TYPE = pa.struct([
+    ("step", pa.int32()), ("kind", pa.string()), ("chunk_index", pa.int32()),
+    ("char_start", pa.int64()), ("char_end", pa.int64()), ("memory", pa.string()),
+    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
+    ("finish_reason", pa.string()), ("seconds", pa.float64()),
+])
+
+RESULT_SCHEMA = pa.schema([
+    ("prediction", pa.string()), ("response", pa.string()), ("memory", pa.string()),
+    ("n_chunks", pa.int32()), ("context_tokens", pa.int64()), ("truncated", pa.bool_()),
+    ("steps", pa.list_(STEP_TYPE)), ("score", pa.float64()), ("error", pa.string()),
+    ("model", pa.string()), ("config", pa.string()), ("seconds", pa.float64()),
+])
+
+
+def _answers(row: Mapping[str, Any]) -> list[str] | None:
+    value = row.get("answers")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    answers = [str(a) for a in list(value)]
+    return answers or None
+
+
+def result_record(
+    row: Mapping[str, Any], result: Result, config: AgentConfig, model: str, metric: str, seconds: float
+) -> dict[str, Any]:
+    """The output record of a successful read (passthrough columns kept)."""
+    record = dict(row)
+    error = None
+    prediction: str | None = result.prediction
+    if config.answer_style == "json":
+        try:
+            prediction = json.dumps(parse_json_answer(result.response), ensure_ascii=False)
+        except ValueError as exc:
+            prediction, error = None, f"answer: {exc}"
+    answers = _answers(row)
+    record.update(
+        prediction=prediction,
+        response=result.response,
+        memory=result.memory,
+        n_chunks=result.n_chunks,
+        context_tokens=result.context_tokens,
+        truncated=result.truncated,
+        steps=[vars(s) for s in result.steps],
+        score=score_metric(metric, prediction, answers) if answers and error is None else None,
+        error=error,
+        model=model,
+        config=config.model_dump_json(),
+        seconds=round(seconds, 3),
+    )
+    return record
+
+
+def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, model: str) -> dict[str, Any]:
+    """The output record of a row that could not be read: ``error`` set, results null."""
+    record = dict(row)
+    record.update({c: None for c in RESULT_COLUMNS})
+    record.update(error=message, model=model, config=config.model_dump_json())
+    return record
+
+
+async def answer_row(
+    engine: Engine,
+    row: Mapping[str, Any],
+    config: AgentConfig,
+    *,
+    question: str | None = None,
+    metric: str = "sub_em",
+) -> dict[str, Any]:
+    """Read one row; any failure of the row itself becomes an error record.
+
+    ``question`` overrides/supplies the question for every row (corpus extraction jobs).
+    """
+    t0 = time.perf_counter()
+    q = question if question is not None else row.get("question")
+    try:
+        result = await read_document(engine, q, row.get("context"), config)  # type: ignore[arg-type]
+    except InputError as exc:
+        return error_record(row, f"input: {exc}", config, engine.name)
+    except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
+        log.warning("row %s failed: %s", row.get("id"), exc, exc_info=True)
+        return error_record(row, f"agent: {type(exc).__name__}: {exc}", config, engine.name)
+    return result_record(row, result, config, engine.name, metric, time.perf_counter() - t0)
+
+
+async def answer_rows(
+    engine: Engine,
+    rows: Sequence[Mapping[str, Any]],
+    config: AgentConfig,
+    *,
+    question: str | None = None,
+    metric: str = "sub_em",
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Read all ``rows`` concurrently; records come back in input order."""
+
+    async def one(row: Mapping[str, Any]) -> dict[str, Any]:
+        record = await answer_row(engine, row, config, question=question, metric=metric)
+        if on_done:
+            on_done(record)
+        return record
+
+    return list(await asyncio.gather(*(one(r) for r in rows)))

@@ -1,0 +1,139 @@
+"""Typed configuration of Multi-Conv DAPO training (spec §4.3 for the paper's values).
+
+Defaults follow the paper's released scripts where they fit a small run: symmetric clip
+0.2/0.2 (DAPO's clip-higher 0.28 is one field away), dual clip 3.0, k3 KL 0.001 to the initial
+policy, no std normalisation, token-mean loss, AdamW with linear warm-up then constant,
+gradient clipping 1.0. Batch sizes default small (the paper: 128 questions x 16 rollouts).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+OverlongMode = Literal["none", "mask", "penalize"]
+
+
+class TrainConfig(BaseModel):
+    """Hyperparameters of one training run. Validated on construction; frozen."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # -- schedule --------------------------------------------------------------------------
+    steps: int = Field(100, gt=0, description="Training steps (one rollout batch + its updates each).")
+    lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate (paper: 1e-6).")
+    warmup_steps: int = Field(20, ge=0, description="Training steps of linear warm-up from 0, then constant (paper: 20).")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (verl default 0.01).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float | None = Field(1.0, gt=0, description="Global gradient-norm clip (None: off).")
+    seed: int = Field(0, description="Seeds the data order and the sampling of every step.")
+    shuffle: bool = Field(True, description="Shuffle the data each epoch (paper: False, sequential).")
+
+    # -- rollout ---------------------------------------------------------------------------
+    batch_size: int = Field(4, gt=0, description="Questions per step (on all ranks together; paper: 128).")
+    group_size: int = Field(4, gt=0, description="Trajectories per question, G (paper: 16).")
+    temperature: float = Field(1.0, gt=0, description="Rollout sampling temperature (paper: 1.0).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Rollout nucleus mass (paper: 1.0).")
+    dynamic_sampling: bool = Field(
+        False, description="Drop groups whose rewards are all equal and refill with new questions (DAPO; paper: off)."
+    )
+    max_rollout_rounds: int = Field(
+        4, gt=0, description="With dynamic sampling: most rollout rounds per step before training on what is there."
+    )
+    overlong: OverlongMode = Field(
+        "none",
+        description="Conversations cut by their length limit: 'none' train as is (paper), 'mask' drop their "
+        "tokens from the loss, 'penalize' subtract overlong_penalty from the trajectory's reward.",
+    )
+    overlong_penalty: float = Field(0.5, ge=0, description="Reward subtracted per trajectory with a cut conversation.")
+
+    # -- loss ------------------------------------------------------------------------------
+    clip_low: float = Field(0.2, gt=0, lt=1, description="Ratio clip below: 1 - clip_low (paper: 0.2).")
+    clip_high: float = Field(0.2, gt=0, description="Ratio clip above: 1 + clip_high (paper 0.2; DAPO 0.28).")
+    dual_clip: float | None = Field(3.0, description="Dual-clip c for negative advantages (verl: 3.0); None: off.")
+    kl_coef: float = Field(0.001, ge=0, description="k3 KL coefficient to the initial policy (paper: 0.001); 0: no reference.")
+    std_normalize: bool = Field(False, description="Divide advantages by the group std (GRPO); paper: off (Dr.GRPO).")
+
+    # -- update ----------------------------------------------------------------------------
+    ppo_mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch (paper: 16).")
+    ppo_epochs: int = Field(1, gt=0, description="Passes over the rollout batch (paper: 1).")
+    micro_batch_tokens: int = Field(
+        8192, gt=0, description="Padded tokens per forward/backward (dynamic batch size; paper: 16384 per GPU)."
+    )
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="'auto': bf16 on CUDA, fp32 on CPU.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (long contexts).")
+
+    # -- output ----------------------------------------------------------------------------
+    save_every: int = Field(10, gt=0, description="Checkpoint (DeepSpeed + HF export) every N steps and at the end.")
+    keep_checkpoints: int | None = Field(2, gt=0, description="Newest DeepSpeed checkpoints kept (None: all).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None to turn it off), got {self.dual_clip}")
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ValueError("dynamic_sampling needs group_size >= 2: a group of one always has equal rewards")
+        if self.ppo_mini_batches > self.batch_size * self.group_size:
+            raise ValueError(
+                f"ppo_mini_batches={self.ppo_mini_batches} exceeds the trajectories per step "
+                f"({self.batch_size} x {self.group_size}); lower it"
+            )
+        if self.overlong != "penalize" and "overlong_penalty" in self.model_fields_set:
+            raise ValueError("overlong_penalty is only used with overlong='penalize'")
+        if self.betas[0] >= 1 or self.betas[1] >= 1 or min(self.betas) < 0:
+            raise ValueError(f"AdamW betas must lie in [0, 1), got {self.betas}")
+        return self
+
+    def deepspeed_config(self, *, world_size: int = 1, bf16: bool = False, template: dict[str, Any] | None = None) -> dict:
+        """The dict given to ``deepspeed.initialize`` (template: ``infra/deepspeed/zero2.json``).
+
+        Gradient accumulation is driven by the trainer (``managed_gradient_accumulation``
+        off): a mini-batch holds as many token-budgeted micro-batches as it needs and
+        ``engine.step()`` is the boundary. The scheduler steps once per optimizer step, so the
+        warm-up given in training steps becomes ``warmup_steps * ppo_mini_batches * ppo_epochs``.
+        """
+        import copy
+
+        cfg = copy.deepcopy(template) if template else {}
+        opt_steps_per_step = self.ppo_mini_batches * self.ppo_epochs
+        cfg.update(
+            {
+                "train_micro_batch_size_per_gpu": 1,
+                "gradient_accumulation_steps": 1,
+                "train_batch_size": world_size,
+                "managed_gradient_accumulation": False,
+                "gradient_clipping": self.grad_clip or 0.0,
+                "steps_per_print": 10**9,
+                "wall_clock_breakdown": False,
+            }
+        )
+        cfg["optimizer"] = {
+            "type": "AdamW",
+            "params": {
+                "lr": self.lr,
+                "betas": list(self.betas),
+                "eps": 1e-8,
+                "weight_decay": self.weight_decay,
+                "torch_adam": True,  # no fused CUDA op to JIT-compile on CPU
+            },
+        }
+        cfg["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": self.lr,
+                "warmup_num_steps": max(1, self.warmup_steps * opt_steps_per_step),
+                "warmup_type": "linear",
+            },
+        }
+        zero = dict(cfg.get("zero_optimization", {}))
+        zero["stage"] = self.zero_stage
+        if self.zero_stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if self.zero_stage != 2:
+            zero.pop("overlap_comm", None)  # unmanaged accumulation allows overlap_comm only at stage 2
+        cfg["zero_optimization"] = zero
+        cfg["bf16"] = {"enabled": bool(bf16)}
+        return cfg

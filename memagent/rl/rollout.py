@@ -1,0 +1,244 @@
+"""Group rollouts through the memory agent, recorded conversation by conversation.
+
+For each question, G trajectories run through :func:`memagent.agent.read_document` (the very
+function batch jobs use), all at once so the engine batches them. Each trajectory yields
+``n_chunks + 1`` conversations (memory updates, then the answer); each is recorded with its
+prompt ids, response ids, behaviour log-probs and whether the length limit cut it. The
+reward is computed on the final response only (default: strict ``boxed_em``).
+
+Options (DAPO): dynamic sampling drops groups whose rewards are all equal (they carry no
+advantage) and draws new questions until the batch is full or a round limit is hit;
+``overlong`` masks or penalises conversations cut by their length limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from memagent.agent import InputError, Result, read_document
+from memagent.config import AgentConfig
+from memagent.engines.base import Engine
+from memagent.rl.advantages import all_equal_groups
+from memagent.verify import boxed_em
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[[str, Sequence[str]], float]
+"""``(final response text, reference answers) -> reward``; default :func:`boxed_em`."""
+Draw = Callable[[int], list[Mapping[str, Any]]]
+"""``draw(n)`` -> the next ``n`` examples (dicts with id, question, context, answers)."""
+
+
+@dataclass
+class Conversation:
+    """One conversation of one trajectory, as the trainer needs it."""
+
+    traj_index: int  # index into RolloutBatch.trajectories
+    group_id: int  # question the trajectory answers (shared by its G trajectories)
+    conv_index: int  # 0..n_chunks-1 memory updates, n_chunks the final answer
+    prompt_ids: list[int]
+    response_ids: list[int]  # ends with EOS when the model stopped by itself
+    behaviour_logprobs: list[float] | None  # one per response id, from the rollout engine
+    is_final: bool
+    truncated: bool  # finish_reason == "length": cut by memory_tokens / answer_tokens
+    trainable: bool = True  # False: masked out of the loss (overlong='mask', empty response)
+
+
+@dataclass
+class Trajectory:
+    """One rollout of the agent on one question."""
+
+    example_id: str
+    group_id: int
+    score: float  # the verifier's value on the final response
+    reward: float  # what the advantage uses (score, minus an overlong penalty if asked)
+    n_chunks: int
+    n_convs: int
+    response: str
+    prediction: str | None
+    truncated_convs: int
+
+
+@dataclass
+class RolloutBatch:
+    """All trajectories of one step and their conversations (grouped by trajectory, in order)."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    conversations: list[Conversation] = field(default_factory=list)
+    examples_drawn: int = 0
+    groups_generated: int = 0
+    groups_dropped: int = 0  # dynamic sampling: all-equal rewards
+    groups_failed: int = 0  # input errors (e.g. question over query_tokens)
+    rounds: int = 0
+    seconds: float = 0.0
+    generated_tokens: int = 0
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        """``[N]`` reward of each trajectory."""
+        return torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32)
+
+    @property
+    def group_ids(self) -> torch.Tensor:
+        """``[N]`` group id of each trajectory."""
+        return torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long)
+
+    @property
+    def conv_traj_index(self) -> torch.Tensor:
+        """``[M]`` trajectory index of each conversation."""
+        return torch.tensor([c.traj_index for c in self.conversations], dtype=torch.long)
+
+
+def default_reward(response: str, answers: Sequence[str]) -> float:
+    """Strict training reward: the last ``\\boxed{}`` equals a reference (spec §3.1)."""
+    return boxed_em(response, answers)
+
+
+def _answers(example: Mapping[str, Any]) -> list[str]:
+    answers = example.get("answers")
+    if answers is None:
+        raise InputError(f"example {example.get('id')!r} has no 'answers': training needs references")
+    if isinstance(answers, str):
+        return [answers]
+    return [str(a) for a in answers]
+
+
+async def rollout_group(
+    engine: Engine, example: Mapping[str, Any], config: AgentConfig, group_size: int
+) -> list[Result]:
+    """G independent reads of one example, concurrently (the engine batches their calls)."""
+    reads = [
+        read_document(engine, example["question"], example["context"], config, keep_completions=True, logprobs=True)
+        for _ in range(group_size)
+    ]
+    return list(await asyncio.gather(*reads))
+
+
+def record_group(
+    batch: RolloutBatch,
+    example: Mapping[str, Any],
+    results: Sequence[Result],
+    group_id: int,
+    *,
+    reward_fn: RewardFn = default_reward,
+    overlong: str = "none",
+    overlong_penalty: float = 0.5,
+) -> None:
+    """Append one group's trajectories and conversations to ``batch`` (in place)."""
+    answers = _answers(example)
+    for res in results:
+        assert res.completions is not None, "read_document must keep completions for training"
+        traj_index = len(batch.trajectories)
+        n = len(res.completions)
+        cut = 0
+        for j, c in enumerate(res.completions):
+            if c.prompt_token_ids is None or c.token_ids is None:
+                raise RuntimeError("the engine returned no token ids: it cannot serve RL rollouts")
+            truncated = c.finish_reason == "length"
+            cut += truncated
+            trainable = len(c.token_ids) > 0 and not (overlong == "mask" and truncated)
+            batch.conversations.append(
+                Conversation(
+                    traj_index=traj_index,
+                    group_id=group_id,
+                    conv_index=j,
+                    prompt_ids=list(c.prompt_token_ids),
+                    response_ids=list(c.token_ids),
+                    behaviour_logprobs=list(c.logprobs) if c.logprobs is not None else None,
+                    is_final=j == n - 1,
+                    truncated=truncated,
+                    trainable=trainable,
+                )
+            )
+            batch.generated_tokens += len(c.token_ids)
+        score = float(reward_fn(res.response, answers))
+        reward = score - (overlong_penalty if overlong == "penalize" and cut else 0.0)
+        batch.trajectories.append(
+            Trajectory(
+                example_id=str(example.get("id", "")),
+                group_id=group_id,
+                score=score,
+                reward=reward,
+                n_chunks=res.n_chunks,
+                n_convs=n,
+                response=res.response,
+                prediction=res.prediction,
+                truncated_convs=cut,
+            )
+        )
+
+
+async def collect_rollouts(
+    engine: Engine,
+    draw: Draw,
+    *,
+    batch_size: int,
+    group_size: int,
+    config: AgentConfig,
+    reward_fn: RewardFn = default_reward,
+    dynamic_sampling: bool = False,
+    max_rounds: int = 4,
+    overlong: str = "none",
+    overlong_penalty: float = 0.5,
+) -> RolloutBatch:
+    """Roll out ``batch_size`` questions x ``group_size`` trajectories.
+
+    ``config`` should sample (temperature > 0) and ask for ``\\boxed{}`` answers. Without
+    dynamic sampling one round of ``batch_size`` examples is drawn. With it, groups whose
+    rewards are all equal are dropped and new examples drawn (as many as are missing) until
+    ``batch_size`` groups are kept or ``max_rounds`` rounds ran; the batch may then be short.
+    Groups whose example is invalid (:class:`InputError`) are skipped and counted.
+    """
+    t0 = time.perf_counter()
+    out = RolloutBatch()
+    next_group = 0
+    kept = 0
+    while kept < batch_size and out.rounds < (max_rounds if dynamic_sampling else 1):
+        out.rounds += 1
+        examples = draw(batch_size - kept)
+        out.examples_drawn += len(examples)
+        if not examples:
+            break
+        results = await asyncio.gather(
+            *(rollout_group(engine, ex, config, group_size) for ex in examples), return_exceptions=True
+        )
+        round_batch = RolloutBatch()
+        for ex, res in zip(examples, results):
+            if isinstance(res, InputError):
+                out.groups_failed += 1
+                log.warning("skipping example %r: %s", ex.get("id"), res)
+                continue
+            if isinstance(res, BaseException):
+                raise res
+            record_group(round_batch, ex, res, next_group, reward_fn=reward_fn, overlong=overlong,
+                         overlong_penalty=overlong_penalty)
+            next_group += 1
+        out.groups_generated += len({t.group_id for t in round_batch.trajectories})
+        out.generated_tokens += round_batch.generated_tokens
+        drop = all_equal_groups(round_batch.rewards, round_batch.group_ids) if dynamic_sampling else set()
+        room = batch_size - kept
+        keep_ids = [g for g in dict.fromkeys(t.group_id for t in round_batch.trajectories) if g not in drop][:room]
+        out.groups_dropped += len(drop)
+        _append_groups(out, round_batch, set(keep_ids))
+        kept += len(keep_ids)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _append_groups(dst: RolloutBatch, src: RolloutBatch, keep: set[int]) -> None:
+    """Move the trajectories (and their conversations) of groups ``keep`` from src to dst."""
+    remap: dict[int, int] = {}
+    for i, t in enumerate(src.trajectories):
+        if t.group_id in keep:
+            remap[i] = len(dst.trajectories)
+            dst.trajectories.append(t)
+    for c in src.conversations:
+        if c.traj_index in remap:
+            c.traj_index = remap[c.traj_index]
+            dst.conversations.append(c)

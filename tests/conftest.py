@@ -1,0 +1,75 @@
+"""Shared fixtures: the packaged model, a tiny Llama built from a config, engines on both."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# No network here and nothing may come from a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """HF directory of the packaged SmolLM2-135M-Instruct (materialised from its GGUF once)."""
+    from memagent.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer and chat template: fast, no weights."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir: Path):
+    """One transformers engine on the packaged model for the whole session."""
+    from memagent.engines.hf import TransformersEngine
+
+    return TransformersEngine(smollm2_dir, max_batch_size=16, name="smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_llama_dir: Path):
+    from memagent.engines.hf import TransformersEngine
+
+    return TransformersEngine(tiny_llama_dir, max_batch_size=16, name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (real evaluation data); tests using it skip when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared evaluation data not found at {SHARED_DATA}")
+    return SHARED_DATA
