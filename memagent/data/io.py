@@ -105,6 +105,15 @@ def read_parquet_table(path: str) -> pa.Table:
     return pq.read_table(inner, filesystem=fs)
 
 
+def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
+    """The HF tokenizer of a registered model name, model directory or GGUF file (no downloads)."""
+    from transformers import AutoTokenizer
+
+    from memagent.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(str(resolve_model(name_or_path)))
+
+
 def read_records(path: str) -> list[dict]:
     """Rows of a Parquet file/directory, or the records of a JSON/JSONL file."""
     if path.endswith((".json", ".jsonl")):

@@ -122,7 +122,8 @@ class TrainConfig(BaseModel):
         cfg["scheduler"] = {
             "type": "WarmupLR",
             "params": {
-                "warmup_min_lr": 0.0,
+                # No warm-up: constant lr (WarmupLR would otherwise start at warmup_min_lr).
+                "warmup_min_lr": 0.0 if self.warmup_steps else self.lr,
                 "warmup_max_lr": self.lr,
                 "warmup_num_steps": max(1, self.warmup_steps * opt_steps_per_step),
                 "warmup_type": "linear",

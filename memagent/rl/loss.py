@@ -50,7 +50,8 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float = 10.0) -> to
     exp(-1) + 1 - 1 = 0.3679.
     """
     log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
-    return (log_ratio.exp() - log_ratio - 1.0).clamp(-clamp, clamp)
+    # expm1: exp(x) - 1 - x loses everything to cancellation in fp32 when |x| < ~1e-3.
+    return (torch.expm1(log_ratio) - log_ratio).clamp(-clamp, clamp)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

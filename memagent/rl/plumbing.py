@@ -52,6 +52,8 @@ def setup_distributed() -> tuple[int, int]:
     os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
     import deepspeed
 
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo",
                                    auto_mpi_discovery=False)
@@ -290,7 +292,10 @@ def push_weights(model: torch.nn.Module, rollout_engine: Any, zero_stage: int) -
 def export_hf(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], tokenizer: Any, out: Path) -> Path:
     """Write an HF model directory (safetensors + config + tokenizer) any engine can load."""
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, state_dict=dict(state_dict), safe_serialization=True)
+    # Tied copies (lm_head = embeddings) are stored once, as save_pretrained does for a live model.
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    sd = {k: v for k, v in state_dict.items() if k not in tied}
+    model.save_pretrained(out, state_dict=sd, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
 

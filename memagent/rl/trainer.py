@@ -13,8 +13,9 @@ launcher did)::
     train(config=TrainConfig(steps=30), agent_config=preset("tiny"), data="train.parquet",
           out_dir="runs/niah", model="smollm2-135m")
 
-Multi-GPU: ``deepspeed --num_gpus 8 -m memagent.cli train ...`` (each rank rolls out its share of
-the questions; the token-mean is taken over all ranks' tokens).
+Multi-GPU: ``deepspeed --no_local_rank --num_gpus 8 --module memagent.rl.cli_commands train ...``
+(each rank rolls out its share of the questions with its own engine; the token-mean is
+taken over all ranks' tokens). Only the single-process CPU path is tested here.
 
 Run directory: ``run.json`` (configs), ``model_config/`` (base config + tokenizer, for
 export), ``metrics.jsonl`` (one record per step), ``checkpoints/step_NNNNNN/`` (DeepSpeed
@@ -155,6 +156,7 @@ def train(
             P.score_samples(reference, samples, attr="ref_logp", **score)
 
         # ============================ 4. Policy update =====================================
+        lr = engine.optimizer.param_groups[0]["lr"]  # the rate this step's first update uses
         stats: list[dict[str, float]] = []
         grad_norms: list[float] = []
         for _epoch in range(config.ppo_epochs):
@@ -181,14 +183,15 @@ def train(
                     stats.append(m)
                 engine.step()  # the accumulation boundary: reduce, clip, AdamW, LR schedule
                 gn = engine.get_global_grad_norm()
-                grad_norms.append(float(gn) if gn is not None else float("nan"))
+                if gn is not None:  # not tracked at ZeRO stage 0
+                    grad_norms.append(float(gn))
 
         # ============================ 5. Sync weights into the rollout engine ==============
         P.push_weights(engine.module, rollout_engine, config.zero_stage)
         update_s = time.perf_counter() - t_update
 
         # ============================ 6. Log metrics =======================================
-        record = _metrics(step, batch, samples, stats, grad_norms, engine.get_lr()[0],
+        record = _metrics(step, batch, samples, stats, grad_norms, lr,
                           rollout_s=batch.seconds, update_s=update_s, step_s=time.perf_counter() - t_step,
                           cursor=(cursor_start, stream.cursor))
         records.append(record)
@@ -277,7 +280,7 @@ def _metrics(step: int, batch: Any, samples: list[P.Sample], stats: list[dict[st
         "dual_clip_frac": tok_mean("dual_clip_frac"),
         "approx_kl_old": tok_mean("approx_kl_old"),
         "behaviour_logp_gap": P.mean(gaps),  # rollout engine vs trainer forward: should be ~0
-        "grad_norm": P.mean(grad_norms),
+        "grad_norm": P.mean(grad_norms) if grad_norms else None,
         "lr": float(lr),
         "rollout_s": round(rollout_s, 3),
         "update_s": round(update_s, 3),

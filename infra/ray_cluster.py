@@ -1,0 +1,61 @@
+"""A local multi-node Ray cluster on loopback: a head plus worker nodes, each its own raylet.
+
+    python -m infra.ray_cluster --workers 1        # prints the address; runs until Ctrl-C
+
+Worker nodes carry the custom resource ``worker_node`` so a job can pin actors to them
+(``BatchQAConfig.resources``), as a GPU worker group would be pinned on a real cluster.
+Everything binds to 127.0.0.1 (``ray start`` would pick the host's external address).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+LOOPBACK = "127.0.0.1"
+# Keep every raylet and client on loopback, without token auth (local development only).
+ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@contextmanager
+def local_cluster(workers: int = 1, head_cpus: int = 1, worker_cpus: int = 1) -> Iterator[str]:
+    """Start a head and ``workers`` worker nodes; yield the cluster address; tear it all down."""
+    os.environ.update(ENV)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "node_ip_address": LOOPBACK, "num_cpus": head_cpus, "resources": {"head_node": 1},
+        "include_dashboard": False,
+    })
+    try:
+        for _ in range(workers):
+            cluster.add_node(node_ip_address=LOOPBACK, num_cpus=worker_cpus, resources={"worker_node": 1})
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--head-cpus", type=int, default=1)
+    parser.add_argument("--worker-cpus", type=int, default=1)
+    args = parser.parse_args()
+    with local_cluster(args.workers, args.head_cpus, args.worker_cpus) as address:
+        print(f"Ray cluster: {address} (1 head + {args.workers} worker node(s))")
+        print(f"run jobs with: {' '.join(f'{k}={v}' for k, v in ENV.items())} memagent batch --ray-address {address} ...")
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,434 @@
+"""HotpotQA long-context synthesis: a question's own paragraphs hidden among distractor documents.
+
+Spec §2.1. Every paragraph of a split becomes a document ``"{title}\\n{sentences joined}"``;
+the split's documents are deduplicated and sorted into a pool. A sample holds the question's
+own paragraphs (gold first, so they survive any size) plus distractors drawn from the pool,
+laid out in a **per-sample** random order (the original code's fixed ``Random(4)`` shuffle put
+the gold paragraphs at the same slots for every question), formatted ``Document i:\\n…`` and
+joined by blank lines. Size by document count (the paper's 50 … 25,600) or by a token target
+for a given tokenizer (the largest set of documents that fits).
+
+Everything is a function of ``(seed, question id, size)``, so samples come out identical
+whether made in one loop or spread over Ray workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+
+import pyarrow as pa
+
+SOURCE = "hotpotqa"
+
+# Training-data schema of DESIGN.md plus the synthesis record (gold positions, seed).
+TRAINING_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("context", pa.large_string()),
+        ("answers", pa.list_(pa.string())),
+        ("num_docs", pa.int64()),
+        ("context_tokens", pa.int64()),
+        ("target_tokens", pa.int64()),
+        ("source", pa.string()),
+        ("gold_positions", pa.list_(pa.int64())),
+        ("seed", pa.int64()),
+    ]
+)
+
+SizeKind = Literal["docs", "tokens"]
+Size = tuple[SizeKind, int]
+
+
+# -- seeds and tokens ------------------------------------------------------------------------
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any parts: stable across processes and Python versions (no ``hash()``)."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def count_tokens(tokenizer: Any, text: str) -> int:
+    """Tokens of ``text`` without special tokens (the fast backend: no length warnings)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return len(backend.encode(text, add_special_tokens=False).ids)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def count_tokens_batch(tokenizer: Any, texts: Sequence[str]) -> list[int]:
+    """:func:`count_tokens` of each text, batched on the fast backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return [len(e.ids) for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+    return [count_tokens(tokenizer, t) for t in texts]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The result of :func:`fit_to_budget`: ``n`` units give ``text`` of ``tokens`` tokens."""
+
+    n: int
+    text: str
+    tokens: int
+    measures: int
+
+
+def fit_to_budget(
+    build: Callable[[int], str],
+    count: Callable[[str], int],
+    budget: int,
+    *,
+    lo: int,
+    hi: int | None = None,
+    estimate: Callable[[int], float] | None = None,
+    tol: float = 0.005,
+    max_measures: int = 16,
+) -> Fit:
+    """The largest ``n`` in ``[lo, hi]`` whose ``build(n)`` has at most ``budget`` tokens.
+
+    Estimate-then-refine: guess ``n`` from ``estimate`` (cheap, e.g. prefix sums of per-unit
+    token counts; default: the rate of the last exact count), count exactly, correct the
+    estimate by the error seen, repeat; falls back to bisection inside the bracket. Stops once
+    within ``tol`` below the budget, the bracket is closed, or ``hi`` fits. Exact counts are
+    the cost (~0.5 s per 128K tokens), typically 2-3 per call.
+    """
+    if budget <= 0:
+        raise ValueError(f"token budget must be positive, got {budget}")
+
+    def largest(pred: Callable[[int], bool]) -> int:
+        if not pred(lo):
+            return lo
+        step = 1
+        while pred(lo + step) and (hi is None or lo + step < hi):
+            step *= 2
+        low, high = lo + step // 2, lo + step if hi is None else min(lo + step, hi)
+        while low < high:  # invariant: pred(low)
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if pred(mid) else (low, mid - 1)
+        return low
+
+    good: Fit | None = None
+    bad: int | None = None
+    points: list[tuple[int, int]] = []
+    n = largest(lambda m: estimate(m) <= budget) if estimate is not None else lo
+    for measures in range(1, max_measures + 1):
+        text = build(n)
+        tokens = count(text)
+        if tokens <= budget:
+            if good is None or n > good.n:
+                good = Fit(n, text, tokens, measures)
+            if tokens >= budget * (1 - tol) or (hi is not None and n >= hi):
+                break
+        else:
+            if n <= lo:
+                raise ValueError(f"even the smallest size ({lo} units) has {tokens} tokens, over the budget of {budget}")
+            bad = n if bad is None else min(bad, n)
+        low = good.n + 1 if good is not None else lo
+        high = bad - 1 if bad is not None else hi
+        if high is not None and low > high:
+            break
+        points.append((n, tokens))
+        if estimate is not None:
+            bias = tokens - estimate(n)
+            guess = largest(lambda m: estimate(m) + bias <= budget)
+        elif len(points) >= 2 and points[-1][1] != points[-2][1]:
+            # Secant through the last two counts: handles a fixed part (headers, common words).
+            (n1, t1), (n2, t2) = points[-2], points[-1]
+            guess = math.floor(n2 + (budget - t2) * (n2 - n1) / (t2 - t1))
+        else:
+            guess = math.floor(n * budget / max(tokens, 1))
+        if guess < low or (high is not None and guess > high) or (measures >= 4 and high is not None):
+            guess = (low + high) // 2 if high is not None else max(low, 2 * n)
+        n = guess
+    if good is None:
+        n = lo
+        text = build(n)
+        good = Fit(n, text, count(text), max_measures + 1)
+        if good.tokens > budget:
+            raise ValueError(f"even the smallest size ({lo} units) has {good.tokens} tokens, over the budget of {budget}")
+    return Fit(good.n, good.text, good.tokens, measures)
+
+
+# -- source records --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HotpotRecord:
+    """One question of the official JSON: its paragraphs as documents, and its gold titles."""
+
+    id: str
+    question: str
+    answer: str
+    documents: tuple[str, ...]  # "title\ntext", the record's context order, deduplicated
+    gold_titles: tuple[str, ...]  # titles of the supporting paragraphs (all, if none are given)
+
+
+def doc_text(title: str, sentences: Sequence[str]) -> str:
+    """A document as the paper builds it: title, newline, sentences concatenated as given."""
+    return f"{title}\n{''.join(sentences)}"
+
+
+def parse_hotpotqa(data: Any, source: str = "<records>") -> list[HotpotRecord]:
+    """Validate official HotpotQA records (``_id``, ``question``, ``answer``, ``context`` =
+    ``[[title, [sentence, …]], …]``, optional ``supporting_facts`` = ``[[title, idx], …]``).
+
+    Raises ``ValueError`` naming the file, record and field on anything malformed.
+    """
+    if not isinstance(data, list):
+        raise ValueError(f"{source}: expected a JSON list of HotpotQA records, got {type(data).__name__}")
+    if not data:
+        raise ValueError(f"{source}: no records")
+    records: list[HotpotRecord] = []
+    seen: set[str] = set()
+    for i, rec in enumerate(data):
+        where = f"{source}: record {i}"
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where}: expected an object, got {type(rec).__name__}")
+        rid = rec.get("_id", rec.get("id"))
+        if isinstance(rid, str) and rid:
+            where += f" (_id={rid!r})"
+        for name, value in (("_id", rid), ("question", rec.get("question")), ("answer", rec.get("answer"))):
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{where}: field {name!r} is missing or not a non-empty string")
+        if rid in seen:
+            raise ValueError(f"{where}: duplicate _id")
+        seen.add(rid)
+        context = rec.get("context")
+        if not isinstance(context, list) or not context:
+            raise ValueError(f"{where}: field 'context' is missing or empty (need [[title, [sentences]], ...])")
+        docs: dict[str, str] = {}
+        for j, para in enumerate(context):
+            ok = (
+                isinstance(para, (list, tuple)) and len(para) == 2 and isinstance(para[0], str)
+                and isinstance(para[1], list) and all(isinstance(s, str) for s in para[1])
+            )
+            if not ok:
+                raise ValueError(f"{where}: context[{j}] is not [title, [sentence, ...]]")
+            if not "".join(para[1]).strip():
+                raise ValueError(f"{where}: context[{j}] ({para[0]!r}) has no text")
+            docs.setdefault(para[0], doc_text(para[0], para[1]))
+        facts = rec.get("supporting_facts") or []
+        if not isinstance(facts, list):
+            raise ValueError(f"{where}: field 'supporting_facts' is not a list")
+        gold: list[str] = []
+        for fact in facts:
+            if not (isinstance(fact, (list, tuple)) and fact and isinstance(fact[0], str)):
+                raise ValueError(f"{where}: supporting fact {fact!r} is not [title, sentence_index]")
+            if fact[0] not in docs:
+                raise ValueError(f"{where}: supporting fact title {fact[0]!r} is not in its context")
+            if fact[0] not in gold:
+                gold.append(fact[0])
+        records.append(
+            HotpotRecord(rid, rec["question"].strip(), rec["answer"].strip(), tuple(docs.values()), tuple(gold or docs))
+        )
+    return records
+
+
+def load_hotpotqa(path: str) -> list[HotpotRecord]:
+    """Read and validate an official HotpotQA JSON (or JSONL) file, local or ``s3://``."""
+    from memagent.data.io import read_json
+
+    return parse_hotpotqa(read_json(path), source=path)
+
+
+# -- the document pool and one sample's selection ---------------------------------------------
+
+
+class DocPool:
+    """A split's unique documents, sorted; token counts cached per document (one tokenizer)."""
+
+    def __init__(self, docs: Iterable[str], titled: bool = True):
+        self.docs: list[str] = sorted(set(docs))
+        self.index: dict[str, int] = {d: i for i, d in enumerate(self.docs)}
+        self.by_title: dict[str, list[int]] = {}
+        if titled:
+            for i, d in enumerate(self.docs):
+                self.by_title.setdefault(d.split("\n", 1)[0], []).append(i)
+        self._tokens: dict[int, int] = {}
+        self._tokenizer_id: int | None = None
+
+    @classmethod
+    def from_records(cls, records: Iterable[HotpotRecord]) -> DocPool:
+        return cls(d for r in records for d in r.documents)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def id_of(self, doc: str, owner: str = "") -> int:
+        try:
+            return self.index[doc]
+        except KeyError:
+            raise ValueError(f"document {doc[:60]!r} of {owner or 'the record'} is not in the pool") from None
+
+    def token_counts(self, ids: Sequence[int], tokenizer: Any) -> list[int]:
+        if self._tokenizer_id != id(tokenizer):
+            self._tokens, self._tokenizer_id = {}, id(tokenizer)
+        missing = [i for i in dict.fromkeys(ids) if i not in self._tokens]
+        if missing:
+            self._tokens.update(zip(missing, count_tokens_batch(tokenizer, [self.docs[i] for i in missing])))
+        return [self._tokens[i] for i in ids]
+
+
+def format_documents(docs: Sequence[str]) -> str:
+    """``Document 1:\\n…`` blocks joined by blank lines (spec §2.1, RULER qa)."""
+    return "\n\n".join(f"Document {i}:\n{d}" for i, d in enumerate(docs, start=1))
+
+
+class DocSelection:
+    """One sample's documents in selection order: gold, the other own paragraphs, ``preferred``
+    (e.g. same-article paragraphs), then uniformly random pool documents; the first ``n`` form
+    the sample. Pool documents sharing a title with an own paragraph are never drawn.
+
+    Random draws are a lazy Fisher-Yates permutation and the layout sorts by a per-document
+    hash key, so growing ``n`` only adds documents: sizing by tokens can search over ``n``.
+    """
+
+    def __init__(self, pool: DocPool, gold: Sequence[int], own: Sequence[int], preferred: Sequence[int], seed: int):
+        rng = random.Random(seed)
+        others = [i for i in dict.fromkeys(own) if i not in set(gold)]
+        rng.shuffle(others)
+        first = list(dict.fromkeys(gold)) + others
+        pref = [i for i in dict.fromkeys(preferred) if i not in set(first)]
+        rng.shuffle(pref)
+        self.pool, self.seed, self._rng = pool, seed, rng
+        self.order: list[int] = first + pref
+        titles = {pool.docs[i].split("\n", 1)[0] for i in first} if pool.by_title else set()
+        self._excluded = set(self.order) | {j for t in titles for j in pool.by_title.get(t, ())}
+        self.available = len(pool) - len(self._excluded) + len(self.order)
+        self._swaps: dict[int, int] = {}
+        self._drawn = 0
+        self._prefix = [0]
+
+    def take(self, n: int) -> list[int]:
+        """The first ``n`` documents in selection order (fewer if the pool runs out)."""
+        size = len(self.pool)
+        while len(self.order) < n and self._drawn < size:
+            i = self._drawn
+            j = self._rng.randrange(i, size)
+            pick = self._swaps.get(j, j)
+            self._swaps[j] = self._swaps.get(i, i)
+            self._drawn += 1
+            if pick not in self._excluded:
+                self.order.append(pick)
+        return self.order[:n]
+
+    def key(self, doc_id: int) -> int:
+        return derive_seed(self.seed, "layout", doc_id)
+
+    def layout(self, n: int) -> list[int]:
+        """The first ``n`` documents in their sample order."""
+        return sorted(self.take(n), key=self.key)
+
+    def text(self, n: int) -> str:
+        return format_documents([self.pool.docs[i] for i in self.layout(n)])
+
+    def estimate_tokens(self, n: int, tokenizer: Any, per_doc_overhead: int = 7) -> int:
+        """Sum of the first ``n`` documents' tokens plus a per-document header allowance."""
+        ids = self.take(n)
+        if len(self._prefix) <= len(ids):
+            counts = self.pool.token_counts(ids[len(self._prefix) - 1 :], tokenizer)
+            for c in counts:
+                self._prefix.append(self._prefix[-1] + c + per_doc_overhead)
+        return self._prefix[len(ids)]
+
+    def fit(self, budget: int, tokenizer: Any, lo: int) -> Fit:
+        """The most documents (at least ``lo``) whose formatted text fits ``budget`` tokens."""
+        return fit_to_budget(
+            self.text, lambda t: count_tokens(tokenizer, t), budget, lo=lo, hi=self.available,
+            estimate=lambda m: self.estimate_tokens(m, tokenizer),
+        )
+
+
+# -- samples ---------------------------------------------------------------------------------
+
+
+def sample_seed(seed: int, question_id: str, size: Size) -> int:
+    """The seed of one (question, size) sample, independent of how the work is partitioned."""
+    return derive_seed(seed, SOURCE, question_id, *size)
+
+
+def make_sample(record: HotpotRecord, pool: DocPool, size: Size, *, seed: int, tokenizer: Any = None) -> dict:
+    """One training/evaluation row (fields of :data:`TRAINING_SCHEMA`).
+
+    ``size`` is ``("docs", N)`` (N documents; the whole pool if N exceeds it) or
+    ``("tokens", T)`` (most documents whose context has at most T tokens; needs ``tokenizer``).
+    ``seed`` is the global seed; the row records the derived per-sample seed.
+    ``context_tokens`` is null when no tokenizer is given.
+    """
+    kind, value = size
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {kind}={value}")
+    s = sample_seed(seed, record.id, size)
+    own = [pool.id_of(d, f"record {record.id!r}") for d in record.documents]
+    gold = [own[i] for i, d in enumerate(record.documents) if d.split("\n", 1)[0] in record.gold_titles]
+    sel = DocSelection(pool, gold, own, [], s)
+    if kind == "docs":
+        if value < len(gold):
+            raise ValueError(f"record {record.id!r}: num_docs={value} is fewer than its {len(gold)} gold documents")
+        n = min(value, sel.available)
+        context = sel.text(n)
+        tokens = count_tokens(tokenizer, context) if tokenizer is not None else None
+    elif kind == "tokens":
+        if tokenizer is None:
+            raise ValueError("sizing by tokens needs a tokenizer")
+        try:
+            fit = sel.fit(value, tokenizer, lo=len(gold))
+        except ValueError as exc:
+            raise ValueError(f"record {record.id!r}: target of {value} tokens is too small: {exc}") from None
+        n, context, tokens = fit.n, fit.text, fit.tokens
+    else:
+        raise ValueError(f"unknown size kind {kind!r}; use 'docs' or 'tokens'")
+    ids = sel.layout(n)
+    where = {doc_id: pos for pos, doc_id in enumerate(ids, start=1)}
+    return {
+        "id": f"{record.id}-{'d' if kind == 'docs' else 't'}{value}",
+        "question_id": record.id,
+        "question": record.question,
+        "context": context,
+        "answers": [record.answer],
+        "num_docs": len(ids),
+        "context_tokens": tokens,
+        "target_tokens": value if kind == "tokens" else None,
+        "source": SOURCE,
+        "gold_positions": sorted(where[g] for g in gold),
+        "seed": s,
+    }
+
+
+def sizes_from(num_docs: Sequence[int] = (), tokens: Sequence[int] = ()) -> list[Size]:
+    """Sizes from the two CLI forms; at least one size is required."""
+    sizes: list[Size] = [("docs", int(n)) for n in num_docs] + [("tokens", int(t)) for t in tokens]
+    if not sizes:
+        raise ValueError("give at least one size: a number of documents or a token target")
+    for kind, value in sizes:
+        if value <= 0:
+            raise ValueError(f"sizes must be positive, got {kind}={value}")
+    return sizes
+
+
+def synthesize(
+    records: Sequence[HotpotRecord],
+    sizes: Sequence[Size],
+    *,
+    seed: int = 42,
+    samples: int | None = None,
+    tokenizer: Any = None,
+    pool: DocPool | None = None,
+) -> Iterator[dict]:
+    """Rows for the first ``samples`` questions (all if None) at every size, size-major.
+
+    The pool defaults to all documents of ``records`` (pass the split's pool when ``records``
+    is a subset of it).
+    """
+    pool = pool if pool is not None else DocPool.from_records(records)
+    chosen = records if samples is None else records[:samples]
+    for size in sizes:
+        for record in chosen:
+            yield make_sample(record, pool, size, seed=seed, tokenizer=tokenizer)

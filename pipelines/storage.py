@@ -1,0 +1,148 @@
+"""Where datasets live: local paths or S3 (any endpoint), and what an output already holds.
+
+pyarrow's native S3 filesystem does the bulk Parquet I/O (Ray's own fast path). Credentials
+come from the usual AWS chain (environment, profile, instance role); the endpoint and region
+are options so a loopback or on-prem S3 works the same as AWS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger(__name__)
+
+# Where a resume moves output files that are not complete Parquet files.
+QUARANTINE_DIR = "_incomplete"
+
+
+class S3Options(BaseModel):
+    """S3 connection settings; credentials come from the AWS chain, never from here."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    endpoint_url: str | None = Field(None, description="e.g. http://127.0.0.1:5055; None = AWS (or $AWS_ENDPOINT_URL).")
+    region: str | None = Field(None, description="AWS region; None = $AWS_REGION/$AWS_DEFAULT_REGION or us-east-1.")
+
+    def env(self) -> dict[str, str]:
+        """Environment for remote workers: the endpoint/region plus the caller's AWS credentials."""
+        env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        if self.endpoint_url:
+            env["AWS_ENDPOINT_URL"] = self.endpoint_url
+        if self.region:
+            env["AWS_REGION"] = self.region
+        return env
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def check_uri(uri: str, what: str) -> str:
+    """Accept a local path or ``s3://bucket/prefix``; anything else is a clear error."""
+    if "://" in uri and not is_s3(uri):
+        raise ValueError(f"{what} {uri!r}: only local paths and s3:// URIs are supported")
+    if is_s3(uri) and len(uri) <= len("s3://"):
+        raise ValueError(f"{what} {uri!r}: give a bucket, e.g. s3://bucket/prefix")
+    return uri
+
+
+def filesystem(uri: str, s3: S3Options) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem for ``uri`` and the path inside it."""
+    if not is_s3(uri):
+        return pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
+    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    kwargs: dict = {"region": region}
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
+    kwargs.update(_driver_credentials())
+    return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
+
+
+def _driver_credentials() -> dict[str, str]:
+    """Credentials the AWS chain resolves here, made explicit so that Ray workers elsewhere
+    (whose environment may lack them) use the same ones; empty = workers resolve their own."""
+    from botocore.session import Session
+
+    creds = Session().get_credentials()
+    if creds is None:
+        return {}
+    frozen = creds.get_frozen_credentials()
+    out = {"access_key": frozen.access_key, "secret_key": frozen.secret_key}
+    if frozen.token:
+        out["session_token"] = frozen.token
+    return out
+
+
+def parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """Parquet files under ``path`` (a file or a directory), skipping quarantined and hidden ones."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return []
+    if info.type == pafs.FileType.File:
+        return [path]
+    selector = pafs.FileSelector(path, recursive=True)
+    files = []
+    for f in fs.get_file_info(selector):
+        rel = f.path[len(path.rstrip("/")) + 1 :]
+        if f.type != pafs.FileType.File or not f.path.endswith(".parquet"):
+            continue
+        if any(part.startswith(("_", ".")) for part in rel.split("/")):
+            continue
+        files.append(f.path)
+    return sorted(files)
+
+
+def complete_parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """Output files that are whole Parquet files; partial ones (no footer) are quarantined.
+
+    A writer killed mid-file leaves bytes without a Parquet footer. Such a file holds no
+    committed rows, so it is moved aside (never deleted) and its rows are recomputed.
+    """
+    good = []
+    for file in parquet_files(fs, path):
+        try:
+            with fs.open_input_file(file) as f:
+                pq.read_metadata(f)
+            good.append(file)
+        except (OSError, pa.ArrowInvalid) as exc:
+            target = f"{path.rstrip('/')}/{QUARANTINE_DIR}/{file.rsplit('/', 1)[-1]}"
+            log.warning("output file %s is incomplete (%s); moving it to %s", file, exc, target)
+            fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+            fs.move(file, target)
+    return good
+
+
+def read_column(fs: pafs.FileSystem, files: Iterable[str], column: str) -> pa.ChunkedArray:
+    """One column from many Parquet files (only that column's pages are read)."""
+    arrays = []
+    for file in files:
+        with fs.open_input_file(file) as f:
+            arrays.extend(pq.read_table(f, columns=[column]).column(column).chunks)
+    return pa.chunked_array(arrays, type=arrays[0].type if arrays else pa.string())
+
+
+def read_columns(fs: pafs.FileSystem, files: Iterable[str], columns: list[str]) -> pa.Table:
+    """Several small columns from many Parquet files, concatenated."""
+    tables = []
+    for file in files:
+        with fs.open_input_file(file) as f:
+            tables.append(pq.read_table(f, columns=columns))
+    return pa.concat_tables(tables) if tables else pa.table({c: pa.array([], pa.null()) for c in columns})
+
+
+def duplicates(ids: pa.ChunkedArray, limit: int = 5) -> list[str]:
+    """Up to ``limit`` ids that occur more than once."""
+    counts = pc.value_counts(ids.combine_chunks() if ids.num_chunks else ids)
+    dup = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    return [str(v) for v in dup.to_pylist()[:limit]]
