@@ -34,9 +34,25 @@ def _batch_config(args: argparse.Namespace, **extra):
         num_gpus=args.num_gpus,
         num_cpus=args.num_cpus,
         ray_address=args.ray_address,
+        resources=parse_resources(args.resource),
         progress=not args.no_progress,
         **extra,
     )
+
+
+def parse_resources(items: list[str]) -> dict[str, float]:
+    """``["gpu_worker=1"]`` -> ``{"gpu_worker": 1.0}``; malformed items are an error."""
+    out = {}
+    for item in items:
+        name, sep, amount = item.partition("=")
+        try:
+            value = float(amount) if sep and name.strip() else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise ValueError(f"--resource {item!r}: expected NAME=AMOUNT, e.g. gpu_worker=1")
+        out[name.strip()] = value
+    return out
 
 
 def _add_job_options(p: argparse.ArgumentParser) -> None:
@@ -47,6 +63,8 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=16, help="rows per batch (read concurrently by one actor)")
     g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per actor (0 on CPU)")
     g.add_argument("--num-cpus", type=float, default=1.0, help="CPUs reserved per actor")
+    g.add_argument("--resource", action="append", default=[], metavar="NAME=AMOUNT",
+                   help="custom Ray resource per actor, e.g. gpu_worker=1 (repeatable)")
     g.add_argument("--ray-address", help="Ray cluster address (default: local Ray)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (CI logs)")
 

@@ -180,3 +180,21 @@ def test_s3_round_trip_on_loopback_server(ray_local, tiny_llama_dir, tmp_path, m
         again = run_batch_qa(cfg)  # resume over S3: nothing left
         assert again.rows_out == 0 and again.skipped == 4
     assert os.environ["AWS_ACCESS_KEY_ID"] == "test"
+
+
+def test_batch_cli_prints_summary(tiny_llama_dir, tmp_path):
+    import subprocess
+    import sys
+
+    rows = good_rows(3)
+    write_rows(tmp_path / "in" / "a.parquet", rows)
+    cmd = [sys.executable, "-m", "memagent.cli", "batch", "--input", str(tmp_path / "in"), "--output",
+           str(tmp_path / "out"), "--model", str(tiny_llama_dir), "--chunk-tokens", "64", "--memory-tokens", "8",
+           "--answer-tokens", "6", "--batch-size", "2", "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rows out:       3 this run" in out.stdout and "error rows:     0" in out.stdout
+    assert "tokens read/s" in out.stdout and str(tmp_path / "out") in out.stdout
+    bad = subprocess.run(cmd[:4] + ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "o2"),
+                                    "--resource", "gpu"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "expected NAME=AMOUNT" in bad.stderr
