@@ -126,7 +126,7 @@ def test_tiny_model_batches_and_cli(tmp_path, tiny_engine, tiny_llama_dir: Path)
 
     import argparse
 
-    from memagent.data.cli_commands import add_synth_commands
+    from pipelines.data_cli import add_synth_commands
 
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
     parser = argparse.ArgumentParser()

@@ -209,7 +209,7 @@ def test_sizes_from_rejects_nothing_and_nonpositive():
 def test_parquet_schema_and_cli(tmp_path, smollm2_dir):
     import argparse
 
-    from memagent.data.cli_commands import add_synth_commands
+    from pipelines.data_cli import add_synth_commands
 
     source = tmp_path / "hotpot.json"
     source.write_text(json.dumps(make_records(n=5)))
@@ -226,6 +226,9 @@ def test_parquet_schema_and_cli(tmp_path, smollm2_dir):
     assert all(r["context_tokens"] <= r["target_tokens"] for r in rows)
     with pytest.raises(SystemExit):
         parser.parse_args(["synth", "hotpotqa", "--source", "x", "--out", "y", "--num-docs", "5", "--tokens", "9"])
+    missing = parser.parse_args(["synth", "hotpotqa", "--source", str(tmp_path / "nope.json"), "--out", "y", "--num-docs", "5"])
+    with pytest.raises(ValueError, match="no such file: .*nope.json"):  # the main CLI prints it as one line
+        missing.func(missing)
     empty = write_parquet([], str(tmp_path / "empty.parquet"), TRAINING_SCHEMA)
     assert pq.read_table(empty).schema.equals(TRAINING_SCHEMA)
 

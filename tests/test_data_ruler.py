@@ -222,7 +222,7 @@ def test_errors_name_the_problem(tok, gen):
 def test_cli_writes_parquet(tmp_path, smollm2_dir):
     import argparse
 
-    from memagent.data.cli_commands import add_synth_commands
+    from pipelines.data_cli import add_synth_commands
 
     essay = tmp_path / "essay.txt"
     essay.write_text(make_essay())

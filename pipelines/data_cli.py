@@ -1,6 +1,6 @@
 """``memagent synth hotpotqa|ruler`` and ``memagent filter``: argparse wiring and handlers.
 
-Wire into the main parser with ``add_synth_commands(subparsers)``; every command sets
+Registered on ``memagent`` through the ``memagent.commands`` entry point; every command sets
 ``func`` (``handler(args) -> int``, the exit code). Lists are comma-separated and accept a
 ``k`` suffix (×1024): ``--lengths 8k,32k``. Without ``--ray`` generation runs in this process
 and writes one Parquet file; with ``--ray`` a Ray Data job writes a directory of files.
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 def int_list(text: str) -> list[int]:
@@ -85,6 +86,7 @@ def add_synth_commands(subparsers: Any) -> None:
     fl.add_argument("--max-tokens", type=int, default=512)
     fl.add_argument("--temperature", type=float, default=1.0)
     fl.add_argument("--top-p", type=float, default=0.7)
+    fl.add_argument("--engine", default="hf", help="engine backend (default hf = transformers)")
     fl.add_argument("--device", default="auto", help="cpu, cuda or auto")
     fl.add_argument("--batch-size", type=int, default=16, help="engine batch size (default 16)")
     fl.add_argument("--limit", type=int, help="only the first N input rows")
@@ -93,12 +95,26 @@ def add_synth_commands(subparsers: Any) -> None:
     fl.set_defaults(func=cmd_filter)
 
 
+def _friendly(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Missing/unreadable files become ``ValueError`` (the main CLI prints those as one line)."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except OSError as exc:
+            raise ValueError(str(exc)) from exc
+
+    return run
+
+
 def _report(summary: dict) -> int:
     json.dump(summary, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
 
 
+@_friendly
 def cmd_synth_hotpotqa(args: argparse.Namespace) -> int:
     from memagent.data.hotpotqa import TRAINING_SCHEMA, load_hotpotqa, sizes_from, synthesize
     from memagent.data.io import load_tokenizer, write_parquet
@@ -119,6 +135,7 @@ def cmd_synth_hotpotqa(args: argparse.Namespace) -> int:
                     "seconds": round(time.perf_counter() - t0, 2)})
 
 
+@_friendly
 def cmd_synth_ruler(args: argparse.Namespace) -> int:
     from memagent.data.io import load_tokenizer, read_json, read_text, write_parquet
     from memagent.data.hotpotqa import load_hotpotqa
@@ -167,18 +184,18 @@ def _filter_input(path: str) -> tuple[list[dict], Any]:
     return table.to_pylist(), table.schema
 
 
+@_friendly
 def cmd_filter(args: argparse.Namespace) -> int:
     from memagent.data.filter import filter_no_context, output_schema
     from memagent.data.io import write_parquet
-    from memagent.engines.hf import TransformersEngine
-    from memagent.models import resolve_model
+    from memagent.engines import EngineConfig, make_engine
 
     rows, schema = _filter_input(args.input)
     if args.limit is not None:
         rows = rows[: args.limit]
     models = args.model or ["smollm2-135m"]
     t0 = time.perf_counter()
-    engines = [TransformersEngine(resolve_model(m), device=args.device, max_batch_size=args.batch_size, name=m)
+    engines = [make_engine(EngineConfig(engine=args.engine, model=m, device=args.device, max_batch_size=args.batch_size))
                for m in models]
     result = asyncio.run(filter_no_context(
         rows, engines, k=args.k, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
