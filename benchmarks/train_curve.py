@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--examples", type=int, default=200)
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
     p.add_argument("--dynamic-sampling", action="store_true")
+    p.add_argument("--reward", choices=["boxed_em", "contains"], default="boxed_em",
+                   help="boxed_em: strict training reward; contains: the number appears in the final reply "
+                   "(a lenient reward for models that never write \\boxed{})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-dir", type=Path, help="training run directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_curve.json"))
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from memagent.config import AgentConfig
     from memagent.rl.config import TrainConfig
     from memagent.rl.trainer import train
+    from memagent.verify import boxed_em, contains_any
 
     agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens,
                         answer_tokens=args.answer_tokens, query_tokens=args.query_tokens)
@@ -86,20 +90,31 @@ def main(argv: list[str] | None = None) -> int:
     data = niah(args.examples, sentences=args.sentences, seed=args.seed)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="train-curve-"))
     records: list[dict] = []
+    reward_fn = boxed_em if args.reward == "boxed_em" else contains_any
+    t0 = time.perf_counter()
 
     def on_step(r: dict) -> None:
         records.append(r)
+        write(args, agent, config, records, run_dir, time.perf_counter() - t0)  # partial results survive a kill
         print(f"step {r['step']:3d}  reward {r['reward_mean']:.3f}  acc {r['accuracy']:.3f}  kl {r['kl']:.2e}  "
               f"clip {r['clip_frac']:.3f}  convs/traj {r['convs_per_traj']:.1f}  {r['step_s']:.1f}s", flush=True)
 
-    t0 = time.perf_counter()
-    train(config=config, agent_config=agent, data=data, out_dir=run_dir, model=args.model, on_step=on_step)
-    total = time.perf_counter() - t0
+    train(config=config, agent_config=agent, data=data, out_dir=run_dir, model=args.model, on_step=on_step,
+          reward_fn=reward_fn)
+    result = write(args, agent, config, records, run_dir, time.perf_counter() - t0)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("records", "agent_config", "train_config")},
+                     indent=2, default=str))
+    return 0
+
+
+def write(args: argparse.Namespace, agent, config, records: list[dict], run_dir: Path, total: float) -> dict:
+    """Summarise ``records`` into ``args.out`` (rewritten after every step)."""
     q = max(1, len(records) // 4)
     first = sum(r["reward_mean"] for r in records[:q]) / q
     last = sum(r["reward_mean"] for r in records[-q:]) / q
     result = {
         "model": args.model,
+        "reward": args.reward,
         "agent_config": agent.model_dump(),
         "train_config": config.model_dump(),
         "data": {"kind": "niah", "examples": args.examples, "filler_sentences": args.sentences},
@@ -119,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("records", "agent_config", "train_config")},
-                     indent=2, default=str))
-    return 0
+    return result
 
 
 if __name__ == "__main__":

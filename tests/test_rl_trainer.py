@@ -43,7 +43,16 @@ def test_deepspeed_config_from_train_config():
     assert ds["zero_optimization"]["stage"] == 3 and ds["gradient_clipping"] == 0.5
     assert ds["managed_gradient_accumulation"] is False
     assert ds["optimizer"]["type"] == "AdamW" and ds["optimizer"]["params"]["lr"] == 1e-5
-    assert ds["scheduler"]["params"]["warmup_num_steps"] == 20  # 5 steps x 4 optimizer steps each
+    assert "scheduler" not in ds
+    # Warm-up over 1 training step x 2 mini-batches = 2 optimizer steps: lr/3, 2lr/3, lr, lr.
+    cfg = TrainConfig(lr=3.0, warmup_steps=1, ppo_mini_batches=2)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    sched, lrs = cfg.lr_scheduler(opt), []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([1.0, 2.0, 3.0, 3.0])
     template = json.loads((Path(__file__).parents[1] / "infra/deepspeed/zero2.json").read_text())
     ds2 = TrainConfig().deepspeed_config(template=template)
     assert ds2["zero_optimization"]["contiguous_gradients"] is True and ds2["zero_optimization"]["stage"] == 2
@@ -123,9 +132,11 @@ def test_train_checkpoint_export_and_resume(tiny_llama_dir, tmp_path):
     with pytest.raises(FileExistsError):
         train(config=cfg, **kw)
 
-    # Resume: continues at step 2 with the data the uninterrupted run would have drawn.
-    resumed = train(config=cfg.model_copy(update={"steps": 3}), resume=True, **kw)
+    # Resume: continues at step 2 with the data the uninterrupted run would have drawn. One
+    # mini-batch now: the on-policy path (old log-probs from the update's own forward).
+    resumed = train(config=cfg.model_copy(update={"steps": 3, "ppo_mini_batches": 1}), resume=True, **kw)
     assert [r["step"] for r in resumed] == [2]
+    assert resumed[0]["clip_frac"] == 0.0 and resumed[0]["behaviour_logp_gap"] < 1e-3
     assert resumed[0]["data_cursor"] == [4, 6]
     expected = [r["id"] for r in DataStream(data, seed=cfg.seed, shuffle=cfg.shuffle, cursor=4).draw(2)]
     assert resumed[0]["example_ids"] == expected

@@ -91,8 +91,7 @@ class TrainConfig(BaseModel):
 
         Gradient accumulation is driven by the trainer (``managed_gradient_accumulation``
         off): a mini-batch holds as many token-budgeted micro-batches as it needs and
-        ``engine.step()`` is the boundary. The scheduler steps once per optimizer step, so the
-        warm-up given in training steps becomes ``warmup_steps * ppo_mini_batches * ppo_epochs``.
+        ``engine.step()`` is the boundary. The learning-rate schedule is :meth:`lr_scheduler`.
         """
         import copy
 
@@ -119,16 +118,7 @@ class TrainConfig(BaseModel):
                 "torch_adam": True,  # no fused CUDA op to JIT-compile on CPU
             },
         }
-        cfg["scheduler"] = {
-            "type": "WarmupLR",
-            "params": {
-                # No warm-up: constant lr (WarmupLR would otherwise start at warmup_min_lr).
-                "warmup_min_lr": 0.0 if self.warmup_steps else self.lr,
-                "warmup_max_lr": self.lr,
-                "warmup_num_steps": max(1, self.warmup_steps * opt_steps_per_step),
-                "warmup_type": "linear",
-            },
-        }
+        cfg.pop("scheduler", None)  # warm-up comes from lr_scheduler() (DeepSpeed's WarmupLR idles 2 steps at 0)
         zero = dict(cfg.get("zero_optimization", {}))
         zero["stage"] = self.zero_stage
         if self.zero_stage == 3:
@@ -138,3 +128,15 @@ class TrainConfig(BaseModel):
         cfg["zero_optimization"] = zero
         cfg["bf16"] = {"enabled": bool(bf16)}
         return cfg
+
+    def lr_scheduler(self, optimizer: Any) -> Any:
+        """Linear warm-up then constant, stepped once per optimizer step (give it to ``deepspeed.initialize``).
+
+        Warm-up is counted in training steps, so it spans ``W = warmup_steps * ppo_mini_batches *
+        ppo_epochs`` optimizer steps; update k (from 0) uses ``lr * min(1, (k + 1) / (W + 1))``,
+        e.g. W = 3: lr/4, lr/2, 3lr/4, lr, lr, ... (no update is wasted at lr 0).
+        """
+        import torch
+
+        warm = self.warmup_steps * self.ppo_mini_batches * self.ppo_epochs
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / (warm + 1)))

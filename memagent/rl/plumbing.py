@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from memagent.rl.loss import entropy_from_logits, token_log_probs
+from memagent.rl.loss import entropy_from_logits, masked_mean, token_log_probs
 from memagent.rl.rollout import Conversation
 
 REQUIRED_COLUMNS = ("id", "question", "context", "answers")
@@ -262,6 +262,15 @@ def stack_right(values: Sequence[torch.Tensor], T: int) -> torch.Tensor:
         if v.numel():
             out[i, T - v.numel():] = v
     return out
+
+
+def behaviour_gap(samples: Sequence[Sample], old_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |old - behaviour| log-prob over masked tokens ``[B, T]``: how far the rollout engine's
+    numbers are from the trainer's (dtype, kernels, padding). 0.0 when the engine gave none."""
+    if any(s.conv.behaviour_logprobs is None for s in samples):
+        return 0.0
+    beh = stack_right([torch.tensor(s.conv.behaviour_logprobs) for s in samples], old_logp.shape[1])
+    return masked_mean((old_logp.float().cpu() - beh).abs(), mask.cpu()).item()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -103,7 +103,8 @@ def train(
     template = json.loads(P.TEMPLATE.read_text()) if P.TEMPLATE.is_file() else None
     ds_config = config.deepspeed_config(world_size=world, bf16=bf16, template=template)
     engine, _, _, _ = deepspeed.initialize(
-        model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad], config=ds_config
+        model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad], config=ds_config,
+        lr_scheduler=config.lr_scheduler,
     )
     rollout_engine = TransformersEngine(model_dir, device=device, dtype=dtype, max_batch_size=engine_max_batch_size)
     pad_id = rollout_engine.pad_id
@@ -151,7 +152,12 @@ def train(
         # ============================ 3. Old and reference log-probs =======================
         t_update = time.perf_counter()
         score = dict(pad_id=pad_id, token_budget=config.micro_batch_tokens, temperature=config.temperature)
-        P.score_samples(engine.module, samples, attr="old_logp", **score)
+        # One update per rollout batch: the policy being updated is the one that sampled, so the
+        # old log-probs are the update forward's own, detached (a forward saved). Otherwise they
+        # are recomputed before any update, as verl does.
+        on_policy = config.ppo_mini_batches * config.ppo_epochs == 1
+        if not on_policy:
+            P.score_samples(engine.module, samples, attr="old_logp", **score)
         if reference is not None:
             P.score_samples(reference, samples, attr="ref_logp", **score)
 
@@ -170,16 +176,18 @@ def train(
                 for mb in micros:
                     b = P.collate(mb, pad_id)
                     logp, ent = P.response_log_probs(engine, b, temperature=config.temperature, entropy=True)
-                    T = logp.shape[1]
+                    T, mask = logp.shape[1], b["response_mask"].to(logp.device)
+                    old = logp.detach() if on_policy else P.stack_right([s.old_logp for s in mb], T).to(logp.device)
                     loss, m = policy_loss(
-                        logp=logp, old_logp=P.stack_right([s.old_logp for s in mb], T).to(logp.device),
-                        advantages=b["advantages"].to(logp.device), mask=b["response_mask"].to(logp.device),
+                        logp=logp, old_logp=old,
+                        advantages=b["advantages"].to(logp.device), mask=mask,
                         clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
                         ref_logp=(P.stack_right([s.ref_logp for s in mb], T).to(logp.device)
                                   if reference is not None else None),
                         kl_coef=config.kl_coef, entropy=ent, num_tokens=max(n_tokens, 1.0),
                     )
                     engine.backward(loss, scale_wrt_gas=False)
+                    m["behaviour_logp_gap"] = P.behaviour_gap(mb, old, mask)  # rollout engine vs trainer
                     stats.append(m)
                 engine.step()  # the accumulation boundary: reduce, clip, AdamW, LR schedule
                 gn = engine.get_global_grad_norm()
@@ -253,8 +261,6 @@ def _metrics(step: int, batch: Any, samples: list[P.Sample], stats: list[dict[st
     def tok_mean(key: str) -> float:
         return sum(m[key] * m["tokens"] for m in stats) / tokens if tokens else 0.0
 
-    gaps = [(s.old_logp - torch.tensor(s.conv.behaviour_logprobs)).abs().mean().item()
-            for s in samples if s.conv.behaviour_logprobs and s.old_logp is not None and s.old_logp.numel()]
     trained_tokens = sum(s.length for s in samples)
     return {
         "step": step,
@@ -279,7 +285,7 @@ def _metrics(step: int, batch: Any, samples: list[P.Sample], stats: list[dict[st
         "clip_low_frac": tok_mean("clip_low_frac"),
         "dual_clip_frac": tok_mean("dual_clip_frac"),
         "approx_kl_old": tok_mean("approx_kl_old"),
-        "behaviour_logp_gap": P.mean(gaps),  # rollout engine vs trainer forward: should be ~0
+        "behaviour_logp_gap": tok_mean("behaviour_logp_gap"),  # |old - engine| per token: ~0 in fp32
         "grad_norm": P.mean(grad_norms) if grad_norms else None,
         "lr": float(lr),
         "rollout_s": round(rollout_s, 3),
