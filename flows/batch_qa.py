@@ -1,0 +1,185 @@
+"""Flow ``batch-qa``: the Ray Data batch QA job of ``pipelines/`` as a Prefect task, plus artifacts.
+
+    [demo lake if asked and absent] -> run the job (task, retries) -> table + Markdown artifacts
+
+The job runs inside an ordinary task (``ray.init`` on a local Ray or ``job.ray_address``);
+no Prefect task runner is involved. Retrying the task is safe because the job resumes by
+``id``: rows already written are skipped, so a retry only does what is left.
+"""
+
+from __future__ import annotations
+
+import os
+
+# A local Ray started by this process must bind 127.0.0.1: read when ray is imported, so it is
+# set before pipelines/ (which imports ray). Workers' flow-run processes also get it from
+# prefect.yaml's job variables.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+from pydantic import NonNegativeInt
+
+from flows.params import (
+    DEMO_INPUT, DEMO_OUTPUT, AgentParams, DatasetURI, DemoLakeParams, JobParams, Metric, resolve_local,
+)
+from flows.stages import fail_once
+from memagent.engines import EngineConfig
+from pipelines.storage import S3Options
+
+TRACE_COLUMNS = ["id", "question", "answers", "prediction", "score", "error", "n_chunks", "context_tokens", "steps"]
+
+
+@task(name="ensure-demo-lake", retries=1)
+def ensure_demo_lake(input: str, model: str, demo: DemoLakeParams) -> dict[str, Any]:
+    """Write the generated demo corpus to ``input`` unless it already holds Parquet files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.data.demo import demo_corpus
+    from memagent.data.io import load_tokenizer
+    from pipelines import storage
+
+    fs, path = storage.filesystem(input, S3Options())
+    existing = storage.parquet_files(fs, path)
+    if existing:
+        return {"generated": False, "files": len(existing)}
+    tok = load_tokenizer(model)  # sizes documents in the tokens of the model that reads them
+    rows = demo_corpus(lengths=tuple(demo.lengths), qa_items=demo.qa_items, seed=demo.seed,
+                       count=lambda t: len(tok(t, add_special_tokens=False)["input_ids"]))
+    target = Path(path) / "corpus.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(".corpus.parquet.tmp")  # hidden until complete: readers skip dot files
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    tmp.replace(target)
+    get_run_logger().info("demo lake: %d generated rows -> %s", len(rows), target)
+    return {"generated": True, "rows": len(rows), "path": str(target)}
+
+
+@task(name="run-batch-qa", retries=2, retry_delay_seconds=5)
+def run_job(config: dict[str, Any]) -> dict[str, Any]:
+    """Run the Ray Data job to completion; returns its summary (JSON-able)."""
+    import ray
+
+    from pipelines.batch_qa import BatchQAConfig, run_batch_qa
+
+    fail_once("batch-qa")
+    cfg = BatchQAConfig.model_validate(config)
+    owns_ray = not ray.is_initialized()
+    try:
+        summary = run_batch_qa(cfg)
+    finally:
+        if owns_ray and ray.is_initialized():
+            ray.shutdown()  # a local Ray this task started; a long-lived worker must not keep it
+    for line in summary.lines():
+        get_run_logger().info(line)
+    return {
+        "rows_in": summary.rows_in, "skipped": summary.skipped, "rows_out": summary.rows_out,
+        "error_rows": summary.error_rows, "accuracy": summary.accuracy, "context_tokens": summary.context_tokens,
+        "seconds": round(summary.seconds, 2), "tokens_per_second": round(summary.tokens_per_second, 1),
+        "output": summary.output,
+    }
+
+
+def example_traces(output: str, s3: S3Options, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` output rows by id, small columns only (never ``context``/``response``)."""
+    import pyarrow.compute as pc
+
+    from pipelines import storage
+
+    fs, path = storage.filesystem(output, s3)
+    files = storage.complete_parquet_files(fs, path)
+    if not files or n == 0:
+        return []
+    import pyarrow.parquet as pq
+
+    with fs.open_input_file(files[0]) as f:
+        have = set(pq.read_schema(f).names)  # `question`/`answers` are optional input columns
+    table = storage.read_columns(fs, files, [c for c in TRACE_COLUMNS if c in have])
+    table = table.take(pc.sort_indices(table, [("id", "ascending")])[:n])
+    return [{c: r.get(c) for c in TRACE_COLUMNS} for r in table.to_pylist()]
+
+
+def _clip(text: str | None, limit: int = 200) -> str:
+    text = " ".join((text or "").split())
+    return text[:limit] + " …" if len(text) > limit else text
+
+
+def traces_markdown(rows: list[dict[str, Any]], header: str) -> str:
+    """Markdown: per example the question, expected/predicted answer, and every memory step."""
+    out = [f"# Batch QA: example traces\n\n{header}\n"]
+    for r in rows:
+        out.append(f"## `{r['id']}`\n")
+        out.append(f"- **question**: {r['question'] or '(job-level question)'}")
+        out.append(f"- **expected**: {', '.join(r['answers'] or []) or 'n/a'}")
+        if r["error"]:
+            out.append(f"- **error**: {r['error']}\n")
+            continue
+        out.append(f"- **predicted**: {_clip(r['prediction'])} (score {r['score']})")
+        out.append(f"- **chunks**: {r['n_chunks']} ({r['context_tokens']} tokens)\n")
+        out.append("| step | kind | chars | memory / answer |\n|---|---|---|---|")
+        for s in r["steps"] or []:
+            text = _clip(s["memory"]).replace("|", "\\|")
+            span = f"{s['char_start']}–{s['char_end']}" if s["char_start"] is not None else ""
+            out.append(f"| {s['step']} | {s['kind']} | {span} | {text} |")
+        out.append("")
+    return "\n".join(out)
+
+
+@flow(name="batch-qa", log_prints=True)
+def batch_qa(
+    input: DatasetURI = DEMO_INPUT,
+    output: DatasetURI = DEMO_OUTPUT,
+    engine: EngineConfig = EngineConfig(),
+    agent: AgentParams = AgentParams(),
+    job: JobParams = JobParams(),
+    s3: S3Options = S3Options(),
+    question: str | None = None,
+    metric: Metric = "sub_em",
+    demo: DemoLakeParams | None = None,
+    examples: NonNegativeInt = 3,
+) -> dict[str, Any]:
+    """Batch QA over a Parquet document lake; publishes a summary table and example traces.
+
+    Args:
+        input / output: Parquet lake and answers directory (local or s3://); reruns resume.
+        engine / agent / job / s3: model backend, budgets, Ray job shape, S3 endpoint.
+        question: a job-level question for inputs without a ``question`` column.
+        metric: how ``answers`` are scored.
+        demo: when set and ``input`` (local) has no Parquet files, generate the demo corpus there.
+        examples: traces shown in the Markdown artifact.
+    """
+    from pipelines.batch_qa import BatchQAConfig
+
+    input, output = resolve_local(input), resolve_local(output)
+    cfg = BatchQAConfig(  # cross-field checks (e.g. GPUs with device cpu) before any work
+        input=input, output=output, s3=s3, engine=engine, agent=agent.config(), question=question, metric=metric,
+        concurrency=job.concurrency, batch_size=job.batch_size, num_gpus=job.num_gpus, num_cpus=job.num_cpus,
+        resources=job.resources, ray_address=job.ray_address, progress=False,
+    )
+    if demo is not None:
+        if "://" in input:
+            raise ValueError("demo lake generation writes local paths only; give a local input")
+        ensure_demo_lake(input, engine.model, demo)
+    # Actors holding GPUs count against the "gpu" tag concurrency limit (infra/prefect_stack.sh).
+    job_task = run_job.with_options(tags=["gpu"]) if job.num_gpus > 0 else run_job
+    summary = job_task(cfg.model_dump(mode="json"))
+
+    a = cfg.agent
+    acc = "n/a" if summary["accuracy"] is None else round(summary["accuracy"], 4)
+    create_table_artifact(
+        key="batch-qa-summary",
+        table=[{**summary, "accuracy": acc, "model": engine.model, "preset": agent.preset,
+                "budgets": f"chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer {a.answer_tokens}"}],
+        description=f"Batch QA {input} -> {output}: rows, errors, accuracy ({metric}), tokens read per second.",
+    )
+    rows = example_traces(output, s3, examples)
+    header = (f"Model `{engine.model}`, budgets chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer "
+              f"{a.answer_tokens} tokens. Output: `{output}`. Char spans index the input `context`.")
+    create_markdown_artifact(key="batch-qa-traces", markdown=traces_markdown(rows, header),
+                             description=f"{len(rows)} example memory traces from {output}")
+    return summary

@@ -1,0 +1,153 @@
+"""Prefect flows in-process under Prefect's test harness, on real Ray and DeepSpeed with a tiny model.
+
+Run: .venv/bin/pytest tests/test_flows.py   (the harness starts once for the module, ~15 s)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.dataset as pads
+import pytest
+from prefect.exceptions import ParameterTypeError
+
+from flows.batch_qa import batch_qa
+from flows.evaluate import NOT_IMPLEMENTED, evaluate_memagent
+from flows.stages import FAIL_ONCE_ENV, MANIFEST
+from flows.train import train_memagent
+from tests.flows_helpers import TINY_AGENT, artifacts_of, task_runs_of, tiny_engine
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+# -- parameter validation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"input": "ftp://lake/docs"}, "unsupported scheme 'ftp'"),
+    ({"output": "http://127.0.0.1:9000/out"}, "unsupported scheme 'http'"),
+    ({"input": "s3://"}, "give a bucket"),
+    ({"job": {"batch_size": -1}}, "greater than 0"),
+    ({"job": {"concurrency": 0}}, "greater than 0"),
+    ({"job": {"num_gpus": -1}}, "greater than or equal to 0"),
+    ({"agent": {"chunk_tokens": -64}}, "greater than 0"),
+    ({"agent": {"preset": "huge"}}, "unknown preset"),
+    ({"demo": {"lengths": [1000, -5]}}, "greater than 0"),
+    ({"examples": -1}, "greater than or equal to 0"),
+    ({"engine": {"model": "x", "colour": "red"}}, "Extra inputs are not permitted"),
+])
+def test_batch_qa_rejects_bad_parameters(params, message):
+    with pytest.raises(ParameterTypeError, match=message):
+        batch_qa.validate_parameters(params)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"workdir": "s3://bucket/runs"}, "must be a local directory"),
+    ({"synth": {"source": "gs://bucket/hotpot.json"}}, "unsupported scheme 'gs'"),
+    ({"synth": {"samples": 0}}, "greater than 0"),
+    ({"synth": {"tokens": [], "num_docs": []}}, "at least one size"),
+    ({"filtering": {"k": -2}}, "greater than 0"),
+    ({"training": {"steps": -1}}, "greater than 0"),
+    ({"training": {"batch_size": 0}}, "greater than 0"),
+])
+def test_train_flow_rejects_bad_parameters(params, message):
+    with pytest.raises(ParameterTypeError, match=message):
+        train_memagent.validate_parameters(params)
+
+
+def test_a_bad_parameter_fails_the_run_before_the_body(tmp_path):
+    state = batch_qa(input="ftp://lake/docs", output=str(tmp_path / "out"), return_state=True)
+    assert state.is_failed() and "unsupported scheme" in state.message
+    assert not (tmp_path / "out").exists()
+
+
+# -- batch-qa end to end -----------------------------------------------------------------------
+
+
+def test_batch_qa_generates_demo_lake_retries_and_publishes_artifacts(tiny_llama_dir, tmp_path, monkeypatch):
+    marker = tmp_path / "failed-once"
+    monkeypatch.setenv(FAIL_ONCE_ENV, f"batch-qa:{marker}")
+    lake = tmp_path / "lake"
+    state = batch_qa(
+        input=str(lake / "docs"), output=str(lake / "answers"), engine=tiny_engine(tiny_llama_dir),
+        agent=TINY_AGENT, job={"batch_size": 4}, demo={"lengths": [150, 300], "qa_items": 1, "seed": 3},
+        examples=2, return_state=True,
+    )
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert marker.exists()  # the job task failed once and its retry completed the flow
+    runs = task_runs_of(state.state_details.flow_run_id)
+    assert runs["run-batch-qa"].run_count == 2 and runs["run-batch-qa"].state.is_completed()
+
+    corpus = pads.dataset(str(lake / "docs")).to_table().to_pylist()
+    out = pads.dataset(str(lake / "answers"), exclude_invalid_files=True).to_table().to_pylist()
+    assert sorted(r["id"] for r in out) == sorted(r["id"] for r in corpus) and len(out) == 3
+    assert all(r["error"] is None and r["steps"] and json.loads(r["config"])["chunk_tokens"] == 64 for r in out)
+    assert summary["rows_in"] == summary["rows_out"] == 3 and summary["error_rows"] == 0
+    assert summary["context_tokens"] > 0 and summary["tokens_per_second"] > 0
+
+    arts = artifacts_of(state.state_details.flow_run_id)
+    assert arts["batch-qa-summary"].type == "table"
+    table = json.loads(arts["batch-qa-summary"].data)
+    assert table[0]["rows_out"] == 3 and table[0]["error_rows"] == 0 and "tokens_per_second" in table[0]
+    assert table[0]["accuracy"] != "n/a"  # the demo corpus has answers
+    md = arts["batch-qa-traces"].data
+    first_two = sorted(r["id"] for r in out)[:2]
+    assert all(f"`{i}`" in md for i in first_two) and "| step | kind | chars |" in md
+
+
+# -- train-memagent: stages, retry, skip on re-run, evaluation not implemented -----------------
+
+
+def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama_dir, shared_data, tmp_path,
+                                                                      monkeypatch):
+    marker = tmp_path / "filter-failed-once"
+    monkeypatch.setenv(FAIL_ONCE_ENV, f"filter:{marker}")
+    params = dict(
+        workdir=str(tmp_path / "work"), model=str(tiny_llama_dir),
+        synth={"source": str(shared_data / "hotpotqa_sample.json"), "samples": 2, "tokens": [256]},
+        filtering={"k": 1, "max_tokens": 8, "device": "cpu"}, agent=TINY_AGENT,
+        training={"steps": 1, "batch_size": 2, "group_size": 2, "warmup_steps": 0, "save_every": 1,
+                  "micro_batch_tokens": 1024, "lr": 1e-3},
+    )
+    state = train_memagent(**params, evaluation={"enabled": False}, return_state=True)
+    assert state.is_completed(), state.message
+    first = state.result()
+    assert marker.exists()  # the filter stage failed once; its retry finished the flow
+    assert task_runs_of(state.state_details.flow_run_id)["filter"].run_count == 2
+    assert [first[s]["skipped"] for s in ("synthesize", "filter", "train")] == [False, False, False]
+    for s in ("synthesize", "filter", "train"):
+        assert (tmp_path / "work" / first[s]["dir"].rsplit("/", 1)[-1] / MANIFEST).is_file()
+    assert (tmp_path / "work").resolve().as_posix() in first["train"]["dir"]
+    assert first["synthesize"]["summary"]["rows"] == 2 and first["train"]["summary"]["steps"] == 1
+    assert (tmp_path / "work").joinpath(first["train"]["dir"], "checkpoints", "step_000001", "hf",
+                                        "model.safetensors").is_file()
+
+    # Same inputs with evaluation on: every finished stage is skipped; evaluation says it is missing.
+    state = train_memagent(**params, return_state=True)
+    assert state.is_failed() and NOT_IMPLEMENTED in state.message
+    runs = task_runs_of(state.state_details.flow_run_id)
+    assert runs["evaluate"].state.is_failed() and runs["train"].state.is_completed()
+    table = json.loads(artifacts_of(state.state_details.flow_run_id)["train-memagent-results"].data)
+    status = {r["stage"]: r["status"] for r in table}
+    assert status == {"synthesize": "skipped (done earlier)", "filter": "skipped (done earlier)",
+                      "train": "skipped (done earlier)", "evaluate": "failed"}
+    assert NOT_IMPLEMENTED in next(r["summary"] for r in table if r["stage"] == "evaluate")
+
+    # A changed training parameter redoes training only.
+    state = train_memagent(**{**params, "training": {**params["training"], "lr": 2e-3}},
+                           evaluation={"enabled": False}, return_state=True)
+    again = state.result()
+    assert [again[s]["skipped"] for s in ("synthesize", "filter", "train")] == [True, True, False]
+    assert again["train"]["dir"] != first["train"]["dir"]
+
+
+def test_evaluate_flow_fails_with_a_clear_message(tmp_path):
+    state = evaluate_memagent(out=str(tmp_path / "eval"), return_state=True)
+    assert state.is_failed() and NOT_IMPLEMENTED in state.message
