@@ -46,6 +46,16 @@ def s3_server(port: int | None = None, buckets: tuple[str, ...] = ("lake",)) -> 
         server.stop()
 
 
+def wait_until_stopped() -> None:
+    """Block until Ctrl-C or SIGTERM (the infra servers run in the foreground)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=5055)
@@ -55,12 +65,7 @@ def main() -> None:
     with s3_server(args.port, tuple(args.bucket or ["lake"])) as endpoint:
         print(f"S3 endpoint: {endpoint}  buckets: {', '.join(args.bucket or ['lake'])}")
         print(f"export AWS_ENDPOINT_URL={endpoint} " + " ".join(f"{k}={v}" for k, v in CREDENTIALS.items()))
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        wait_until_stopped()
 
 
 if __name__ == "__main__":

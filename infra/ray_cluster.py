@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import threading
 from contextlib import contextmanager
 from typing import Iterator
+
+from infra.local_s3 import wait_until_stopped
 
 LOOPBACK = "127.0.0.1"
 # Keep every raylet and client on loopback, without token auth (local development only).
@@ -49,12 +49,7 @@ def main() -> None:
     with local_cluster(args.workers, args.head_cpus, args.worker_cpus) as address:
         print(f"Ray cluster: {address} (1 head + {args.workers} worker node(s))")
         print(f"run jobs with: {' '.join(f'{k}={v}' for k, v in ENV.items())} memagent batch --ray-address {address} ...")
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        wait_until_stopped()
 
 
 if __name__ == "__main__":
