@@ -90,6 +90,7 @@ class InputPlan:
     schema: pa.Schema
     total_rows: int
     done_ids: pa.Array
+    skipped: int  # input ids already in the output
     output_schema: pa.Schema
 
 
@@ -107,10 +108,6 @@ class BatchSummary:
     @property
     def tokens_per_second(self) -> float:
         return self.context_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows_out / self.seconds if self.seconds > 0 else 0.0
 
     def lines(self) -> list[str]:
         acc = "n/a (no answers)" if self.accuracy is None else f"{self.accuracy:.3f}"
@@ -158,7 +155,8 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
     done = storage.read_column(out_fs, done_files, "id").combine_chunks() if done_files else pa.array([], pa.string())
     extra = [f for f in RESULT_SCHEMA if f.name not in schema.names] + [pa.field("node_id", pa.string())]
     output_schema = pa.schema(list(schema) + extra)
-    return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, output_schema=output_schema)
+    skipped = int(pc.sum(pc.is_in(ids, value_set=done)).as_py() or 0) if len(done) else 0
+    return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, skipped=skipped, output_schema=output_schema)
 
 
 def drop_done(batch: pa.Table, done_ids: pa.Array | ray.ObjectRef) -> pa.Table:
@@ -233,7 +231,7 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     scores = table.column("score").drop_null() if len(table) else pa.array([])
     return BatchSummary(
         rows_in=plan.total_rows,
-        skipped=len(plan.done_ids),
+        skipped=plan.skipped,
         rows_out=len(table),
         error_rows=len(table) - table.column("error").null_count if len(table) else 0,
         accuracy=pc.mean(scores).as_py() if len(scores) else None,
@@ -249,7 +247,7 @@ def run_batch_qa(cfg: BatchQAConfig) -> BatchSummary:
     plan = plan_input(cfg)
     ensure_ray(cfg)
     configure_data_context(cfg)
-    if len(plan.done_ids) >= plan.total_rows:
+    if plan.skipped >= plan.total_rows:
         log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
         return summarise(cfg, plan, time.perf_counter() - t0)
 
