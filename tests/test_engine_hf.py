@@ -96,3 +96,17 @@ def test_missing_model_says_how_to_install():
 
     with pytest.raises(ModelNotFoundError, match="smollm2-135m"):
         resolve_model("/nonexistent/model")
+
+
+def test_idle_batcher_exits_and_restarts(tiny_engine, monkeypatch):
+    monkeypatch.setattr(type(tiny_engine), "IDLE_EXIT_S", 0.05)
+
+    async def run():
+        first = await tiny_engine.chat(msgs("one"), SamplingParams(max_tokens=2))
+        await asyncio.sleep(0.2)
+        assert tiny_engine._worker.done()  # exited while idle: nothing left pending at loop close
+        second = await tiny_engine.chat(msgs("two"), SamplingParams(max_tokens=2))
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert first.completion_tokens <= 2 and second.completion_tokens <= 2

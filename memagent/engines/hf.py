@@ -83,6 +83,8 @@ class TransformersEngine(Engine):
         name: model name reported in outputs (default: the directory name).
     """
 
+    IDLE_EXIT_S = 1.0  # the batcher task exits after this long without requests
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -159,7 +161,12 @@ class TransformersEngine(Engine):
         assert self._queue is not None
         queue = self._queue
         while True:
-            pending = [await queue.get()]
+            try:
+                pending = [await asyncio.wait_for(queue.get(), timeout=self.IDLE_EXIT_S)]
+            except asyncio.TimeoutError:
+                # Idle: end quietly, so no batcher is left pending when its event loop closes;
+                # the next chat() starts a new one (it checks done()).
+                return
             await asyncio.sleep(self.batch_wait_s)
             while not queue.empty():
                 pending.append(queue.get_nowait())
