@@ -28,10 +28,6 @@ from memagent.verify import score as score_metric
 
 log = logging.getLogger(__name__)
 
-RESULT_COLUMNS = (
-    "prediction", "response", "memory", "n_chunks", "context_tokens", "truncated", "steps", "score",
-    "error", "model", "config", "seconds",
-)
 
 STEP_TYPE = pa.struct([
     ("step", pa.int32()), ("kind", pa.string()), ("chunk_index", pa.int32()),
@@ -46,6 +42,7 @@ RESULT_SCHEMA = pa.schema([
     ("steps", pa.list_(STEP_TYPE)), ("score", pa.float64()), ("error", pa.string()),
     ("model", pa.string()), ("config", pa.string()), ("seconds", pa.float64()),
 ])
+RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 
 
 def _answers(row: Mapping[str, Any]) -> list[str] | None:

@@ -78,12 +78,14 @@ class Engine(abc.ABC):
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
         """Generate the assistant reply to ``messages``. Safe to call from many coroutines at once."""
 
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """Prompt token ids: the chat template with the generation prompt (it holds any BOS)."""
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
     def count_chat_tokens(self, messages: Messages) -> int:
         """Tokens of ``messages`` rendered with the chat template and the generation prompt."""
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return len(ids)
+        return len(self.encode_chat(messages))
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release the backend (threads, subprocesses, GPU memory)."""

@@ -120,16 +120,6 @@ class TransformersEngine(Engine):
 
     # -- public API -------------------------------------------------------------------------
 
-    def encode_chat(self, messages: Messages) -> list[int]:
-        """Prompt token ids: the chat template with the generation prompt (it holds any BOS)."""
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-
-    def count_chat_tokens(self, messages: Messages) -> int:
-        return len(self.encode_chat(messages))
-
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
         prompt_ids = self.encode_chat(messages)
         if len(prompt_ids) + params.max_tokens > self.context_window:
