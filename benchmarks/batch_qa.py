@@ -11,6 +11,7 @@ plus a short table. A measurement, never an assertion.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -44,17 +45,16 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import ray
-    from transformers import AutoTokenizer
 
     from memagent.config import preset
     from memagent.data.demo import niah_row
+    from memagent.data.hotpotqa import count_tokens
+    from memagent.data.io import load_tokenizer
     from memagent.engines import EngineConfig
     from memagent.engines.hf import default_dtype
-    from memagent.models import resolve_model
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 
-    tok = AutoTokenizer.from_pretrained(str(resolve_model(args.model)))
-    count = lambda t: len(tok(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count = functools.partial(count_tokens, load_tokenizer(args.model))
     rows = [niah_row(i, args.tokens, depth=(i % 8 + 1) / 9, seed=11, count=count) for i in range(args.docs)]
     work = Path(tempfile.mkdtemp(prefix="bench-batch-qa-"))
     pq.write_table(pa.Table.from_pylist(rows), work / "input.parquet")
@@ -84,7 +84,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(f"\n| batch size | rows | seconds | rows/s | doc tokens/s | accuracy |\n|---|---|---|---|---|---|")
+    print("\n| batch size | rows | seconds | rows/s | doc tokens/s | accuracy |\n|---|---|---|---|---|---|")
     for r in runs:
         print(f"| {r['batch_size']} | {r['rows']} | {r['seconds']} | {r['rows_per_s']} | {r['tokens_per_s']} | "
               f"{r['accuracy']} |")

@@ -9,6 +9,7 @@ keys: ``first_load_seconds``, ``cached_load_seconds``, ``seconds_per_chunk``.
 from __future__ import annotations
 
 import argparse
+import functools
 import asyncio
 import json
 import os
@@ -30,6 +31,7 @@ def main() -> None:
     from memagent.agent import check_config, read_document
     from memagent.config import preset
     from memagent.data.demo import niah_row
+    from memagent.data.hotpotqa import count_tokens
     from memagent.engines.hf import TransformersEngine
     from memagent.models import resolve_model
 
@@ -44,7 +46,7 @@ def main() -> None:
 
     config = preset(args.preset)
     check_config(engine, config)
-    count = lambda t: len(engine.tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count = functools.partial(count_tokens, engine.tokenizer)
     row = niah_row(0, args.tokens, depth=0.6, seed=5, count=count)
     t2 = time.perf_counter()
     result = asyncio.run(read_document(engine, row["question"], row["context"], config))

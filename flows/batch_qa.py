@@ -16,7 +16,6 @@ import os
 # prefect.yaml's job variables.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -37,27 +36,17 @@ TRACE_COLUMNS = ["id", "question", "answers", "prediction", "score", "error", "n
 @task(name="ensure-demo-lake", retries=1)
 def ensure_demo_lake(input: str, model: str, demo: DemoLakeParams) -> dict[str, Any]:
     """Write the generated demo corpus to ``input`` unless it already holds Parquet files."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from memagent.data.demo import demo_corpus
-    from memagent.data.io import load_tokenizer
+    from memagent.data.demo import write_demo_corpus
     from pipelines import storage
 
     fs, path = storage.filesystem(input, S3Options())
     existing = storage.parquet_files(fs, path)
     if existing:
         return {"generated": False, "files": len(existing)}
-    tok = load_tokenizer(model)  # sizes documents in the tokens of the model that reads them
-    rows = demo_corpus(lengths=tuple(demo.lengths), qa_items=demo.qa_items, seed=demo.seed,
-                       count=lambda t: len(tok(t, add_special_tokens=False)["input_ids"]))
-    target = Path(path) / "corpus.parquet"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(".corpus.parquet.tmp")  # hidden until complete: readers skip dot files
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    tmp.replace(target)
-    get_run_logger().info("demo lake: %d generated rows -> %s", len(rows), target)
-    return {"generated": True, "rows": len(rows), "path": str(target)}
+    # Sized in the tokens of the model that reads them.
+    target, n_rows = write_demo_corpus(path, model, tuple(demo.lengths), demo.qa_items, demo.seed)
+    get_run_logger().info("demo lake: %d generated rows -> %s", n_rows, target)
+    return {"generated": True, "rows": n_rows, "path": str(target)}
 
 
 @task(name="run-batch-qa", retries=2, retry_delay_seconds=5)

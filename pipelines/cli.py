@@ -108,24 +108,15 @@ def print_table(output: str, title: str) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     local_ray_on_loopback(args)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
-
-    from memagent.data.demo import demo_corpus
-    from memagent.models import resolve_model
+    from memagent.data.demo import write_demo_corpus
     from pipelines.batch_qa import run_batch_qa
 
     run_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    (run_dir / "input").mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(str(resolve_model(args.model)))
     lengths = tuple(int(x) for x in args.lengths.split(","))
-    rows = demo_corpus(lengths=lengths, qa_items=args.qa_items,
-                       count=lambda t: len(tok(t, add_special_tokens=False)["input_ids"]))
-    pq.write_table(pa.Table.from_pylist(rows), run_dir / "input" / "corpus.parquet")
+    _, n_rows = write_demo_corpus(run_dir / "input", args.model, lengths, args.qa_items)
     cfg = _batch_config(args, input=str(run_dir / "input"), output=str(run_dir / "output"))
     a = cfg.agent
-    print(f"demo: {len(rows)} generated documents -> {run_dir}/output")
+    print(f"demo: {n_rows} generated documents -> {run_dir}/output")
     print(f"model {cfg.engine.model} ({cfg.engine.engine}), preset {args.preset}: chunk {a.chunk_tokens}, "
           f"memory {a.memory_tokens}, answer {a.answer_tokens} tokens; {cfg.concurrency} actor(s), "
           f"batch size {cfg.batch_size}")

@@ -11,7 +11,9 @@ Two kinds of rows, both in the batch-input schema (id, question, context, answer
 
 from __future__ import annotations
 
+import functools
 import random
+from pathlib import Path
 from typing import Callable
 
 FILLER = [
@@ -126,3 +128,31 @@ def demo_corpus(
         rows.append(niah_row(i, n, depth, seed, count))
     rows += [qa_row(i, qa_docs, seed, count=count) for i in range(qa_items)]
     return rows
+
+
+def write_demo_corpus(
+    directory: str | Path,
+    model: str = "smollm2-135m",
+    lengths: tuple[int, ...] = (1000, 2500, 5000),
+    qa_items: int = 3,
+    seed: int = 0,
+) -> tuple[Path, int]:
+    """Write :func:`demo_corpus`, sized in ``model``'s tokens, to ``directory/corpus.parquet``.
+
+    The file appears atomically (written under a hidden name first: readers skip dot files).
+    Returns the file and its row count.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.data.hotpotqa import count_tokens
+    from memagent.data.io import load_tokenizer
+
+    count = functools.partial(count_tokens, load_tokenizer(model))
+    rows = demo_corpus(lengths=tuple(lengths), qa_items=qa_items, seed=seed, count=count)
+    target = Path(directory) / "corpus.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(".corpus.parquet.tmp")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    tmp.replace(target)
+    return target, len(rows)

@@ -96,7 +96,6 @@ class TrainConfig(BaseModel):
         import copy
 
         cfg = copy.deepcopy(template) if template else {}
-        opt_steps_per_step = self.ppo_mini_batches * self.ppo_epochs
         cfg.update(
             {
                 "train_micro_batch_size_per_gpu": 1,
