@@ -81,6 +81,7 @@ class TransformersEngine(Engine):
         max_batch_size: most requests in one forward.
         batch_wait_s: how long the worker waits after the first pending request for others to join.
         name: model name reported in outputs (default: the directory name).
+        context_window: override the window the model config states (prompt + reply tokens).
     """
 
     IDLE_EXIT_S = 1.0  # the batcher task exits after this long without requests
@@ -94,6 +95,7 @@ class TransformersEngine(Engine):
         max_batch_size: int = 16,
         batch_wait_s: float = 0.01,
         name: str | None = None,
+        context_window: int | None = None,
     ):
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
@@ -112,7 +114,7 @@ class TransformersEngine(Engine):
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
-        self.context_window = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.context_window = context_window or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.stats = EngineStats()
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
