@@ -2,5 +2,5 @@
 
 - ``batch-qa`` (:mod:`flows.batch_qa`): the Ray Data batch QA job, with summary and trace artifacts;
 - ``train-memagent`` (:mod:`flows.train`): synthesise -> filter -> train -> evaluate, resumable by stage;
-- ``evaluate-memagent`` (:mod:`flows.evaluate`): the evaluation matrix (issue 7; not implemented yet).
+- ``evaluate-memagent`` (:mod:`flows.evaluate`): accuracy over tasks x lengths, memory agent vs full context.
 """

@@ -1,34 +1,56 @@
-"""Flow ``evaluate-memagent``: the task x length evaluation matrix of a model (issue 7).
+"""Flow ``evaluate-memagent``: the task x length accuracy matrix of a model, both methods.
 
-The evaluation code (``memagent/evaluate.py``) does not exist yet, so the stage fails with a
-message that says so instead of producing numbers it did not measure. The train flow uses the
-same task for its last stage.
+The stage runs :func:`pipelines.evaluate.run_evaluation` (items -> one Ray Data batch job per
+method -> table, heatmap, line plot) and publishes the table as a Markdown artifact. The run
+directory is resumable: a retried or re-run stage reuses the items and every finished
+prediction. The train flow calls the same task for its last stage on the new checkpoint.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import os
+
+# A local Ray started by this process binds 127.0.0.1 (read when ray is imported).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import time
 from typing import Any
 
 from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
 
-from flows.params import AgentParams, EvalParams, LocalDir, resolve_local
-
-NOT_IMPLEMENTED = "evaluation is not implemented yet: see issue 7"
-
-
-class EvaluationNotImplemented(NotImplementedError):
-    """The evaluation stage has no implementation to run."""
+from flows.params import AgentParams, EvalParams, JobParams, LocalDir, resolve_local
 
 
 # Holds the model on the accelerator: counts against the "gpu" tag concurrency limit.
-@task(name="evaluate", tags=["gpu"], retries=0)
-def evaluate_model(model: str, evaluation: EvalParams, agent: AgentParams, out_dir: str) -> dict[str, Any]:
-    """Evaluate ``model`` on ``evaluation.tasks`` x ``evaluation.lengths``; write tables under ``out_dir``."""
-    if importlib.util.find_spec("memagent.evaluate") is None:
-        raise EvaluationNotImplemented(NOT_IMPLEMENTED)
-    # The module has landed but this flow is not wired to it yet: still no numbers to report.
-    raise EvaluationNotImplemented(f"{NOT_IMPLEMENTED} (memagent.evaluate exists; wire it into flows/evaluate.py)")
+@task(name="evaluate", tags=["gpu"], retries=1, retry_delay_seconds=5)
+def evaluate_model(model: str, evaluation: EvalParams, agent: AgentParams, out_dir: str,
+                   job: JobParams = JobParams()) -> dict[str, Any]:
+    """Evaluate ``model`` on ``evaluation.tasks`` x ``evaluation.lengths``; report under ``out_dir``."""
+    from memagent.engines import EngineConfig
+    from pipelines.evaluate import EvalConfig, run_evaluation
+
+    t0 = time.perf_counter()
+    cfg = EvalConfig(
+        out=out_dir, tasks=evaluation.tasks, lengths=evaluation.lengths, samples=evaluation.samples,
+        methods=evaluation.methods, seed=evaluation.seed,
+        haystack=resolve_local(evaluation.haystack) if evaluation.haystack else None,
+        hotpotqa=resolve_local(evaluation.hotpotqa) if evaluation.hotpotqa else None,
+        squad=resolve_local(evaluation.squad) if evaluation.squad else None,
+        engine=EngineConfig(model=model), agent=agent.config(), concurrency=job.concurrency,
+        batch_size=job.batch_size, num_gpus=job.num_gpus, ray_address=job.ray_address, progress=False,
+    )
+    summary = run_evaluation(cfg)
+    with open(summary.results_md) as f:
+        table = f.read()
+    create_markdown_artifact(key="evaluate-memagent-results", markdown=(
+        f"# Evaluation of `{model}`\n\n{table}\n\nHeatmap: `{summary.heatmap}`  \n"
+        f"Accuracy vs length: `{summary.lines_plot}`  \nPredictions and traces: `{out_dir}/predictions/`\n"),
+        description=f"{summary.items} items x {len(cfg.methods)} methods")
+    return {"dir": out_dir, "skipped": False, "seconds": round(time.perf_counter() - t0, 1),
+            "outputs": {"results": summary.results_csv, "heatmap": summary.heatmap, "lines": summary.lines_plot},
+            "summary": {"items": summary.items, **{f"{m}_seconds": s for m, s in summary.seconds_per_method.items()},
+                        "full_context_window": summary.full_context_window}}
 
 
 @flow(name="evaluate-memagent", log_prints=True)
@@ -36,7 +58,8 @@ def evaluate_memagent(
     model: str = "smollm2-135m",
     evaluation: EvalParams = EvalParams(),
     agent: AgentParams = AgentParams(),
+    job: JobParams = JobParams(),
     out: LocalDir = "runs/evaluate",
 ) -> dict[str, Any]:
-    """Task x length accuracy matrix of ``model``; artifact with the table and the heatmap."""
-    return evaluate_model(model, evaluation, agent, resolve_local(out))
+    """Task x length accuracy of ``model`` (memory agent and full-context baseline); Markdown artifact."""
+    return evaluate_model(model, evaluation, agent, resolve_local(out), job)

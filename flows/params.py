@@ -134,14 +134,28 @@ class FilterParams(BaseModel):
 
 
 class EvalParams(BaseModel):
-    """The task x length evaluation matrix of a checkpoint (issue 7)."""
+    """The task x length evaluation matrix (``memagent eval``); defaults are CPU-sized (minutes)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    enabled: bool = Field(True, description="False skips the stage (it is not implemented yet: issue 7).")
-    tasks: list[str] = Field(["hotpotqa", "niah_single_1"], min_length=1)
-    lengths: list[Annotated[int, Field(gt=0)]] = Field([2048, 4096], min_length=1)
-    samples: int = Field(8, gt=0)
+    enabled: bool = Field(True, description="False skips the stage in the train flow.")
+    tasks: list[str] = Field(["niah_single_1", "vt"], min_length=1,
+                             description="RULER tasks (hotpotqa = qa_2 needs `hotpotqa`; essay NIAH needs `haystack`).")
+    lengths: list[Annotated[int, Field(gt=0)]] = Field([1024, 2048], min_length=1, description="Item lengths in tokens.")
+    samples: int = Field(4, gt=0, description="Items per (task, length).")
+    methods: list[Literal["memagent", "full-context"]] = Field(["memagent", "full-context"], min_length=1)
+    haystack: str | None = Field(None, description="Essay text file for the essay NIAH tasks.")
+    hotpotqa: str | None = Field(None, description="HotpotQA JSON for qa_2.")
+    squad: str | None = Field(None, description="SQuAD JSON for qa_1.")
+    seed: int = 42
+
+    @model_validator(mode="after")
+    def _known(self) -> EvalParams:
+        from memagent.data.ruler import resolve_task
+
+        for t in self.tasks:
+            resolve_task(t)  # unknown task names fail at parameter validation
+        return self
 
 
 # CPU-sized training: two DAPO steps of 2 questions x 2 trajectories finish in minutes; 1024-token

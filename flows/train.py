@@ -6,9 +6,9 @@ re-run flow skips finished stages and changing one stage's parameters redoes it 
 follows, nothing before. The training stage resumes from its latest DeepSpeed checkpoint
 when an earlier attempt was interrupted.
 
-Evaluation is not implemented yet (issue 7): that stage fails with that message after the
-other stages ran and the results artifact is published, so the flow run ends Failed rather
-than reporting numbers nobody measured. ``evaluation.enabled=false`` skips it.
+The evaluation stage (``flows.evaluate.evaluate_model``) scores the new checkpoint on the
+task x length matrix; if it fails, the results artifact is still published and the flow run
+ends Failed with the stage's error. ``evaluation.enabled=false`` skips it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ record (``error`` set, results null) and never stops the others.
 
 Output record (DESIGN.md "Batch output"): ``id``, passthrough columns, ``prediction``,
 ``response``, ``memory``, ``n_chunks``, ``context_tokens``, ``truncated``, ``steps``,
-``score`` (when ``answers`` are given), ``error``, ``model``, ``config``.
+``score`` (when ``answers`` are given), ``error``, ``model``, ``config``, ``method``.
+
+Two reading methods share this path: ``memagent`` (the memory agent) and ``full-context``
+(the baseline: the whole document in one prompt, middle dropped to fit the window).
 """
 
 from __future__ import annotations
@@ -16,17 +19,22 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import pyarrow as pa
 
 from memagent.agent import InputError, Result, read_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
+from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
+from memagent.verify import METRICS
 from memagent.verify import score as score_metric
 
 log = logging.getLogger(__name__)
+
+Method = Literal["memagent", "full-context"]
+READERS = {"memagent": read_document, "full-context": read_full_context}
 
 
 STEP_TYPE = pa.struct([
@@ -40,7 +48,7 @@ RESULT_SCHEMA = pa.schema([
     ("prediction", pa.string()), ("response", pa.string()), ("memory", pa.string()),
     ("n_chunks", pa.int32()), ("context_tokens", pa.int64()), ("truncated", pa.bool_()),
     ("steps", pa.list_(STEP_TYPE)), ("score", pa.float64()), ("error", pa.string()),
-    ("model", pa.string()), ("config", pa.string()), ("seconds", pa.float64()),
+    ("model", pa.string()), ("config", pa.string()), ("seconds", pa.float64()), ("method", pa.string()),
 ])
 RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 
@@ -56,7 +64,8 @@ def _answers(row: Mapping[str, Any]) -> list[str] | None:
 
 
 def result_record(
-    row: Mapping[str, Any], result: Result, config: AgentConfig, model: str, metric: str, seconds: float
+    row: Mapping[str, Any], result: Result, config: AgentConfig, model: str, metric: str, seconds: float,
+    method: Method = "memagent",
 ) -> dict[str, Any]:
     """The output record of a successful read (passthrough columns kept)."""
     record = dict(row)
@@ -81,15 +90,17 @@ def result_record(
         model=model,
         config=config.model_dump_json(),
         seconds=round(seconds, 3),
+        method=method,
     )
     return record
 
 
-def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, model: str) -> dict[str, Any]:
+def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, model: str,
+                 method: Method = "memagent") -> dict[str, Any]:
     """The output record of a row that could not be read: ``error`` set, results null."""
     record = dict(row)
     record.update({c: None for c in RESULT_COLUMNS})
-    record.update(error=message, model=model, config=config.model_dump_json())
+    record.update(error=message, model=model, config=config.model_dump_json(), method=method)
     return record
 
 
@@ -100,21 +111,28 @@ async def answer_row(
     *,
     question: str | None = None,
     metric: str = "sub_em",
+    method: Method = "memagent",
 ) -> dict[str, Any]:
     """Read one row; any failure of the row itself becomes an error record.
 
-    ``question`` overrides/supplies the question for every row (corpus extraction jobs).
+    ``question`` overrides/supplies the question for every row (corpus extraction jobs). A
+    ``metric`` column, when the row has one, overrides ``metric`` for that row (evaluation sets
+    mix tasks scored differently).
     """
     t0 = time.perf_counter()
     q = question if question is not None else row.get("question")
+    row_metric = row.get("metric") or metric
+    if row_metric not in METRICS:
+        return error_record(row, f"input: metric {row_metric!r} is not one of {', '.join(METRICS)}",
+                            config, engine.name, method)
     try:
-        result = await read_document(engine, q, row.get("context"), config)  # type: ignore[arg-type]
+        result = await READERS[method](engine, q, row.get("context"), config)  # type: ignore[arg-type]
     except InputError as exc:
-        return error_record(row, f"input: {exc}", config, engine.name)
+        return error_record(row, f"input: {exc}", config, engine.name, method)
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
         log.warning("row %s failed: %s", row.get("id"), exc, exc_info=True)
-        return error_record(row, f"agent: {type(exc).__name__}: {exc}", config, engine.name)
-    return result_record(row, result, config, engine.name, metric, time.perf_counter() - t0)
+        return error_record(row, f"agent: {type(exc).__name__}: {exc}", config, engine.name, method)
+    return result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
 
 
 async def answer_rows(
@@ -124,12 +142,13 @@ async def answer_rows(
     *,
     question: str | None = None,
     metric: str = "sub_em",
+    method: Method = "memagent",
     on_done: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Read all ``rows`` concurrently; records come back in input order."""
+    """Read all ``rows`` concurrently with ``method``; records come back in input order."""
 
     async def one(row: Mapping[str, Any]) -> dict[str, Any]:
-        record = await answer_row(engine, row, config, question=question, metric=metric)
+        record = await answer_row(engine, row, config, question=question, metric=metric, method=method)
         if on_done:
             on_done(record)
         return record

@@ -51,11 +51,26 @@ Answer the question using only the memory below.
 
 """
 
-FINAL_ANSWER_TEMPLATES: dict[str, str] = {
-    "boxed": _FINAL_HEAD + "Put your final answer inside \\boxed{{}}.\n\nYour answer:",
-    "phrase": _FINAL_HEAD + 'End your reply with "Therefore, the answer is (your answer)".\n\nYour answer:',
-    "json": _FINAL_HEAD + "Reply with a single JSON value and nothing else.\n\nYour answer:",
+_ANSWER_ENDINGS: dict[str, str] = {
+    "boxed": "Put your final answer inside \\boxed{{}}.\n\nYour answer:",
+    "phrase": 'End your reply with "Therefore, the answer is (your answer)".\n\nYour answer:',
+    "json": "Reply with a single JSON value and nothing else.\n\nYour answer:",
 }
+FINAL_ANSWER_TEMPLATES: dict[str, str] = {style: _FINAL_HEAD + end for style, end in _ANSWER_ENDINGS.items()}
+
+# The full-context baseline: the same question and answer format, the whole document in one prompt.
+_FULL_CONTEXT_HEAD = """Read the document below and answer the question about it.
+{instruction}
+<document>
+{document}
+</document>
+
+<problem>
+{question}
+</problem>
+
+"""
+FULL_CONTEXT_TEMPLATES: dict[str, str] = {style: _FULL_CONTEXT_HEAD + end for style, end in _ANSWER_ENDINGS.items()}
 
 
 def _instruction_line(instruction: str | None) -> str:
@@ -76,6 +91,16 @@ def final_answer_messages(
     """The final-answer conversation: question and memory only, no document text."""
     content = FINAL_ANSWER_TEMPLATES[style].format(
         instruction=_instruction_line(instruction), question=question, memory=memory
+    )
+    return [{"role": "user", "content": content}]
+
+
+def full_context_messages(
+    question: str, document: str, style: AnswerStyle, instruction: str | None = None
+) -> Messages:
+    """The baseline's single conversation: the (possibly truncated) document and the question."""
+    content = FULL_CONTEXT_TEMPLATES[style].format(
+        instruction=_instruction_line(instruction), question=question, document=document
     )
     return [{"role": "user", "content": content}]
 

@@ -56,7 +56,10 @@ class BatchQAConfig(BaseModel):
     agent: AgentConfig = Field(default_factory=lambda: preset("small"))
     question: str | None = Field(None, description="Job-level question for inputs without a question column.")
     metric: Literal["sub_em", "em", "f1", "string_match_all", "boxed_em"] = Field(
-        "sub_em", description="Score against `answers` when the input has them."
+        "sub_em", description="Score against `answers` when the input has them; a `metric` column overrides it per row."
+    )
+    method: Literal["memagent", "full-context"] = Field(
+        "memagent", description="'memagent' reads chunk by chunk; 'full-context' is the one-prompt baseline."
     )
     concurrency: int = Field(1, gt=0, description="Actors, each holding one engine.")
     batch_size: int = Field(16, gt=0, description="Rows per batch; an actor reads a batch's rows concurrently.")
@@ -80,6 +83,13 @@ class BatchQAConfig(BaseModel):
             raise ValueError("question must not be empty")
         if self.num_gpus > 0 and self.engine.device == "cpu":
             raise ValueError("num_gpus > 0 with engine device 'cpu': use device 'auto' or 'cuda'")
+        if self.engine.engine == "openai" and self.num_gpus > 0:
+            # The model runs behind the endpoint; a GPU held by an HTTP client is a GPU wasted.
+            raise ValueError("num_gpus > 0 with engine 'openai': the actors only call the endpoint; use num_gpus 0")
+        if self.engine.engine == "vllm" and self.num_gpus <= 0 and self.engine.device != "cpu":
+            # vLLM places its engine on the GPUs Ray grants the actor; with none it cannot start.
+            raise ValueError(f"engine 'vllm' needs num_gpus > 0 per actor (e.g. num_gpus="
+                             f"{self.engine.tensor_parallel_size}) unless device is 'cpu'")
         return self
 
 
@@ -172,7 +182,8 @@ class AgentWorker:
     """Ray Data actor: one engine, all rows of each batch read concurrently."""
 
     def __init__(self, engine: EngineConfig, agent: AgentConfig, output_schema: pa.Schema,
-                 question: str | None, metric: str, torch_threads: int | None, concurrency: int):
+                 question: str | None, metric: str, torch_threads: int | None, concurrency: int,
+                 method: str = "memagent"):
         import torch
 
         from memagent.agent import check_config
@@ -180,8 +191,10 @@ class AgentWorker:
 
         torch.set_num_threads(torch_threads or max(1, (os.cpu_count() or 1) // concurrency))
         self.engine = make_engine(engine)
-        check_config(self.engine, agent)
+        if method == "memagent":
+            check_config(self.engine, agent)
         self.agent, self.schema, self.question, self.metric = agent, output_schema, question, metric
+        self.method = method
         self.batches = 0
         self.node_id = ray.get_runtime_context().get_node_id()
 
@@ -197,7 +210,7 @@ class AgentWorker:
         self.batches += 1
         self._maybe_crash()
         records = await answer_rows(self.engine, batch.to_pylist(), self.agent,
-                                    question=self.question, metric=self.metric)
+                                    question=self.question, metric=self.metric, method=self.method)
         for r in records:
             r["node_id"] = self.node_id  # which node read the row (placement checks, debugging)
         return pa.Table.from_pylist(records, schema=self.schema)
@@ -262,7 +275,7 @@ def run_batch_qa(cfg: BatchQAConfig) -> BatchSummary:
         AgentWorker,
         fn_constructor_kwargs=dict(engine=cfg.engine, agent=cfg.agent, output_schema=plan.output_schema,
                                    question=cfg.question, metric=cfg.metric, torch_threads=cfg.torch_threads,
-                                   concurrency=cfg.concurrency),
+                                   concurrency=cfg.concurrency, method=cfg.method),
         compute=ActorPoolStrategy(size=cfg.concurrency),
         batch_size=cfg.batch_size,
         batch_format="pyarrow",

@@ -79,7 +79,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     local_ray_on_loopback(args)
     from pipelines.batch_qa import run_batch_qa
 
-    cfg = _batch_config(args, question=args.question, metric=args.metric)
+    cfg = _batch_config(args, question=args.question, metric=args.metric, method=args.method)
     summary = run_batch_qa(cfg)
     print("\n".join(summary.lines()))
     return 0
@@ -136,6 +136,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     batch.add_argument("--answer-format", choices=["text", "json"], default=None,
                        help="json: ask for JSON and store the parsed value")
     batch.add_argument("--metric", default="sub_em", choices=["sub_em", "em", "f1", "string_match_all", "boxed_em"])
+    batch.add_argument("--method", default="memagent", choices=["memagent", "full-context"],
+                       help="memagent (chunk by chunk) or full-context (baseline: one prompt, middle dropped to fit)")
     add_agent_options(batch)
     add_engine_options(batch)
     _add_job_options(batch)
@@ -150,3 +152,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_job_options(demo)
     demo.set_defaults(func=cmd_demo, no_progress=not sys.stderr.isatty())
     logging.getLogger("ray").setLevel(logging.WARNING)
+
+    from pipelines.eval_cli import add_eval_command
+
+    add_eval_command(sub)

@@ -12,7 +12,7 @@ import pytest
 from prefect.exceptions import ParameterTypeError
 
 from flows.batch_qa import batch_qa
-from flows.evaluate import NOT_IMPLEMENTED, evaluate_memagent
+from flows.evaluate import evaluate_memagent
 from flows.stages import FAIL_ONCE_ENV, MANIFEST
 from flows.train import train_memagent
 from tests.flows_helpers import TINY_AGENT, artifacts_of, task_runs_of, tiny_engine
@@ -102,7 +102,7 @@ def test_batch_qa_generates_demo_lake_retries_and_publishes_artifacts(tiny_llama
     assert all(f"`{i}`" in md for i in first_two) and "| step | kind | chars |" in md
 
 
-# -- train-memagent: stages, retry, skip on re-run, evaluation not implemented -----------------
+# -- train-memagent: stages, retry, skip on re-run, evaluation of the checkpoint ---------------
 
 
 def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama_dir, shared_data, tmp_path,
@@ -129,16 +129,15 @@ def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama
     assert (tmp_path / "work").joinpath(first["train"]["dir"], "checkpoints", "step_000001", "hf",
                                         "model.safetensors").is_file()
 
-    # Same inputs with evaluation on: every finished stage is skipped; evaluation says it is missing.
-    state = train_memagent(**params, return_state=True)
-    assert state.is_failed() and NOT_IMPLEMENTED in state.message
-    runs = task_runs_of(state.state_details.flow_run_id)
-    assert runs["evaluate"].state.is_failed() and runs["train"].state.is_completed()
+    # Same inputs with evaluation on: every finished stage is skipped; the checkpoint is evaluated.
+    evaluation = {"tasks": ["niah_single_1"], "lengths": [256], "samples": 2, "methods": ["memagent", "full-context"]}
+    state = train_memagent(**params, evaluation=evaluation, return_state=True)
+    assert state.is_completed(), state.message
     table = json.loads(artifacts_of(state.state_details.flow_run_id)["train-memagent-results"].data)
     status = {r["stage"]: r["status"] for r in table}
     assert status == {"synthesize": "skipped (done earlier)", "filter": "skipped (done earlier)",
-                      "train": "skipped (done earlier)", "evaluate": "failed"}
-    assert NOT_IMPLEMENTED in next(r["summary"] for r in table if r["stage"] == "evaluate")
+                      "train": "skipped (done earlier)", "evaluate": "completed"}
+    assert "items=2" in next(r["summary"] for r in table if r["stage"] == "evaluate")
 
     # A changed training parameter redoes training only.
     state = train_memagent(**{**params, "training": {**params["training"], "lr": 2e-3}},
@@ -148,6 +147,19 @@ def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama
     assert again["train"]["dir"] != first["train"]["dir"]
 
 
-def test_evaluate_flow_fails_with_a_clear_message(tmp_path):
-    state = evaluate_memagent(out=str(tmp_path / "eval"), return_state=True)
-    assert state.is_failed() and NOT_IMPLEMENTED in state.message
+def test_evaluate_flow_writes_the_matrix_and_an_artifact(tiny_llama_dir, tmp_path):
+    out = tmp_path / "eval"
+    state = evaluate_memagent(model=str(tiny_llama_dir), out=str(out), agent=TINY_AGENT,
+                              evaluation={"tasks": ["niah_single_1", "vt"], "lengths": [512], "samples": 2},
+                              return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result["summary"]["items"] == 4 and set(result["outputs"]) == {"results", "heatmap", "lines"}
+    assert (out / "heatmap.png").is_file() and (out / "predictions" / "full-context").is_dir()
+    md = artifacts_of(state.state_details.flow_run_id)["evaluate-memagent-results"].data
+    assert "### memagent" in md and "### full-context" in md and "NIAH single (noise)" in md
+
+
+def test_evaluate_flow_rejects_unknown_tasks(tmp_path):
+    with pytest.raises(ParameterTypeError, match="unknown RULER task 'niah_2'"):
+        evaluate_memagent(out=str(tmp_path / "e"), evaluation={"tasks": ["niah_2"]})

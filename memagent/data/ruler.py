@@ -106,7 +106,7 @@ NIAH: dict[str, NiahSpec] = {
     "niah_multiquery": NiahSpec("essay", "words", "numbers", num_keys=4, num_queries=4),
 }
 TASKS: tuple[str, ...] = (*NIAH, "vt", "cwe", "fwe", "qa_1", "qa_2")
-ALIASES = {"qa": "qa_1", "qa_squad": "qa_1", "qa_hotpotqa": "qa_2"}
+ALIASES = {"qa": "qa_1", "qa_squad": "qa_1", "squad": "qa_1", "qa_hotpotqa": "qa_2", "hotpotqa": "qa_2"}
 # RULER's answer budgets; ``length`` counts them (spec §2.5).
 TOKENS_TO_GENERATE = {**{t: 128 for t in NIAH}, "vt": 30, "cwe": 120, "fwe": 50, "qa_1": 32, "qa_2": 32}
 

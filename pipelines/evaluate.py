@@ -1,0 +1,198 @@
+"""The evaluation job: one item set, every method through the batch QA job, one report.
+
+    items = RULER-style set (task × length × samples), generated once and reused on reruns
+    for method in (memagent, full-context):
+        predictions/<method>/ = batch QA job(items, method)     # resumable, error rows kept
+    results.csv / results.md / heatmap.png / accuracy_vs_length.png / summary.json
+
+Both methods read the identical items with the same model, answer format and decoding; the
+full-context baseline drops the middle of documents longer than the model's window (the
+window used is written to the summary and the table notes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from memagent.config import AgentConfig, preset
+from memagent.data.ruler import resolve_task
+from memagent.engines import EngineConfig
+from memagent.evaluate import plot_accuracy_vs_length, plot_heatmap, results_markdown, summarize
+from pipelines.batch_qa import BatchQAConfig, run_batch_qa
+
+log = logging.getLogger(__name__)
+
+Method = Literal["memagent", "full-context"]
+# The eval input keeps what the job and the report need; the generator's own `context_tokens`
+# would clash with the job's output column of that name.
+ITEM_COLUMNS = ["id", "task", "length", "question", "context", "answers", "metric", "needle_depths"]
+
+
+class EvalConfig(BaseModel):
+    """One evaluation run: which items, which methods, which model, where the report goes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    out: str = Field(..., description="Local run directory: items, predictions per method, report.")
+    tasks: list[str] = Field(default_factory=list, description="RULER task ids or aliases (hotpotqa = qa_2).")
+    lengths: list[int] = Field(default_factory=list, description="Item lengths in tokens of the model's tokenizer.")
+    samples: int = Field(4, gt=0, description="Items per (task, length).")
+    items: str | None = Field(None, description="Use this Parquet item set (RULER schema) instead of generating one.")
+    methods: list[Method] = Field(["memagent", "full-context"], min_length=1)
+    haystack: str | None = Field(None, description="Essay text for the essay-haystack NIAH tasks.")
+    squad: str | None = Field(None, description="SQuAD JSON for qa_1.")
+    hotpotqa: str | None = Field(None, description="HotpotQA JSON for qa_2.")
+    seed: int = 42
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    agent: AgentConfig = Field(default_factory=lambda: preset("small"))
+    concurrency: int = Field(1, gt=0)
+    batch_size: int = Field(16, gt=0)
+    num_gpus: float = Field(0.0, ge=0)
+    ray_address: str | None = None
+    progress: bool = True
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: list[str]) -> list[str]:
+        return list(dict.fromkeys(resolve_task(t) for t in tasks))
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        if self.items is None and not (self.tasks and self.lengths):
+            raise ValueError("give tasks and lengths to generate an item set, or items=PATH to use one")
+        if any(x <= 0 for x in self.lengths):
+            raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods repeat: {self.methods}")
+        return self
+
+    def item_spec(self) -> dict[str, Any]:
+        """What determines the item set: a rerun into the same ``out`` must match it."""
+        return {"tasks": self.tasks, "lengths": sorted(self.lengths), "samples": self.samples, "seed": self.seed,
+                "items": self.items, "tokenizer": self.engine.tokenizer or self.engine.model,
+                "haystack": self.haystack, "squad": self.squad, "hotpotqa": self.hotpotqa}
+
+
+@dataclass
+class EvalSummary:
+    out: str
+    items: int
+    results_csv: str
+    results_md: str
+    heatmap: str
+    lines_plot: str
+    seconds_per_method: dict[str, float]
+    full_context_window: int | None
+
+
+def model_context_window(engine: EngineConfig) -> int:
+    """The window the engine will report, read from the model config without loading weights."""
+    if engine.context_window:
+        return engine.context_window
+    from transformers import AutoConfig
+
+    from memagent.models import resolve_model
+
+    config = AutoConfig.from_pretrained(str(resolve_model(engine.tokenizer or engine.model)))
+    return int(getattr(config, "max_position_embeddings", 2048))
+
+
+def build_items(cfg: EvalConfig, path: Path) -> int:
+    """Generate the item set (or copy the given one) to ``path``; reuse it when the spec matches."""
+    spec_path = path.with_suffix(".spec.json")
+    spec = cfg.item_spec()
+    if path.exists():
+        old = json.loads(spec_path.read_text()) if spec_path.exists() else None
+        if old != spec:
+            raise ValueError(f"{path.parent} holds an evaluation with other items ({old}); use a new --out")
+        return pads.dataset(path).count_rows()
+    if cfg.items:
+        from memagent.data.io import read_records
+
+        rows = read_records(cfg.items)
+    else:
+        from memagent.data.hotpotqa import load_hotpotqa
+        from memagent.data.io import load_tokenizer, read_json, read_text
+        from memagent.data.ruler import RulerGenerator
+
+        gen = RulerGenerator(
+            load_tokenizer(cfg.engine.tokenizer or cfg.engine.model),
+            essay=read_text(cfg.haystack) if cfg.haystack else None,
+            squad=read_json(cfg.squad) if cfg.squad else None,
+            hotpotqa=load_hotpotqa(cfg.hotpotqa) if cfg.hotpotqa else None,
+            seed=cfg.seed,
+        )
+        rows = list(gen.generate(cfg.tasks, sorted(cfg.lengths), cfg.samples))
+    missing = [c for c in ITEM_COLUMNS if c not in (rows[0] if rows else {})]
+    if missing:
+        raise ValueError(f"items {cfg.items}: missing columns {missing}; expected {ITEM_COLUMNS}")
+    table = pa.Table.from_pylist([{c: r[c] for c in ITEM_COLUMNS} for r in rows])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)  # atomic: a killed run never leaves half an item set
+    spec_path.write_text(json.dumps(spec, indent=2))
+    return len(table)
+
+
+def read_predictions(out: Path, methods: list[str], n_items: int) -> list[dict[str, Any]]:
+    """All prediction rows; every item must have exactly one row per method."""
+    records = []
+    for method in methods:
+        rows = pads.dataset(out / "predictions" / method, format="parquet", exclude_invalid_files=True).to_table(
+            columns=["id", "method", "task", "length", "score", "error", "seconds", "context_tokens", "truncated"]
+        ).to_pylist()
+        ids = {r["id"] for r in rows}
+        if len(rows) != n_items or len(ids) != n_items:
+            raise RuntimeError(f"{method}: {len(rows)} prediction rows for {len(ids)} of {n_items} items; rerun to finish")
+        for r in rows:
+            r["method"] = r["method"] or method  # error rows of older outputs
+        records += rows
+    return records
+
+
+def run_evaluation(cfg: EvalConfig) -> EvalSummary:
+    """Generate/reuse items, run each method through the batch job, write the report."""
+    out = Path(cfg.out)
+    items_path = out / "items.parquet"
+    n_items = build_items(cfg, items_path)
+    window = model_context_window(cfg.engine) if "full-context" in cfg.methods else None
+    seconds: dict[str, float] = {}
+    for method in cfg.methods:
+        job = BatchQAConfig(
+            input=str(items_path), output=str(out / "predictions" / method), engine=cfg.engine, agent=cfg.agent,
+            method=method, concurrency=cfg.concurrency, batch_size=cfg.batch_size, num_gpus=cfg.num_gpus,
+            ray_address=cfg.ray_address, progress=cfg.progress,
+        )
+        t0 = time.perf_counter()
+        summary = run_batch_qa(job)
+        seconds[method] = round(time.perf_counter() - t0, 1)
+        log.info("%s: %s", method, "; ".join(summary.lines()))
+
+    records = read_predictions(out, cfg.methods, n_items)
+    table = summarize(records)
+    notes = [f"Model {cfg.engine.model} ({cfg.engine.engine}); memory agent budgets: chunk {cfg.agent.chunk_tokens}, "
+             f"memory {cfg.agent.memory_tokens}, answer {cfg.agent.answer_tokens} tokens."]
+    if window:
+        notes.append(f"full-context reads at most the model's window of {window} tokens (prompt + answer); "
+                     "longer documents lose their middle.")
+    table.to_csv(out / "results.csv", index=False)
+    (out / "results.md").write_text(results_markdown(table, notes))
+    heatmap = plot_heatmap(table, out / "heatmap.png", title=f"Accuracy (%) — {cfg.engine.model}")
+    lines = plot_accuracy_vs_length(table, out / "accuracy_vs_length.png")
+    result = EvalSummary(out=str(out), items=n_items, results_csv=str(out / "results.csv"),
+                         results_md=str(out / "results.md"), heatmap=str(heatmap), lines_plot=str(lines),
+                         seconds_per_method=seconds, full_context_window=window)
+    (out / "summary.json").write_text(json.dumps({**asdict(result), "config": cfg.model_dump(mode="json"),
+                                                  "notes": notes}, indent=2))
+    return result
