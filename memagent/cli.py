@@ -1,6 +1,6 @@
 """The ``memagent`` command.
 
-Core commands live here (``ask``). Other layers add theirs through the entry-point group
+Core commands live here (``ask``, ``serve``). Other layers add theirs through the entry-point group
 ``memagent.commands`` (each entry is a function ``add_commands(subparsers)``), so this module
 never imports Ray or Prefect and ``memagent batch`` still comes from the same command.
 """
@@ -11,12 +11,16 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from memagent.config import PRESETS, AgentConfig, preset
 from memagent.engines import EngineConfig
+from memagent.engines.openai import EndpointError
 from memagent.models import ModelNotFoundError
 
 
@@ -33,13 +37,51 @@ def add_agent_options(parser: argparse.ArgumentParser, default_preset: str = "sm
     g.add_argument("--temperature", type=float, help="0 = greedy (default)")
 
 
+# Engine flags (argparse dest) -> EngineConfig fields. Every flag but --model defaults to None and
+# only flags the user set reach EngineConfig: its defaults apply otherwise, and its check that an
+# option belongs to the chosen backend sees real choices, never argparse defaults.
+ENGINE_FLAGS = {
+    "engine": "engine", "model": "model", "tokenizer": "tokenizer", "context_window": "context_window",
+    "device": "device", "dtype": "dtype", "max_batch_size": "max_batch_size",
+    "endpoint": "endpoint", "api_key_env": "api_key_env", "served_model": "served_model",
+    "max_concurrency": "max_concurrency", "request_timeout": "request_timeout_s", "max_retries": "max_retries",
+    "tensor_parallel_size": "tensor_parallel_size", "gpu_memory_utilization": "gpu_memory_utilization",
+    "max_model_len": "max_model_len", "quantization": "quantization",
+    "enable_prefix_caching": "enable_prefix_caching", "enable_sleep_mode": "enable_sleep_mode",
+}
+_FIELD_FLAGS = {field: "--" + dest.replace("_", "-") for dest, field in ENGINE_FLAGS.items()}
+_FIELD_FLAGS.update(enable_prefix_caching="--no-prefix-caching", enable_sleep_mode="--sleep-mode")
+
+
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """Backend selection (``--engine hf|vllm|openai``) and the options of each backend."""
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default="smollm2-135m", help="model name, HF directory or .gguf file")
-    g.add_argument("--engine", default="hf", choices=["hf"], help="backend")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    g.add_argument("--max-batch-size", type=int, default=16, help="most requests per forward pass")
+    g.add_argument("--model", default="smollm2-135m",
+                   help="model name, HF directory or .gguf file (openai: the local tokenizer and default served name)")
+    g.add_argument("--engine", choices=["hf", "vllm", "openai"],
+                   help="backend: hf = transformers here (default), vllm = vLLM here (GPU), openai = a remote endpoint")
+    g.add_argument("--tokenizer", help="tokenizer (name or HF directory) when it differs from --model")
+    g.add_argument("--context-window", type=int, help="override the model's context window (prompt + reply tokens)")
+    g = parser.add_argument_group("engine: hf and vllm")
+    g.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    g.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], help="default auto")
+    g.add_argument("--max-batch-size", type=int, help="most requests per forward pass (default 16)")
+    g = parser.add_argument_group("engine: openai")
+    g.add_argument("--endpoint", help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key (default OPENAI_API_KEY)")
+    g.add_argument("--served-model", help="model name the endpoint serves (default: --model)")
+    g.add_argument("--max-concurrency", type=int, help="most requests in flight (default 16)")
+    g.add_argument("--request-timeout", type=float, metavar="SECONDS", help="timeout of one request (default 120)")
+    g.add_argument("--max-retries", type=int, help="retries on 429/5xx/connection errors/timeouts (default 5)")
+    g = parser.add_argument_group("engine: vllm")
+    g.add_argument("--tensor-parallel-size", type=int, help="GPUs one engine shards the model over (default 1)")
+    g.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory for the engine (default 0.85)")
+    g.add_argument("--max-model-len", type=int, help="context length to allocate (default: the model's)")
+    g.add_argument("--quantization", help="e.g. fp8, awq, gguf")
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
+                   help="do not reuse the KV cache of shared prompt prefixes")
+    g.add_argument("--sleep-mode", dest="enable_sleep_mode", action="store_true", default=None,
+                   help="allow sleep()/wake_up() (sharing a GPU with a trainer)")
 
 
 def agent_config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -54,8 +96,25 @@ def agent_config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(engine=args.engine, model=args.model, device=args.device, dtype=args.dtype,
-                        max_batch_size=args.max_batch_size)
+    """EngineConfig from the flags the user set; a bad combination is a ValueError naming the flags."""
+    values = {field: getattr(args, dest) for dest, field in ENGINE_FLAGS.items() if getattr(args, dest, None) is not None}
+    try:
+        return EngineConfig(**values)
+    except ValidationError as exc:
+        raise ValueError(f"engine options: {_flag_errors(exc)}") from None
+
+
+def _flag_errors(exc: ValidationError) -> str:
+    """Pydantic's errors in the words of the command line (flags, not field names)."""
+    parts = []
+    for err in exc.errors():
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        for field, flag in _FIELD_FLAGS.items():  # model-level checks name fields in their message
+            if field not in ("engine", "model"):  # too common as plain words
+                msg = re.sub(rf"(?<![-\w]){field}\b", flag, msg)
+        loc = [str(p) for p in err.get("loc", ())]
+        parts.append(f"{_FIELD_FLAGS.get(loc[0], loc[0])}: {msg}" if loc else msg)
+    return "; ".join(parts)
 
 
 def read_context(path: str | None) -> str:
@@ -97,8 +156,14 @@ def cmd_ask(args: argparse.Namespace) -> int:
         bar.update(1)
         bar.set_postfix(chunk=step.chunk_index, tokens=step.completion_tokens)
 
+    async def read_then_close():
+        try:
+            return await read_document(engine, args.question, context, config, on_step=on_step)
+        finally:
+            await engine.close()
+
     try:
-        result = asyncio.run(read_document(engine, args.question, context, config, on_step=on_step))
+        result = asyncio.run(read_then_close())
     except InputError as exc:
         raise SystemExit(f"error: {exc}") from None
     finally:
@@ -108,6 +173,24 @@ def cmd_ask(args: argparse.Namespace) -> int:
         trace = {"question": args.question, "model": engine.name, "config": config.model_dump(), **result.to_dict()}
         Path(args.trace_out).write_text(json.dumps(trace, indent=2, ensure_ascii=False))
         print(f"trace: {args.trace_out} ({result.n_chunks} chunks, {result.context_tokens} tokens)", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load a local engine and serve it over the OpenAI chat API until interrupted."""
+    from memagent.engines import make_engine
+    from memagent.serve import serve
+
+    served_name, args.served_model = args.served_model, None  # the name we serve under, not an endpoint's
+    config = engine_config_from_args(args)
+    if config.engine == "openai":
+        raise ValueError("serve runs a local engine: use --engine hf or vllm (openai would only proxy)")
+    engine = make_engine(config)
+    if served_name:
+        engine.name = served_name
+    print(f"serving {engine.name!r} ({config.engine}, context window {engine.context_window} tokens) "
+          f"at http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(engine, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -125,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(ask)
     ask.set_defaults(func=cmd_ask)
 
+    srv = sub.add_parser("serve", help="serve a local model over an OpenAI-compatible API (/v1/chat/completions)")
+    srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="default 8000")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_options(srv)
+    srv.set_defaults(func=cmd_serve)
+
     for ep in entry_points(group="memagent.commands"):
         ep.load()(sub)
     return parser
@@ -136,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (ValueError, ModelNotFoundError) as exc:  # bad configs, inputs, models: a message, not a traceback
+    except (ValueError, ModelNotFoundError, EndpointError) as exc:  # configs, inputs, models, endpoints: a message
         if args.verbose:
             raise
         print(f"error: {exc}", file=sys.stderr)

@@ -216,6 +216,13 @@ class AgentWorker:
         return pa.Table.from_pylist(records, schema=self.schema)
 
 
+def endpoint_env(engine: EngineConfig) -> dict[str, str]:
+    """The endpoint's API key, for actors on other nodes (a remote cluster does not share our env)."""
+    if engine.engine == "openai" and engine.api_key_env in os.environ:
+        return {engine.api_key_env: os.environ[engine.api_key_env]}
+    return {}
+
+
 def uses_s3(cfg: BatchQAConfig) -> bool:
     return storage.is_s3(cfg.input) or storage.is_s3(cfg.output)
 
@@ -267,6 +274,7 @@ def run_batch_qa(cfg: BatchQAConfig) -> BatchSummary:
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     fault_env = {k: os.environ[k] for k in (CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV) if k in os.environ}
+    actor_env = {**cfg.s3.env(), **fault_env, **endpoint_env(cfg.engine)}
     ds = ray.data.read_parquet(in_path, filesystem=in_fs)
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
@@ -281,7 +289,7 @@ def run_batch_qa(cfg: BatchQAConfig) -> BatchSummary:
         batch_format="pyarrow",
         num_gpus=cfg.num_gpus,
         num_cpus=cfg.num_cpus,
-        runtime_env={"env_vars": {**cfg.s3.env(), **fault_env}} if (fault_env or uses_s3(cfg)) else None,
+        runtime_env={"env_vars": actor_env} if actor_env else None,
         resources=dict(cfg.resources) or None,
         # Actors are restarted and their tasks retried by Ray on process death (defaults:
         # max_restarts=-1, max_task_retries=-1); row errors never raise, so only those retry.

