@@ -12,23 +12,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local Ray on loopback
-
-
-def machine() -> dict:
-    import torch
-
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.is_available(), "python": platform.python_version()}
+# benchmarks.common also sets the local-Ray env vars (before ray is imported).
+from benchmarks.common import machine, print_table, write_json
 
 
 def main() -> None:
@@ -81,13 +70,10 @@ def main() -> None:
         "agent": agent.model_dump(), "concurrency": args.concurrency,
         "dtype": str(default_dtype("cpu")), "runs": runs, "machine": machine(),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print("\n| batch size | rows | seconds | rows/s | doc tokens/s | accuracy |\n|---|---|---|---|---|---|")
-    for r in runs:
-        print(f"| {r['batch_size']} | {r['rows']} | {r['seconds']} | {r['rows_per_s']} | {r['tokens_per_s']} | "
-              f"{r['accuracy']} |")
+    out = write_json(args.out, result)
+    print_table(["batch size", "rows", "seconds", "rows/s", "doc tokens/s", "accuracy"],
+                [[r["batch_size"], r["rows"], r["seconds"], r["rows_per_s"], r["tokens_per_s"], r["accuracy"]]
+                 for r in runs])
     print(f"\nwrote {out}")
 
 

@@ -9,15 +9,13 @@ keys: ``first_load_seconds``, ``cached_load_seconds``, ``seconds_per_chunk``.
 from __future__ import annotations
 
 import argparse
-import functools
 import asyncio
-import json
+import functools
 import os
 import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.batch_qa import machine
+from benchmarks.common import machine, print_table, write_json
 
 
 def main() -> None:
@@ -66,11 +64,10 @@ def main() -> None:
         "expected": row["answers"], "prediction": result.prediction,
         "dtype": str(engine.dtype), "preset": args.preset, "agent": config.model_dump(), "machine": machine(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print("| first load s | cached load s | tokens | chunks | s/chunk | answer s | dtype |\n|---|---|---|---|---|---|---|")
-    print(f"| {out['first_load_seconds']} | {out['cached_load_seconds']} | {out['context_tokens']} | {out['n_chunks']} | "
-          f"{out['seconds_per_chunk']} | {out['answer_seconds']} | {out['dtype']} |")
+    write_json(args.out, out)
+    print_table(["first load s", "cached load s", "tokens", "chunks", "s/chunk", "answer s", "dtype"],
+                [[out["first_load_seconds"], out["cached_load_seconds"], out["context_tokens"], out["n_chunks"],
+                  out["seconds_per_chunk"], out["answer_seconds"], out["dtype"]]])
     print(f"wrote {args.out}")
 
 

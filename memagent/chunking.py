@@ -8,8 +8,15 @@ exactly and every memory in a trace points back to the text it was written from.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol
+
+# Long texts are tokenised in pieces of about this many characters, in parallel (encode_batch),
+# when cutting there provably gives the same tokens (see _safe_to_split): BPE on one huge string
+# is slower per token than on many small ones, and needs several bytes of alignment per character.
+PIECE_CHARS = 64_000
 
 
 class OffsetTokenizer(Protocol):
@@ -54,6 +61,78 @@ def token_offsets(tokenizer: OffsetTokenizer, text: str) -> list[tuple[int, int]
     return [(int(a), int(b)) for a, b in offsets]
 
 
+class LazyOffsets(Sequence):
+    """Character ``(start, end)`` of every token, read from tokenizer encodings on demand.
+
+    Chunking needs the offsets of a few tokens only (chunk starts), so the per-token Python
+    list of :func:`token_offsets` (about 150 bytes a token) is never built. Holds one encoding
+    per piece of the text; ``char_bases[i]`` is where piece ``i`` starts in the text.
+    """
+
+    def __init__(self, encodings: list[Any], char_bases: list[int]):
+        self._encodings = encodings
+        self._bases = char_bases
+        self._token_bases = [0]
+        for e in encodings:
+            self._token_bases.append(self._token_bases[-1] + len(e))
+
+    def __len__(self) -> int:
+        return self._token_bases[-1]
+
+    def __getitem__(self, t: int) -> tuple[int, int]:  # type: ignore[override]
+        if t < 0:
+            t += len(self)
+        if not 0 <= t < len(self):
+            raise IndexError(t)
+        piece = bisect_right(self._token_bases, t) - 1
+        a, b = self._encodings[piece].token_to_chars(t - self._token_bases[piece])
+        base = self._bases[piece]
+        return (a + base, b + base)
+
+
+def _safe_to_split(backend: Any) -> bool:
+    """True for byte-level BPE with the GPT-2 split regex and no normaliser (SmolLM2, GPT-2, Qwen...).
+
+    Its pre-tokeniser never lets a piece span a space that follows a non-space character, so
+    cutting the text right before such a space yields exactly the tokens (and offsets) of the
+    whole text. Anything else (normalisers, Metaspace/SentencePiece prefixes) is encoded whole.
+    """
+    pre = getattr(backend, "pre_tokenizer", None)
+    return (backend.normalizer is None and type(pre).__name__ == "ByteLevel"
+            and bool(getattr(pre, "use_regex", False)) and not getattr(pre, "add_prefix_space", True))
+
+
+def _split_points(text: str, piece_chars: int) -> list[int]:
+    """Piece starts: 0, then a space preceded by a non-space, about every ``piece_chars`` characters."""
+    starts = [0]
+    i = piece_chars
+    while i < len(text):
+        j = text.find(" ", i)
+        while j > 0 and text[j - 1].isspace():
+            j = text.find(" ", j + 1)
+        if j <= 0:
+            break
+        starts.append(j)
+        i = j + piece_chars
+    return starts
+
+
+def document_offsets(tokenizer: OffsetTokenizer, text: str, piece_chars: int = PIECE_CHARS) -> Sequence[tuple[int, int]]:
+    """Token offsets of ``text`` (no special tokens) as a sequence; same values as :func:`token_offsets`.
+
+    With a fast (Rust) tokenizer the offsets stay in its encodings (:class:`LazyOffsets`) and a
+    long text is encoded in pieces in parallel where that cannot change the tokens.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return token_offsets(tokenizer, text)
+    starts = _split_points(text, piece_chars) if len(text) > piece_chars and _safe_to_split(backend) else [0]
+    if len(starts) == 1:
+        return LazyOffsets([backend.encode(text, add_special_tokens=False)], [0])
+    pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+    return LazyOffsets(backend.encode_batch(pieces, add_special_tokens=False), starts)
+
+
 def chunk_boundaries(offsets: Sequence[tuple[int, int]], text_len: int, token_starts: Sequence[int]) -> list[int]:
     """Character position where each chunk starts; chunk k ends where chunk k+1 starts.
 
@@ -75,7 +154,7 @@ def chunk_document(
     """
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
-    offsets = token_offsets(tokenizer, text)
+    offsets = document_offsets(tokenizer, text)
     n = len(offsets)
     n_chunks = -(-n // chunk_tokens)
     starts = list(range(0, n, chunk_tokens))

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from memagent.agent import InputError, Result, Step, validate_inputs
-from memagent.chunking import OffsetTokenizer, token_offsets
+from memagent.chunking import OffsetTokenizer, document_offsets
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine, SamplingParams
 from memagent.prompts import extract_answer, full_context_messages
@@ -46,7 +46,7 @@ def truncate_middle(tokenizer: OffsetTokenizer, text: str, max_tokens: int) -> T
     """
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-    offsets = token_offsets(tokenizer, text)
+    offsets = document_offsets(tokenizer, text)
     n = len(offsets)
     if n <= max_tokens:
         return TruncatedText(text, n, n, len(text), len(text))

@@ -1,0 +1,184 @@
+"""Sequential vs concurrent reads of the same documents through one TransformersEngine.
+
+    python -m benchmarks.concurrency --out benchmarks/results/concurrency.json
+
+Generates ``--docs`` NIAH documents of ``--tokens`` tokens (1-2 chunks at the ``small``
+preset), reads them one after another, then all at once (one coroutine per document, the
+engine batches their calls), on one engine with the packaged model. Every ``model.forward`` is
+timed, so the JSON splits each run into prefill and decode seconds.
+
+Headline keys:
+- ``ratio``: sequential wall / concurrent wall (issue target >= 6);
+- ``fraction_of_bound``: bound / concurrent wall, where the bound is what this CPU allows for
+  the concurrent run: its prefill FLOPs (2 x matmul params x real prompt tokens, every prompt)
+  at the fp32 matmul rate measured in the same run, plus its decode steps (forwards of one
+  token per row) at the median measured step interval of that run (target >= 0.8).
+
+``--sequential-docs N`` reads only the first N documents sequentially and scales the time to
+all documents (stated in the JSON as ``sequential_extrapolated``) when the full sequential run
+does not fit the time at hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import statistics
+import time
+
+from benchmarks.common import (
+    bench_model,
+    loadavg,
+    machine,
+    print_table,
+    set_threads,
+    write_json,
+)
+from benchmarks.roofline import matmul_gflops
+
+
+class ForwardLog:
+    """Wraps ``model.forward``; keeps (start, end, batch, length) of every call."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+        self._orig = model.forward
+
+        def forward(*args, **kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            t0 = time.perf_counter()
+            out = self._orig(*args, **kwargs)
+            self.calls.append((t0, time.perf_counter(), int(ids.shape[0]), int(ids.shape[1])))
+            return out
+
+        model.forward = forward
+
+    def restore(self) -> None:
+        self.model.forward = self._orig
+
+    def summary(self) -> dict:
+        pre = [c for c in self.calls if c[3] > 1]
+        dec = [c for c in self.calls if c[3] == 1]
+        # A decode step's cost is its interval to the next forward of the same generate: approximate
+        # by the forward time plus generate's per-step work (the gap to the next call when it is a decode).
+        gaps = [b[0] - a[0] for a, b in zip(self.calls, self.calls[1:]) if a[3] == 1 and b[3] == 1]
+        return {
+            "prefill_calls": len(pre), "prefill_s": sum(c[1] - c[0] for c in pre),
+            "prefill_tokens_padded": sum(c[2] * c[3] for c in pre),
+            "decode_steps": len(dec), "decode_forward_s": sum(c[1] - c[0] for c in dec),
+            "decode_rows": sum(c[2] for c in dec),
+            "decode_interval_median_s": statistics.median(gaps) if gaps else None,
+            "decode_batch_sizes": sorted({c[2] for c in dec}),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=1200, help="document length in tokens")
+    parser.add_argument("--sequential-docs", type=int, default=None, help="read only this many sequentially")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--out", default="runs/bench/concurrency.json")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
+    args = parser.parse_args()
+
+    import torch
+
+    from memagent.agent import check_config, read_document
+    from memagent.config import preset
+    from memagent.data.demo import niah_row
+    from memagent.data.hotpotqa import count_tokens
+    from memagent.engines import EngineConfig, SamplingParams, make_engine
+
+    load_start = loadavg()
+    threads = set_threads(args.threads)
+    engine = make_engine(EngineConfig(model=bench_model(args.model), dtype=args.dtype, max_batch_size=max(16, args.docs)))
+    config = preset(args.preset)
+    check_config(engine, config)
+    count = functools.partial(count_tokens, engine.tokenizer)
+    rows = [niah_row(i, args.tokens, depth=(i % 8 + 1) / 9, seed=11, count=count) for i in range(args.docs)]
+    params_matmul = sum(p.numel() for p in engine.model.parameters()) - engine.model.get_input_embeddings().weight.numel()
+
+    async def read(row):
+        return await read_document(engine, row["question"], row["context"], config)
+
+    async def sequential(rs):
+        return [await read(r) for r in rs]
+
+    async def concurrent(rs):
+        return await asyncio.gather(*(read(r) for r in rs))
+
+    asyncio.run(engine.chat([{"role": "user", "content": "Hello"}], SamplingParams(2)))  # warm-up
+    mm = matmul_gflops(2048, torch.float32, 3)
+    print(f"fp32 matmul: {mm['gflops']:.1f} GFLOP/s; load {loadavg()}", flush=True)
+
+    def run(kind: str, rs) -> dict:
+        log = ForwardLog(engine.model)
+        n0 = len(engine.stats.batch_sizes)
+        t0 = time.perf_counter()
+        results = asyncio.run(sequential(rs) if kind == "sequential" else concurrent(rs))
+        wall = time.perf_counter() - t0
+        log.restore()
+        s = log.summary()
+        real_prompt = sum(st.prompt_tokens for r in results for st in r.steps)
+        s.update({
+            "docs": len(rs), "wall_s": round(wall, 2), "context_tokens": sum(r.context_tokens for r in results),
+            "chunks": sum(r.n_chunks for r in results), "calls": sum(len(r.steps) for r in results),
+            "prompt_tokens_real": real_prompt, "prefill_flops": 2 * params_matmul * real_prompt,
+            "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
+            "engine_batch_sizes": engine.stats.batch_sizes[n0:],
+            "correct": sum(any(a in (r.prediction or "") for a in row["answers"]) for r, row in zip(results, rs)),
+            "loadavg_end": loadavg(),
+        })
+        s["other_s"] = round(wall - s["prefill_s"] - s["decode_forward_s"], 2)
+        s["doc_tokens_per_s"] = s["context_tokens"] / wall
+        print(f"{kind}: {wall:.1f}s (prefill {s['prefill_s']:.1f}s, decode {s['decode_forward_s']:.1f}s, "
+              f"{s['decode_steps']} steps); load {s['loadavg_end']}", flush=True)
+        return s
+
+    n_seq = args.sequential_docs or args.docs
+    seq = run("sequential", rows[:n_seq])
+    conc = run("concurrent", rows)
+    scale = args.docs / n_seq
+    seq_wall = seq["wall_s"] * scale
+    peak = mm["gflops"] * 1e9
+    bound = conc["prefill_flops"] / peak + conc["decode_steps"] * (conc["decode_interval_median_s"] or 0.0)
+    seq_bound = seq["prefill_flops"] / peak + seq["decode_steps"] * (seq["decode_interval_median_s"] or 0.0)
+    result = {
+        "benchmark": "concurrency",
+        "ratio": round(seq_wall / conc["wall_s"], 3),
+        "fraction_of_bound": round(bound / conc["wall_s"], 3),
+        "sequential_wall_s": round(seq_wall, 2), "concurrent_wall_s": conc["wall_s"],
+        "sequential_extrapolated": n_seq != args.docs,
+        "sequential_doc_tokens_per_s": round(seq["context_tokens"] / seq["wall_s"], 2),
+        "concurrent_doc_tokens_per_s": round(conc["doc_tokens_per_s"], 2),
+        "bound_s": round(bound, 2),
+        "bound_parts": {"prefill_s_at_matmul_rate": round(conc["prefill_flops"] / peak, 2),
+                        "decode_s": round(conc["decode_steps"] * (conc["decode_interval_median_s"] or 0), 2)},
+        "sequential_bound_s": round(seq_bound * scale, 2),
+        "sequential_prefill_share": round(seq["prefill_s"] / seq["wall_s"], 3),
+        "sequential_decode_share": round(seq["decode_forward_s"] / seq["wall_s"], 3),
+        "concurrent_prefill_share": round(conc["prefill_s"] / conc["wall_s"], 3),
+        "concurrent_decode_share": round(conc["decode_forward_s"] / conc["wall_s"], 3),
+        "matmul_gflops_fp32": round(mm["gflops"], 2),
+        "settings": {"docs": args.docs, "doc_tokens": args.tokens, "sequential_docs": n_seq, "model": args.model,
+                     "preset": args.preset, "agent": config.model_dump(), "dtype": str(engine.dtype),
+                     "max_batch_size": engine.max_batch_size, "threads": threads},
+        "sequential": seq, "concurrent": conc, "matmul": mm,
+        "loadavg_start": load_start, "machine": machine(),
+    }
+    out = write_json(args.out, result)
+    print_table(["run", "docs", "wall s", "prefill s", "decode s", "other s", "doc tok/s", "correct"], [
+        [k, r["docs"], r["wall_s"], round(r["prefill_s"], 1), round(r["decode_forward_s"], 1), r["other_s"],
+         round(r["context_tokens"] / r["wall_s"], 1), r["correct"]] for k, r in (("sequential", seq), ("concurrent", conc))
+    ])
+    print(f"ratio {result['ratio']} (sequential{' extrapolated' if result['sequential_extrapolated'] else ''} "
+          f"{seq_wall:.1f}s / concurrent {conc['wall_s']}s); bound {bound:.1f}s -> fraction {result['fraction_of_bound']}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
