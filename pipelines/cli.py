@@ -36,6 +36,7 @@ def _batch_config(args: argparse.Namespace, **extra):
         ray_address=args.ray_address,
         resources=parse_resources(args.resource),
         progress=not args.no_progress,
+        no_progress_timeout_s=args.no_progress_timeout,
         **extra,
     )
 
@@ -67,6 +68,9 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                    help="custom Ray resource per actor, e.g. gpu_worker=1 (repeatable)")
     g.add_argument("--ray-address", help="Ray cluster address (default: local Ray)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (CI logs)")
+    g.add_argument("--no-progress-timeout", type=float, default=3600, metavar="SECONDS",
+                   help="fail after this long without a finished batch (default 1 h; long documents on CPU "
+                        "may need more; -1: never)")
 
 
 def local_ray_on_loopback(args: argparse.Namespace) -> None:

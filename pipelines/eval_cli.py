@@ -39,7 +39,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         methods=args.methods, haystack=args.haystack, squad=args.squad, hotpotqa=args.hotpotqa, seed=args.seed,
         engine=engine_config_from_args(args), agent=agent_config_from_args(args), concurrency=args.concurrency,
         batch_size=args.batch_size, num_gpus=args.num_gpus, ray_address=args.ray_address,
-        progress=not args.no_progress,
+        progress=not args.no_progress, no_progress_timeout_s=args.no_progress_timeout,
     )
     summary = run_evaluation(cfg)
     with open(summary.results_md) as f:
@@ -69,4 +69,6 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per actor")
     g.add_argument("--ray-address", help="Ray cluster address (default: local Ray)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--no-progress-timeout", type=float, default=6 * 3600, metavar="SECONDS",
+                   help="fail a job after this long without a finished batch (default 6 h; -1: never)")
     p.set_defaults(func=cmd_eval)

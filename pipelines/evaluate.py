@@ -60,6 +60,9 @@ class EvalConfig(BaseModel):
     num_gpus: float = Field(0.0, ge=0)
     ray_address: str | None = None
     progress: bool = True
+    no_progress_timeout_s: float = Field(
+        6 * 3600, description="Fail a method's job after this long without a finished batch: a batch of long "
+        "documents on a CPU legitimately takes hours (-1: never).")
 
     @field_validator("tasks")
     @classmethod
@@ -172,7 +175,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalSummary:
         job = BatchQAConfig(
             input=str(items_path), output=str(out / "predictions" / method), engine=cfg.engine, agent=cfg.agent,
             method=method, concurrency=cfg.concurrency, batch_size=cfg.batch_size, num_gpus=cfg.num_gpus,
-            ray_address=cfg.ray_address, progress=cfg.progress,
+            ray_address=cfg.ray_address, progress=cfg.progress, no_progress_timeout_s=cfg.no_progress_timeout_s,
         )
         t0 = time.perf_counter()
         summary = run_batch_qa(job)

@@ -27,6 +27,9 @@ def add_train_commands(subparsers: Any) -> None:
     g.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoints/, HF exports)")
     g.add_argument("--model", default="smollm2-135m", help="base model name or local path (default: smollm2-135m)")
     g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    g.add_argument("--engine", dest="rollout_engine", choices=["hf", "vllm"],
+                   help="rollout engine: hf (transformers, default) or vllm (CUDA GPU + gpu extra; "
+                   "its options rollout_gpu_memory_utilization/rollout_sleep_mode go in --config)")
     g = p.add_argument_group("agent budgets")
     g.add_argument("--preset", default="small", help="agent preset: paper, small, tiny (default: small)")
     g.add_argument("--chunk-tokens", type=int)
@@ -53,7 +56,7 @@ def add_train_commands(subparsers: Any) -> None:
 
 
 _FLAG_FIELDS = ("steps", "batch_size", "group_size", "lr", "clip_low", "clip_high", "kl_coef", "zero_stage",
-                "save_every", "seed")
+                "save_every", "seed", "rollout_engine")
 
 
 def build_configs(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OverlongMode = Literal["none", "mask", "penalize"]
+RolloutEngine = Literal["hf", "vllm"]
 
 
 class TrainConfig(BaseModel):
@@ -47,6 +48,16 @@ class TrainConfig(BaseModel):
         "tokens from the loss, 'penalize' subtract overlong_penalty from the trajectory's reward.",
     )
     overlong_penalty: float = Field(0.5, ge=0, description="Reward subtracted per trajectory with a cut conversation.")
+    rollout_engine: RolloutEngine = Field(
+        "hf", description="Rollout backend: 'hf' (transformers in the trainer process, CPU or CUDA) or 'vllm' "
+        "(vLLM beside the trainer on the same GPU; needs CUDA and the gpu extra)."
+    )
+    rollout_gpu_memory_utilization: float = Field(
+        0.3, gt=0, lt=1, description="vllm: fraction of the GPU the rollout engine takes (the trainer keeps the rest)."
+    )
+    rollout_sleep_mode: bool = Field(
+        False, description="vllm: sleep the engine during updates (weights to CPU, KV cache freed), wake it to sync."
+    )
 
     # -- loss ------------------------------------------------------------------------------
     clip_low: float = Field(0.2, gt=0, lt=1, description="Ratio clip below: 1 - clip_low (paper: 0.2).")
@@ -84,7 +95,16 @@ class TrainConfig(BaseModel):
             raise ValueError("overlong_penalty is only used with overlong='penalize'")
         if self.betas[0] >= 1 or self.betas[1] >= 1 or min(self.betas) < 0:
             raise ValueError(f"AdamW betas must lie in [0, 1), got {self.betas}")
+        vllm_only = {"rollout_gpu_memory_utilization", "rollout_sleep_mode"} & self.model_fields_set
+        if self.rollout_engine != "vllm" and vllm_only:
+            raise ValueError(f"{', '.join(sorted(vllm_only))}: only used with rollout_engine='vllm'")
         return self
+
+    def check_device(self, cuda: bool) -> None:
+        """Reject settings the machine cannot run (``cuda``: a CUDA device is available)."""
+        if self.rollout_engine == "vllm" and not cuda:
+            raise ValueError("rollout_engine='vllm' needs a CUDA GPU (the gpu extra's vLLM is a CUDA build); "
+                             "use rollout_engine='hf' (--engine hf) on CPU")
 
     def deepspeed_config(self, *, world_size: int = 1, bf16: bool = False, template: dict[str, Any] | None = None) -> dict:
         """The dict given to ``deepspeed.initialize`` (template: ``infra/deepspeed/zero2.json``).

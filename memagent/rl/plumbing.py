@@ -292,8 +292,9 @@ def gathered_state_dict(model: torch.nn.Module, zero_stage: int) -> dict[str, to
 def push_weights(model: torch.nn.Module, rollout_engine: Any, zero_stage: int) -> None:
     """Weight sync: the rollout engine generates with the updated policy from now on.
 
-    The transformers engine loads the state dict in place (``update_weights``); a vLLM engine
-    would take the same dict (``load_weights``) or a safetensors dir (``reload_weights``).
+    Both engines take the full state dict through ``update_weights``: the transformers engine
+    copies it into its model in place; the vLLM engine writes it as safetensors, reloads it in
+    every worker (``collective_rpc("reload_weights")``) and resets its prefix cache.
     """
     rollout_engine.update_weights(gathered_state_dict(model, zero_stage))
 

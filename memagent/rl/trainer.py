@@ -15,7 +15,9 @@ launcher did)::
 
 Multi-GPU: ``deepspeed --no_local_rank --num_gpus 8 --module memagent.rl.cli_commands train ...``
 (each rank rolls out its share of the questions with its own engine; the token-mean is
-taken over all ranks' tokens). Only the single-process CPU path is tested here.
+taken over all ranks' tokens; ``infra/deepspeed/launch_multi_gpu.sh``). The rollout engine is
+transformers in-process (``rollout_engine="hf"``) or vLLM on the rank's GPU (``"vllm"``; weights
+synced through safetensors + ``reload_weights``). Only the single-process CPU path is tested here.
 
 Run directory: ``run.json`` (configs), ``model_config/`` (base config + tokenizer, for
 export), ``metrics.jsonl`` (one record per step), ``checkpoints/step_NNNNNN/`` (DeepSpeed
@@ -74,7 +76,7 @@ def train(
     import deepspeed
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memagent.engines.hf import TransformersEngine
+    from memagent.engines import make_engine
     from memagent.models import resolve_model
 
     out = Path(out_dir)
@@ -88,6 +90,7 @@ def train(
     if config.batch_size % world:
         raise ValueError(f"batch_size={config.batch_size} must be divisible by the world size {world}")
     cuda = torch.cuda.is_available()
+    config.check_device(cuda)
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
     bf16 = config.precision == "bf16" or (config.precision == "auto" and cuda)
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -106,8 +109,8 @@ def train(
         model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad], config=ds_config,
         lr_scheduler=config.lr_scheduler,
     )
-    rollout_engine = TransformersEngine(model_dir, device=device, dtype=dtype, max_batch_size=engine_max_batch_size)
-    pad_id = rollout_engine.pad_id
+    rollout_engine = make_engine(rollout_engine_config(config, model_dir, device, bf16, engine_max_batch_size))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollout_config = agent_config.with_overrides(temperature=config.temperature, top_p=config.top_p,
                                                  answer_style="boxed")
     check_config(rollout_engine, rollout_config)
@@ -142,6 +145,8 @@ def train(
             config=rollout_config, reward_fn=reward_fn, dynamic_sampling=config.dynamic_sampling,
             max_rounds=config.max_rollout_rounds, overlong=config.overlong, overlong_penalty=config.overlong_penalty,
         ))
+        if config.rollout_sleep_mode:
+            rollout_engine.sleep(1)  # free the GPU for the update; weights wait in CPU memory
 
         # ============================ 2. Advantages ========================================
         # One scalar per trajectory (R_i - group mean), then copied to all its conversations.
@@ -195,6 +200,8 @@ def train(
                     grad_norms.append(float(gn))
 
         # ============================ 5. Sync weights into the rollout engine ==============
+        if config.rollout_sleep_mode:
+            rollout_engine.wake_up()
         P.push_weights(engine.module, rollout_engine, config.zero_stage)
         update_s = time.perf_counter() - t_update
 
@@ -213,12 +220,26 @@ def train(
         if done % config.save_every == 0 or done == config.steps:
             save_checkpoint(engine, rollout_engine.tokenizer, ckpt_dir, done, P.all_gather_ints(stream.cursor),
                             config, rank)
+    if hasattr(rollout_engine, "shutdown"):
+        rollout_engine.shutdown()  # vLLM: stop its engine-core process now, not at interpreter exit
     return records
 
 
 # ---------------------------------------------------------------------------------------------
 # Small pieces of the loop
 # ---------------------------------------------------------------------------------------------
+
+
+def rollout_engine_config(config: TrainConfig, model_dir: Path, device: str, bf16: bool, max_batch_size: int) -> Any:
+    """The :class:`~memagent.engines.EngineConfig` of the rollout engine: the policy's weights,
+    device and precision; for vLLM also its share of the GPU and sleep mode."""
+    from memagent.engines import EngineConfig
+
+    common = dict(model=str(model_dir), device=device, dtype="bf16" if bf16 else "fp32", max_batch_size=max_batch_size)
+    if config.rollout_engine == "vllm":
+        return EngineConfig(engine="vllm", gpu_memory_utilization=config.rollout_gpu_memory_utilization,
+                            enable_sleep_mode=config.rollout_sleep_mode, **common)
+    return EngineConfig(engine="hf", **common)
 
 
 def save_checkpoint(engine: Any, tokenizer: Any, ckpt_dir: Path, step: int, cursors: list[int],
