@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     print(f"agent budgets: chunk {agent.chunk_tokens}, memory {agent.memory_tokens}, answer {agent.answer_tokens}",
           file=sys.stderr)
-    bar = tqdm(total=config.steps, desc="train", unit="step", dynamic_ncols=True)
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun/deepspeed only rank 0 reports
+    bar = tqdm(total=config.steps, desc="train", unit="step", dynamic_ncols=True, disable=rank != 0)
 
     def on_step(rec: dict[str, Any]) -> None:
         if bar.n == 0 and rec["step"]:
@@ -102,7 +104,8 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     finally:
         bar.close()
-    print(f"done: metrics in {Path(args.out) / 'metrics.jsonl'}, checkpoints in {Path(args.out) / 'checkpoints'}")
+    if rank == 0:
+        print(f"done: metrics in {Path(args.out) / 'metrics.jsonl'}, checkpoints in {Path(args.out) / 'checkpoints'}")
     return 0
 
 

@@ -78,6 +78,55 @@ def all_gather_ints(value: int) -> list[int]:
     return [int(v) for v in out]
 
 
+def all_gather_objects(value: Any) -> list[Any]:
+    """One picklable value per rank, in rank order."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, value)
+    return out
+
+
+# How each per-rank step metric combines into the run's: counts and throughputs add up, times
+# and memory take the slowest rank, per-trajectory means weight ranks by their trajectories,
+# token-level statistics by their response tokens; grad_norm/lr/step are already global.
+_SUMMED = {"groups", "groups_dropped", "groups_failed", "trajectories", "trained_convs", "response_tokens",
+           "rollout_tokens_per_s", "train_tokens_per_s"}
+_SLOWEST = {"rollout_s", "update_s", "step_s", "peak_rss_mb"}
+_PER_TRAJECTORY = {"reward_mean", "accuracy", "convs_per_traj", "chunks_per_doc", "memory_len", "answer_len",
+                   "truncated_frac"}
+
+
+def merge_rank_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Combine one step's metric records of all ranks (rank order) into the run's record.
+
+    ``[{"trajectories": 2, "reward_mean": 1.0, ...}, {"trajectories": 2, "reward_mean": 0.0, ...}]``
+    -> ``{"trajectories": 4, "reward_mean": 0.5, ...}``. Lists (example ids) are concatenated;
+    ``data_cursor`` becomes one pair per rank.
+    """
+    if len(records) == 1:
+        return dict(records[0])
+    merged: dict[str, Any] = {}
+    for key, first in records[0].items():
+        values = [r[key] for r in records]
+        if key == "data_cursor":
+            merged[key] = [list(v) for v in values]
+        elif isinstance(first, list):
+            merged[key] = [x for v in values for x in v]
+        elif not isinstance(first, (int, float)) or isinstance(first, bool) or key in ("step", "lr", "grad_norm"):
+            merged[key] = first
+        elif key in _SUMMED:
+            merged[key] = sum(values)
+        elif key in _SLOWEST:
+            merged[key] = max(values)
+        else:
+            weight = "trajectories" if key in _PER_TRAJECTORY else "response_tokens"
+            w = [r.get(weight) or 0 for r in records]
+            merged[key] = sum(v * x for v, x in zip(values, w)) / sum(w) if sum(w) else sum(values) / len(values)
+    merged["world_size"] = len(records)
+    return merged
+
+
 # ---------------------------------------------------------------------------------------------
 # Data: loading and a resumable, deterministic order
 # ---------------------------------------------------------------------------------------------

@@ -209,6 +209,7 @@ def train(
         record = _metrics(step, batch, samples, stats, grad_norms, lr,
                           rollout_s=batch.seconds, update_s=update_s, step_s=time.perf_counter() - t_step,
                           cursor=(cursor_start, stream.cursor))
+        record = P.merge_rank_metrics(P.all_gather_objects(record))  # the whole step, not rank 0's share
         records.append(record)
         if rank == 0:
             P.write_jsonl(out / "metrics.jsonl", record)
