@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 Method = Literal["memagent", "full-context"]
 # The eval input keeps what the job and the report need; the generator's own `context_tokens`
 # would clash with the job's output column of that name.
-ITEM_COLUMNS = ["id", "task", "length", "question", "context", "answers", "metric", "needle_depths"]
+ITEM_COLUMNS = ["id", "task", "length", "question", "context", "answers", "metric"]
+OPTIONAL_ITEM_COLUMNS = ["needle_depths"]  # kept for depth analyses when the set has it
 
 
 class EvalConfig(BaseModel):
@@ -136,10 +137,13 @@ def build_items(cfg: EvalConfig, path: Path) -> int:
             seed=cfg.seed,
         )
         rows = list(gen.generate(cfg.tasks, sorted(cfg.lengths), cfg.samples))
-    missing = [c for c in ITEM_COLUMNS if c not in (rows[0] if rows else {})]
+    if not rows:
+        raise ValueError(f"no items to evaluate in {cfg.items or 'the generated set'}")
+    missing = [c for c in ITEM_COLUMNS if c not in rows[0]]
     if missing:
         raise ValueError(f"items {cfg.items}: missing columns {missing}; expected {ITEM_COLUMNS}")
-    table = pa.Table.from_pylist([{c: r[c] for c in ITEM_COLUMNS} for r in rows])
+    keep = ITEM_COLUMNS + [c for c in OPTIONAL_ITEM_COLUMNS if c in rows[0]]
+    table = pa.Table.from_pylist([{c: r[c] for c in keep} for r in rows])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp)
@@ -158,8 +162,6 @@ def read_predictions(out: Path, methods: list[str], n_items: int) -> list[dict[s
         ids = {r["id"] for r in rows}
         if len(rows) != n_items or len(ids) != n_items:
             raise RuntimeError(f"{method}: {len(rows)} prediction rows for {len(ids)} of {n_items} items; rerun to finish")
-        for r in rows:
-            r["method"] = r["method"] or method  # error rows of older outputs
         records += rows
     return records
 

@@ -131,3 +131,24 @@ def test_eval_cli_end_to_end_and_rerun(tiny_llama_dir, tmp_path):
     assert pd.read_csv(out / "results.csv").equals(results)
     other = subprocess.run(cmd[:7] + ["2K"] + cmd[8:], capture_output=True, text=True, timeout=300)
     assert other.returncode == 2 and "use a new --out" in other.stderr
+
+
+def test_given_item_sets_are_checked_and_reused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.evaluate import EvalConfig, build_items
+
+    rows = [{"id": f"x{i}", "task": "vt", "length": 512, "question": "Q?", "context": "c", "answers": ["a"],
+             "metric": "string_match_all"} for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "items.parquet")
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "metric"} for r in rows]),
+                   tmp_path / "bad.parquet")
+    cfg = EvalConfig(out=str(tmp_path / "run"), items=str(tmp_path / "items.parquet"))
+    assert build_items(cfg, tmp_path / "run" / "items.parquet") == 3
+    assert build_items(cfg, tmp_path / "run" / "items.parquet") == 3  # reused
+    bad = EvalConfig(out=str(tmp_path / "run2"), items=str(tmp_path / "bad.parquet"))
+    with pytest.raises(ValueError, match=r"missing columns \['metric'\]"):
+        build_items(bad, tmp_path / "run2" / "items.parquet")
+    with pytest.raises(ValueError, match="give tasks and lengths"):
+        EvalConfig(out=str(tmp_path / "run3"))
