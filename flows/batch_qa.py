@@ -26,7 +26,7 @@ from pydantic import NonNegativeInt
 from flows.params import (
     DEMO_INPUT, DEMO_OUTPUT, AgentParams, DatasetURI, DemoLakeParams, JobParams, Metric, resolve_local,
 )
-from flows.stages import fail_once
+from flows.stages import fail_once, task_owned_ray
 from memagent.engines import EngineConfig
 from pipelines.storage import S3Options
 
@@ -52,18 +52,12 @@ def ensure_demo_lake(input: str, model: str, demo: DemoLakeParams) -> dict[str, 
 @task(name="run-batch-qa", retries=2, retry_delay_seconds=5)
 def run_job(config: dict[str, Any]) -> dict[str, Any]:
     """Run the Ray Data job to completion; returns its summary (JSON-able)."""
-    import ray
-
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 
     fail_once("batch-qa")
     cfg = BatchQAConfig.model_validate(config)
-    owns_ray = not ray.is_initialized()
-    try:
+    with task_owned_ray():
         summary = run_batch_qa(cfg)
-    finally:
-        if owns_ray and ray.is_initialized():
-            ray.shutdown()  # a local Ray this task started; a long-lived worker must not keep it
     for line in summary.lines():
         get_run_logger().info(line)
     return {

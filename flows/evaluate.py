@@ -20,6 +20,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.params import AgentParams, EvalParams, JobParams, LocalDir, resolve_local
+from flows.stages import task_owned_ray
 
 
 # Holds the model on the accelerator: counts against the "gpu" tag concurrency limit.
@@ -40,7 +41,8 @@ def evaluate_model(model: str, evaluation: EvalParams, agent: AgentParams, out_d
         engine=EngineConfig(model=model), agent=agent.config(), concurrency=job.concurrency,
         batch_size=job.batch_size, num_gpus=job.num_gpus, ray_address=job.ray_address, progress=False,
     )
-    summary = run_evaluation(cfg)
+    with task_owned_ray():
+        summary = run_evaluation(cfg)
     with open(summary.results_md) as f:
         table = f.read()
     create_markdown_artifact(key="evaluate-memagent-results", markdown=(

@@ -22,6 +22,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -85,3 +87,17 @@ def run_stage(workdir: str | Path, stage: str, inputs: dict[str, Any], body: Sta
     tmp.replace(directory / MANIFEST)  # atomic: a manifest is never half-written
     log(f"stage {stage}: done in {record['seconds']} s -> {directory}")
     return {**record, "skipped": False}
+
+
+@contextmanager
+def task_owned_ray() -> Iterator[None]:
+    """Shut down a local Ray that the body started: a long-lived worker (or the next task in the
+    same process) must not inherit it; a Ray that was already up is left alone."""
+    import ray
+
+    owns_ray = not ray.is_initialized()
+    try:
+        yield
+    finally:
+        if owns_ray and ray.is_initialized():
+            ray.shutdown()

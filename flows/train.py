@@ -30,7 +30,7 @@ from flows.evaluate import evaluate_model
 from flows.params import (
     SMALL_TRAIN, AgentParams, EvalParams, FilterParams, LocalDir, SynthParams, TrainConfig, resolve_local,
 )
-from flows.stages import run_stage, stage_dir
+from flows.stages import run_stage, stage_dir, task_owned_ray
 
 
 def _log(msg: str) -> None:
@@ -50,17 +50,11 @@ def synthesize_stage(workdir: str, model: str, synth: SynthParams, ray_address: 
 
         sizes = sizes_from(synth.num_docs, synth.tokens)
         if synth.use_ray:
-            import ray
-
             from pipelines.synthesize import synthesize_hotpotqa
 
-            owns_ray = not ray.is_initialized()
-            try:
+            with task_owned_ray():
                 rows = synthesize_hotpotqa(source, str(d / "data"), sizes, samples=synth.samples, seed=synth.seed,
                                            tokenizer=model, workers=synth.workers, address=ray_address)
-            finally:
-                if owns_ray and ray.is_initialized():
-                    ray.shutdown()
             data = str(d / "data")
         else:
             out = list(synthesize(load_hotpotqa(source), sizes, seed=synth.seed, samples=synth.samples,
