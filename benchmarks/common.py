@@ -164,3 +164,17 @@ def set_threads(n: int | None) -> int:
     if n:
         torch.set_num_threads(n)
     return torch.get_num_threads()
+
+
+def niah_docs(tokenizer: Any, n: int, tokens: int) -> list[dict]:
+    """The benchmark documents: ``n`` NIAH rows of ``tokens`` tokens, needles at spread depths.
+
+    concurrency and pipeline read the same set, so their timings compare.
+    """
+    import functools
+
+    from memagent.data.demo import niah_row
+    from memagent.data.hotpotqa import count_tokens
+
+    count = functools.partial(count_tokens, tokenizer)
+    return [niah_row(i, tokens, depth=(i % 8 + 1) / 9, seed=11, count=count) for i in range(n)]

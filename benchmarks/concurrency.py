@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import statistics
 import time
 
 from benchmarks.common import (
+    niah_docs,
     bench_model,
     loadavg,
     machine,
@@ -89,8 +89,6 @@ def main() -> None:
 
     from memagent.agent import check_config, read_document
     from memagent.config import preset
-    from memagent.data.demo import niah_row
-    from memagent.data.hotpotqa import count_tokens
     from memagent.engines import EngineConfig, SamplingParams, make_engine
 
     load_start = loadavg()
@@ -98,8 +96,7 @@ def main() -> None:
     engine = make_engine(EngineConfig(model=bench_model(args.model), dtype=args.dtype, max_batch_size=max(16, args.docs)))
     config = preset(args.preset)
     check_config(engine, config)
-    count = functools.partial(count_tokens, engine.tokenizer)
-    rows = [niah_row(i, args.tokens, depth=(i % 8 + 1) / 9, seed=11, count=count) for i in range(args.docs)]
+    rows = niah_docs(engine.tokenizer, args.docs, args.tokens)
     params_matmul = sum(p.numel() for p in engine.model.parameters()) - engine.model.get_input_embeddings().weight.numel()
 
     async def read(row):

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import (
+    niah_docs,
     bench_model,
     loadavg,
     machine,
@@ -61,8 +62,9 @@ def main() -> None:
     threads = set_threads(args.threads)
     config = preset(args.preset)
     engine_cfg = EngineConfig(model=bench_model(args.model), max_batch_size=max(16, args.batch_size))
-    count = functools.partial(count_tokens, load_tokenizer(engine_cfg.model))
-    rows = [niah_row(i, args.tokens, depth=(i % 8 + 1) / 9, seed=11, count=count) for i in range(args.docs)]
+    tokenizer = load_tokenizer(engine_cfg.model)
+    count = functools.partial(count_tokens, tokenizer)
+    rows = niah_docs(tokenizer, args.docs, args.tokens)
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     pq.write_table(pa.Table.from_pylist(rows), work / "input.parquet")
     pq.write_table(pa.Table.from_pylist([niah_row(99, 200, 0.5, seed=1, count=count)]), work / "warmup.parquet")
