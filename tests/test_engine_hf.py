@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from memagent.engines import EngineConfig, SamplingParams, make_engine
-from memagent.engines.hf import TransformersEngine, resolve_dtype
+from memagent.engines.hf import TransformersEngine, _Request, resolve_dtype
 
 
 def msgs(text: str) -> list[dict[str, str]]:
@@ -43,8 +44,13 @@ def test_per_request_max_tokens_and_max_batch_size(tiny_llama_dir):
     assert any(o.finish_reason == "length" and o.completion_tokens == n for o, n in zip(outs, (2, 5, 9)))
 
 
-def test_greedy_is_deterministic_and_batch_invariant(tiny_engine):
-    p = SamplingParams(max_tokens=8)
+@pytest.mark.parametrize("per_row_prefill", [True, False])
+def test_greedy_is_deterministic_and_batch_invariant(tiny_engine, monkeypatch, per_row_prefill):
+    p = SamplingParams(max_tokens=8, logprobs=True)
+    calls = []
+    prefill = tiny_engine._prefill_rows
+    monkeypatch.setattr(tiny_engine, "_prefill_per_row", lambda batch: per_row_prefill)
+    monkeypatch.setattr(tiny_engine, "_prefill_rows", lambda *a: calls.append(a) or prefill(*a))
 
     async def alone():
         return await tiny_engine.chat(msgs("same prompt"), p)
@@ -56,6 +62,23 @@ def test_greedy_is_deterministic_and_batch_invariant(tiny_engine):
     a = asyncio.run(alone())
     b = asyncio.run(crowded())[0]
     assert a.token_ids == b.token_ids  # left padding does not change the reply
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert len(calls) == (2 if per_row_prefill else 0)  # alone and crowded both took the per-row path
+
+
+def test_cpu_prefills_padded_batches_row_by_row(tiny_engine):
+    def reqs(*lengths):
+        return [_Request(list(range(100, 100 + n)), SamplingParams(max_tokens=2), None) for n in lengths]
+
+    assert tiny_engine._prefill_per_row(reqs(5, 9))  # padding: per-row prefill
+    assert not tiny_engine._prefill_per_row(reqs(7, 7))  # no padding: no mask, one batched forward
+    assert not tiny_engine._prefill_per_row(reqs(4))
+    cache = tiny_engine._prefill_rows(reqs(5, 9), 9, 12)
+    keys = cache.layers[0].keys  # [B, H_kv, L - 1, D], row 0 left-padded with zeros
+    assert keys.shape[0] == 2 and keys.shape[2] == 8
+    assert keys[0, :, :4].abs().sum() == 0
+    # Row 0 is row 1's prefix: same tokens at the same positions give the same keys.
+    assert torch.allclose(keys[0, :, 4:], keys[1, :, :4], atol=1e-5) and keys[1].abs().sum() > 0
 
 
 def test_sampling_and_logprobs(tiny_engine):
