@@ -279,6 +279,10 @@ def run_batch_qa(cfg: BatchQAConfig) -> BatchSummary:
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
                             batch_size=None, num_cpus=0.25)
+    # Blocks of one batch each: an actor's output block (and so its Parquet file) is written when
+    # its batch is done. Whole-file blocks would hold every answer of a file until the file is
+    # read to the end, so a job stopped after hours would have written nothing to resume from.
+    ds = ds.repartition(target_num_rows_per_block=cfg.batch_size)
     ds = ds.map_batches(
         AgentWorker,
         fn_constructor_kwargs=dict(engine=cfg.engine, agent=cfg.agent, output_schema=plan.output_schema,

@@ -33,6 +33,7 @@ def _batch_config(args: argparse.Namespace, **extra):
         batch_size=args.batch_size,
         num_gpus=args.num_gpus,
         num_cpus=args.num_cpus,
+        torch_threads=args.torch_threads,
         ray_address=args.ray_address,
         resources=parse_resources(args.resource),
         progress=not args.no_progress,
@@ -64,6 +65,8 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=16, help="rows per batch (read concurrently by one actor)")
     g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per actor (0 on CPU)")
     g.add_argument("--num-cpus", type=float, default=1.0, help="CPUs reserved per actor")
+    g.add_argument("--torch-threads", type=int, help="torch threads per actor (default: node cores / concurrency; "
+                   "1 when other jobs share the cores)")
     g.add_argument("--resource", action="append", default=[], metavar="NAME=AMOUNT",
                    help="custom Ray resource per actor, e.g. gpu_worker=1 (repeatable)")
     g.add_argument("--ray-address", help="Ray cluster address (default: local Ray)")

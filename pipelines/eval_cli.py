@@ -40,6 +40,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         engine=engine_config_from_args(args), agent=agent_config_from_args(args), concurrency=args.concurrency,
         batch_size=args.batch_size, num_gpus=args.num_gpus, ray_address=args.ray_address,
         progress=not args.no_progress, no_progress_timeout_s=args.no_progress_timeout,
+        torch_threads=args.torch_threads,
     )
     summary = run_evaluation(cfg)
     with open(summary.results_md) as f:
@@ -67,6 +68,7 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--concurrency", type=int, default=1, help="actors, each with one engine")
     g.add_argument("--batch-size", type=int, default=16, help="items one actor reads concurrently")
     g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per actor")
+    g.add_argument("--torch-threads", type=int, help="torch threads per actor (default: node cores / concurrency)")
     g.add_argument("--ray-address", help="Ray cluster address (default: local Ray)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--no-progress-timeout", type=float, default=6 * 3600, metavar="SECONDS",

@@ -59,6 +59,7 @@ class EvalConfig(BaseModel):
     concurrency: int = Field(1, gt=0)
     batch_size: int = Field(16, gt=0)
     num_gpus: float = Field(0.0, ge=0)
+    torch_threads: int | None = Field(None, gt=0, description="Torch threads per actor; default = node cores / concurrency.")
     ray_address: str | None = None
     progress: bool = True
     no_progress_timeout_s: float = Field(
@@ -81,10 +82,15 @@ class EvalConfig(BaseModel):
         return self
 
     def item_spec(self) -> dict[str, Any]:
-        """What determines the item set: a rerun into the same ``out`` must match it."""
+        """What determines the item set: which items (selection) and how each is generated (sources)."""
         return {"tasks": self.tasks, "lengths": sorted(self.lengths), "samples": self.samples, "seed": self.seed,
                 "items": self.items, "tokenizer": self.engine.tokenizer or self.engine.model,
                 "haystack": self.haystack, "squad": self.squad, "hotpotqa": self.hotpotqa}
+
+
+# Every generated item is a function of (seed, task, length, index) and these sources alone,
+# so a rerun may select other tasks/lengths/samples and keep the predictions it shares.
+SELECTION_KEYS = ("tasks", "lengths", "samples")
 
 
 @dataclass
@@ -117,9 +123,12 @@ def build_items(cfg: EvalConfig, path: Path) -> int:
     spec = cfg.item_spec()
     if path.exists():
         old = json.loads(spec_path.read_text()) if spec_path.exists() else None
-        if old != spec:
-            raise ValueError(f"{path.parent} holds an evaluation with other items ({old}); use a new --out")
-        return pads.dataset(path).count_rows()
+        if old == spec:
+            return pads.dataset(path).count_rows()
+        if not _same_sources(old, spec):
+            raise ValueError(f"{path.parent} holds an evaluation generated differently ({old}); use a new --out")
+        log.info("item selection changed (%s); regenerating items, predictions of shared items are kept",
+                 {k: spec[k] for k in SELECTION_KEYS})
     if cfg.items:
         from memagent.data.io import read_records
 
@@ -152,16 +161,28 @@ def build_items(cfg: EvalConfig, path: Path) -> int:
     return len(table)
 
 
-def read_predictions(out: Path, methods: list[str], n_items: int) -> list[dict[str, Any]]:
-    """All prediction rows; every item must have exactly one row per method."""
+def _same_sources(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Both specs generate identical items for the (task, length, index) they share."""
+    if old is None or new["items"] is not None or old.get("items") is not None:
+        return False
+    return all(old.get(k) == v for k, v in new.items() if k not in SELECTION_KEYS)
+
+
+def read_predictions(out: Path, methods: list[str], item_ids: set[str]) -> list[dict[str, Any]]:
+    """Prediction rows of the current items; every item must have exactly one row per method.
+
+    Rows of items no longer selected (an earlier run with other lengths) stay on disk, unused.
+    """
     records = []
     for method in methods:
         rows = pads.dataset(out / "predictions" / method, format="parquet", exclude_invalid_files=True).to_table(
             columns=["id", "method", "task", "length", "score", "error", "seconds", "context_tokens", "truncated"]
         ).to_pylist()
+        rows = [r for r in rows if r["id"] in item_ids]
         ids = {r["id"] for r in rows}
-        if len(rows) != n_items or len(ids) != n_items:
-            raise RuntimeError(f"{method}: {len(rows)} prediction rows for {len(ids)} of {n_items} items; rerun to finish")
+        if len(rows) != len(item_ids) or ids != item_ids:
+            raise RuntimeError(f"{method}: {len(rows)} prediction rows for {len(ids)} of {len(item_ids)} items; "
+                               "rerun to finish")
         records += rows
     return records
 
@@ -177,6 +198,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalSummary:
         job = BatchQAConfig(
             input=str(items_path), output=str(out / "predictions" / method), engine=cfg.engine, agent=cfg.agent,
             method=method, concurrency=cfg.concurrency, batch_size=cfg.batch_size, num_gpus=cfg.num_gpus,
+            torch_threads=cfg.torch_threads,
             ray_address=cfg.ray_address, progress=cfg.progress, no_progress_timeout_s=cfg.no_progress_timeout_s,
         )
         t0 = time.perf_counter()
@@ -184,7 +206,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalSummary:
         seconds[method] = round(time.perf_counter() - t0, 1)
         log.info("%s: %s", method, "; ".join(summary.lines()))
 
-    records = read_predictions(out, cfg.methods, n_items)
+    item_ids = set(pads.dataset(items_path).to_table(columns=["id"]).column("id").to_pylist())
+    records = read_predictions(out, cfg.methods, item_ids)
     table = summarize(records)
     notes = [f"Model {cfg.engine.model} ({cfg.engine.engine}); memory agent budgets: chunk {cfg.agent.chunk_tokens}, "
              f"memory {cfg.agent.memory_tokens}, answer {cfg.agent.answer_tokens} tokens."]

@@ -129,7 +129,13 @@ def test_eval_cli_end_to_end_and_rerun(tiny_llama_dir, tmp_path):
     assert (out / "items.parquet").stat().st_mtime_ns == stamp  # the same items, not regenerated
     assert sorted(p.name for p in (out / "predictions").rglob("*.parquet")) == files  # nothing redone
     assert pd.read_csv(out / "results.csv").equals(results)
-    other = subprocess.run(cmd[:7] + ["2K"] + cmd[8:], capture_output=True, text=True, timeout=300)
+    # Another selection of the same generator reuses the predictions of the items it shares.
+    narrower = subprocess.run(cmd[:7] + ["512"] + cmd[8:], capture_output=True, text=True, timeout=600)
+    assert narrower.returncode == 0, narrower.stderr[-3000:]
+    assert sorted(p.name for p in (out / "predictions").rglob("*.parquet")) == files
+    narrow = pd.read_csv(out / "results.csv")
+    assert set(narrow["length"]) == {512} and narrow.equals(results[results["length"] == 512].reset_index(drop=True))
+    other = subprocess.run(cmd + ["--seed", "7"], capture_output=True, text=True, timeout=300)
     assert other.returncode == 2 and "use a new --out" in other.stderr
 
 

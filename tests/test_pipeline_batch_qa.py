@@ -66,6 +66,8 @@ def test_local_job_with_error_rows(ray_local, tiny_llama_dir, tmp_path):
             assert r["prediction"] is None and r["steps"] is None and r["score"] is None
     assert summary.rows_in == 8 and summary.rows_out == 8 and summary.error_rows == 4
     assert summary.accuracy is not None and summary.context_tokens > 0
+    # One input file, two batches: each batch's answers land in their own file when it is done.
+    assert len(list((tmp_path / "out").glob("*.parquet"))) == 2
 
 
 def test_non_string_context_column_gives_error_rows(ray_local, tiny_llama_dir, tmp_path):
