@@ -8,7 +8,7 @@ must carry the number through its memory and answer \\boxed{n} (strict boxed EM 
         --out benchmarks/results/train_curve.json
 
 The JSON holds the configs, every step's metrics, seconds per step, peak RSS, and the mean
-reward of the first and last quarter of the run. Numbers are measurements, never asserted.
+reward of the first and last quarter of the run; a PNG next to it plots the curve. Numbers are measurements, never asserted.
 """
 
 from __future__ import annotations
@@ -70,11 +70,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="boxed_em: strict training reward; contains: the number appears in the final reply "
                    "(a lenient reward for models that never write \\boxed{})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
     p.add_argument("--run-dir", type=Path, help="training run directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_curve.json"))
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.common import set_threads
+
+    set_threads(args.threads)
     from memagent.config import AgentConfig
     from memagent.rl.config import TrainConfig
     from memagent.rl.trainer import train
@@ -96,23 +100,57 @@ def main(argv: list[str] | None = None) -> int:
     def on_step(r: dict) -> None:
         records.append(r)
         write(args, agent, config, records, run_dir, time.perf_counter() - t0)  # partial results survive a kill
-        print(f"step {r['step']:3d}  reward {r['reward_mean']:.3f}  acc {r['accuracy']:.3f}  kl {r['kl']:.2e}  "
+        print(f"step {r['step']:3d}  reward {r['reward_generated_mean']:.3f} (trained {r['reward_mean']:.3f})  kl {r['kl']:.2e}  "
               f"clip {r['clip_frac']:.3f}  convs/traj {r['convs_per_traj']:.1f}  {r['step_s']:.1f}s", flush=True)
 
     train(config=config, agent_config=agent, data=data, out_dir=run_dir, model=args.model, on_step=on_step,
           reward_fn=reward_fn)
     result = write(args, agent, config, records, run_dir, time.perf_counter() - t0)
+    if records:
+        plot(records, args.out.with_suffix(".png"), title=f"Multi-Conv DAPO on NIAH — {args.model}")
     print(json.dumps({k: v for k, v in result.items() if k not in ("records", "agent_config", "train_config")},
                      indent=2, default=str))
     return 0
 
 
+def plot(records: list[dict], path: Path, *, title: str) -> Path:
+    """Reward per step (points), its 5-step moving mean (line) and the KL to the reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    reward = [r.get("reward_generated_mean", r["reward_mean"]) for r in records]
+    window = [sum(reward[max(0, i - 4): i + 1]) / len(reward[max(0, i - 4): i + 1]) for i in range(len(reward))]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, reward, "o", alpha=0.5, label="reward, all rollouts of the step")
+    ax.plot(steps, window, "-", label="5-step mean")
+    ax.plot(steps, [r["reward_mean"] for r in records], "x", alpha=0.4, label="reward, trained groups")
+    ax.set(xlabel="step", ylabel="reward", ylim=(-0.05, 1.05), title=title)
+    kl = ax.twinx()
+    kl.plot(steps, [r["kl"] for r in records], ":", color="grey", label="KL to reference (right)")
+    kl.set_ylabel("KL (k3)")
+    handles = ax.get_legend_handles_labels()[0] + kl.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write(args: argparse.Namespace, agent, config, records: list[dict], run_dir: Path, total: float) -> dict:
     """Summarise ``records`` into ``args.out`` (rewritten after every step)."""
+    # The success rate of everything generated: with dynamic sampling the trained groups alone
+    # exclude all-wrong and all-right groups, which biases their mean towards the middle.
+    curve = [r.get("reward_generated_mean", r["reward_mean"]) for r in records]
     q = max(1, len(records) // 4)
-    first = sum(r["reward_mean"] for r in records[:q]) / q
-    last = sum(r["reward_mean"] for r in records[-q:]) / q
+    first = sum(curve[:q]) / q
+    last = sum(curve[-q:]) / q
+    from benchmarks.common import machine
+
     result = {
+        "machine": machine(),
         "model": args.model,
         "reward": args.reward,
         "agent_config": agent.model_dump(),
@@ -128,7 +166,8 @@ def write(args: argparse.Namespace, agent, config, records: list[dict], run_dir:
         "reward_first_quarter": first,
         "reward_last_quarter": last,
         "reward_rose": last > first,
-        "reward_curve": [r["reward_mean"] for r in records],
+        "reward_curve": curve,
+        "reward_trained_curve": [r["reward_mean"] for r in records],
         "records": records,
         "run_dir": str(run_dir),
     }

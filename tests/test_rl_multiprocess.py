@@ -26,6 +26,9 @@ def test_rank_metrics_merge_into_the_step_of_the_whole_run():
     assert m["step_s"] == 7.0 and m["rollout_tokens_per_s"] == 10.0  # slowest rank; throughputs add
     assert m["example_ids"] == ["q1", "q2"] and m["data_cursor"] == [[0, 1], [0, 1]]
     assert merge_rank_metrics([a]) == a
+    gen = merge_rank_metrics([{"trajectories_generated": 2, "reward_generated_mean": 1.0, "rollout_rounds": 1},
+                              {"trajectories_generated": 6, "reward_generated_mean": 0.0, "rollout_rounds": 3}])
+    assert gen["reward_generated_mean"] == pytest.approx(0.25) and gen["rollout_rounds"] == 3
 
 
 @pytest.mark.slow

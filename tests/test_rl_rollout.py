@@ -99,6 +99,8 @@ def test_dynamic_sampling_drops_all_equal_groups_and_refills(tiny_engine):
                         reward_fn=lambda r, a: pattern[next(counter)], dynamic_sampling=True, max_rounds=3)
     assert batch.rounds == 2 and batch.groups_dropped == 1 and stream.cursor == 3
     assert len({t.group_id for t in batch.trajectories}) == 2
+    # Every generated trajectory's reward is kept for the unbiased success rate, dropped groups too.
+    assert batch.generated_rewards == pattern[:6] and sum(t.reward for t in batch.trajectories) == 2.0
     assert all(len({t.reward for t in batch.trajectories if t.group_id == g}) == 2 for g in batch.group_ids.tolist())
 
 

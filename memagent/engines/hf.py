@@ -291,10 +291,12 @@ class TransformersEngine(Engine):
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
             rows.append(out.cache)
         cache = ReservedCache(len(rows[0].layers), capacity)
-        for idx, layer in enumerate(cache.layers):  # layer by layer: one padded copy alive at a time
+        for idx, layer in enumerate(cache.layers):  # layer by layer: the KV is held ~once, not twice
             keys, values = (_left_pad([getattr(row.layers[idx], part)[0] for row in rows], prompt_len - 1)
                             for part in ("keys", "values"))
             layer.update(keys, values)
+            for row in rows:
+                row.layers[idx].keys = row.layers[idx].values = None
         return cache
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -90,11 +90,12 @@ def all_gather_objects(value: Any) -> list[Any]:
 # How each per-rank step metric combines into the run's: counts and throughputs add up, times
 # and memory take the slowest rank, per-trajectory means weight ranks by their trajectories,
 # token-level statistics by their response tokens; grad_norm/lr/step are already global.
-_SUMMED = {"groups", "groups_dropped", "groups_failed", "trajectories", "trained_convs", "response_tokens",
-           "rollout_tokens_per_s", "train_tokens_per_s"}
-_SLOWEST = {"rollout_s", "update_s", "step_s", "peak_rss_mb"}
+_SUMMED = {"groups", "groups_dropped", "groups_failed", "trajectories", "trajectories_generated", "trained_convs",
+           "response_tokens", "rollout_tokens_per_s", "train_tokens_per_s"}
+_SLOWEST = {"rollout_s", "update_s", "step_s", "peak_rss_mb", "rollout_rounds"}
 _PER_TRAJECTORY = {"reward_mean", "accuracy", "convs_per_traj", "chunks_per_doc", "memory_len", "answer_len",
                    "truncated_frac"}
+_PER_GENERATED = {"reward_generated_mean", "accuracy_generated"}
 
 
 def merge_rank_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -120,7 +121,8 @@ def merge_rank_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         elif key in _SLOWEST:
             merged[key] = max(values)
         else:
-            weight = "trajectories" if key in _PER_TRAJECTORY else "response_tokens"
+            weight = ("trajectories" if key in _PER_TRAJECTORY else
+                      "trajectories_generated" if key in _PER_GENERATED else "response_tokens")
             w = [r.get(weight) or 0 for r in records]
             merged[key] = sum(v * x for v, x in zip(values, w)) / sum(w) if sum(w) else sum(values) / len(values)
     merged["world_size"] = len(records)

@@ -78,6 +78,10 @@ class RolloutBatch:
     rounds: int = 0
     seconds: float = 0.0
     generated_tokens: int = 0
+    # Reward and score of every trajectory generated, kept or dropped: the policy's actual
+    # success rate (kept groups alone are biased towards mixed outcomes by dynamic sampling).
+    generated_rewards: list[float] = field(default_factory=list)
+    generated_scores: list[float] = field(default_factory=list)
 
     @property
     def rewards(self) -> torch.Tensor:
@@ -221,6 +225,8 @@ async def collect_rollouts(
             next_group += 1
         out.groups_generated += len({t.group_id for t in round_batch.trajectories})
         out.generated_tokens += round_batch.generated_tokens
+        out.generated_rewards += [t.reward for t in round_batch.trajectories]
+        out.generated_scores += [t.score for t in round_batch.trajectories]
         drop = all_equal_groups(round_batch.rewards, round_batch.group_ids) if dynamic_sampling else set()
         room = batch_size - kept
         keep_ids = [g for g in dict.fromkeys(t.group_id for t in round_batch.trajectories) if g not in drop][:room]

@@ -286,8 +286,12 @@ def _metrics(step: int, batch: Any, samples: list[P.Sample], stats: list[dict[st
     trained_tokens = sum(s.length for s in samples)
     return {
         "step": step,
-        "reward_mean": P.mean(t.reward for t in trajs),
+        "reward_mean": P.mean(t.reward for t in trajs),  # trained trajectories
         "accuracy": P.mean(t.score for t in trajs),
+        "trajectories_generated": len(batch.generated_rewards),
+        "reward_generated_mean": P.mean(batch.generated_rewards),  # all generated, incl. dropped groups
+        "accuracy_generated": P.mean(batch.generated_scores),
+        "rollout_rounds": batch.rounds,
         "groups": len({t.group_id for t in trajs}),
         "groups_dropped": batch.groups_dropped,
         "groups_failed": batch.groups_failed,
