@@ -124,7 +124,8 @@ def train_stage(workdir: str, model: str, agent: AgentParams, training: TrainCon
         metrics = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
         last = metrics[-1]
         summary = {"steps": len(metrics), **{k: last.get(k) for k in (
-            "reward_mean", "accuracy", "kl", "pg_loss", "entropy", "step_s", "rollout_tokens_per_s")}}
+            "reward_generated_mean", "accuracy_generated", "reward_mean", "accuracy", "kl", "pg_loss", "entropy",
+            "step_s", "rollout_tokens_per_s")}}
         ckpt = d / "checkpoints" / step_tag(training.steps) / "hf"
         return {"checkpoint": str(ckpt), "metrics": str(d / "metrics.jsonl")}, summary
 

@@ -93,8 +93,9 @@ def run_train(args: argparse.Namespace) -> int:
         if bar.n == 0 and rec["step"]:
             bar.n = rec["step"]  # resumed run
         bar.update(1)
-        bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", acc=f"{rec['accuracy']:.3f}", kl=f"{rec['kl']:.2e}",
-                        s=f"{rec['step_s']:.1f}")
+        # reward/acc of everything generated; "trained" differs only under dynamic sampling
+        bar.set_postfix(reward=f"{rec['reward_generated_mean']:.3f}", acc=f"{rec['accuracy_generated']:.3f}",
+                        trained=f"{rec['reward_mean']:.3f}", kl=f"{rec['kl']:.2e}", s=f"{rec['step_s']:.1f}")
 
     try:
         train(config=config, agent_config=agent, data=args.data, out_dir=args.out, model=args.model,
