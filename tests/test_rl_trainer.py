@@ -143,3 +143,20 @@ def test_train_checkpoint_export_and_resume(tiny_llama_dir, tmp_path):
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2]
     assert (ckpt / "latest").read_text().strip() == "step_000003"
+
+
+def test_a_step_with_every_group_dropped_skips_the_update(tiny_llama_dir, tmp_path):
+    """Dynamic sampling can keep no group (the policy is right, or wrong, everywhere): no AdamW step."""
+    from memagent.rl.trainer import train
+
+    cfg = TrainConfig(steps=2, batch_size=2, group_size=2, lr=1e-3, warmup_steps=0, save_every=2,
+                      micro_batch_tokens=1024, dynamic_sampling=True, max_rollout_rounds=1)
+    records = train(config=cfg, agent_config=AGENT, data=niah(6), out_dir=tmp_path / "run",
+                    model=str(tiny_llama_dir), reward_fn=lambda response, answers: 1.0)
+    assert [r["step"] for r in records] == [0, 1]
+    for r in records:
+        assert r["trajectories"] == 0 and r["groups_dropped"] == 2 and r["optimizer_steps"] == 0
+        assert r["reward_generated_mean"] == 1.0 and r["trajectories_generated"] == 4
+    hf = tmp_path / "run" / "checkpoints" / "step_000002" / "hf" / "model.safetensors"
+    new, old = load_file(hf), load_file(tiny_llama_dir / "model.safetensors")
+    assert all(torch.equal(old[k], new[k]) for k in old)  # weights untouched

@@ -114,7 +114,7 @@ def merge_rank_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             merged[key] = [list(v) for v in values]
         elif isinstance(first, list):
             merged[key] = [x for v in values for x in v]
-        elif not isinstance(first, (int, float)) or isinstance(first, bool) or key in ("step", "lr", "grad_norm"):
+        elif not isinstance(first, (int, float)) or isinstance(first, bool) or key in ("step", "lr", "grad_norm", "optimizer_steps"):
             merged[key] = first
         elif key in _SUMMED:
             merged[key] = sum(values)

@@ -170,6 +170,7 @@ def train(
         lr = engine.optimizer.param_groups[0]["lr"]  # the rate this step's first update uses
         stats: list[dict[str, float]] = []
         grad_norms: list[float] = []
+        optimizer_steps = 0
         for _epoch in range(config.ppo_epochs):
             for mini in _split(samples, config.ppo_mini_batches):
                 # Token-mean over the mini-batch on all ranks; DeepSpeed averages gradients over
@@ -177,6 +178,10 @@ def train(
                 n_tokens = P.all_reduce(sum(len(s.conv.response_ids) for s in mini)) / world
                 micros = P.micro_batches(mini, config.micro_batch_tokens)
                 n_micro = int(P.all_reduce(len(micros), op="max"))
+                if n_micro == 0:
+                    # Empty on every rank (dynamic sampling kept no group, or all masked): no
+                    # step, or AdamW would move the weights on momentum and decay alone.
+                    continue
                 micros += [[_dummy_sample(pad_id)]] * (n_micro - len(micros))  # equal collectives per rank
                 for mb in micros:
                     b = P.collate(mb, pad_id)
@@ -195,9 +200,14 @@ def train(
                     m["behaviour_logp_gap"] = P.behaviour_gap(mb, old, mask)  # rollout engine vs trainer
                     stats.append(m)
                 engine.step()  # the accumulation boundary: reduce, clip, AdamW, LR schedule
+                optimizer_steps += 1
                 gn = engine.get_global_grad_norm()
                 if gn is not None:  # not tracked at ZeRO stage 0
                     grad_norms.append(float(gn))
+
+        if not stats:
+            log.warning("step %d: no trainable conversation on any rank (%d groups generated, %d dropped); "
+                        "no update", step, batch.groups_generated, batch.groups_dropped)
 
         # ============================ 5. Sync weights into the rollout engine ==============
         if config.rollout_sleep_mode:
@@ -206,7 +216,7 @@ def train(
         update_s = time.perf_counter() - t_update
 
         # ============================ 6. Log metrics =======================================
-        record = _metrics(step, batch, samples, stats, grad_norms, lr,
+        record = _metrics(step, batch, samples, stats, grad_norms, lr, optimizer_steps=optimizer_steps,
                           rollout_s=batch.seconds, update_s=update_s, step_s=time.perf_counter() - t_step,
                           cursor=(cursor_start, stream.cursor))
         record = P.merge_rank_metrics(P.all_gather_objects(record))  # the whole step, not rank 0's share
@@ -274,7 +284,7 @@ def _dummy_sample(pad_id: int) -> P.Sample:
 
 
 def _metrics(step: int, batch: Any, samples: list[P.Sample], stats: list[dict[str, float]],
-             grad_norms: list[float], lr: float, *, rollout_s: float, update_s: float, step_s: float,
+             grad_norms: list[float], lr: float, *, optimizer_steps: int, rollout_s: float, update_s: float, step_s: float,
              cursor: tuple[int, int]) -> dict[str, Any]:
     """One JSON-able record: rewards, lengths, loss statistics (token-weighted), speed, memory."""
     trajs, convs = batch.trajectories, batch.conversations
@@ -313,6 +323,7 @@ def _metrics(step: int, batch: Any, samples: list[P.Sample], stats: list[dict[st
         "approx_kl_old": tok_mean("approx_kl_old"),
         "behaviour_logp_gap": tok_mean("behaviour_logp_gap"),  # |old - engine| per token: ~0 in fp32
         "grad_norm": P.mean(grad_norms) if grad_norms else None,
+        "optimizer_steps": optimizer_steps,  # 0: nothing to train on this step
         "lr": float(lr),
         "rollout_s": round(rollout_s, 3),
         "update_s": round(update_s, 3),
