@@ -126,10 +126,13 @@ def plot(records: list[dict], path: Path, *, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, reward, "o", alpha=0.5, label="reward, all rollouts of the step")
     ax.plot(steps, window, "-", label="5-step mean")
-    ax.plot(steps, [r["reward_mean"] for r in records], "x", alpha=0.4, label="reward, trained groups")
+    trained = [r for r in records if r["trajectories"]]  # a step that kept no group trained nothing
+    ax.plot([r["step"] for r in trained], [r["reward_mean"] for r in trained], "x", alpha=0.4,
+            label="reward, trained groups")
     ax.set(xlabel="step", ylabel="reward", ylim=(-0.05, 1.05), title=title)
     kl = ax.twinx()
-    kl.plot(steps, [r["kl"] for r in records], ":", color="grey", label="KL to reference (right)")
+    kl.plot([r["step"] for r in trained], [r["kl"] for r in trained], ":", color="grey",
+            label="KL to reference (right)")
     kl.set_ylabel("KL (k3)")
     handles = ax.get_legend_handles_labels()[0] + kl.get_legend_handles_labels()[0]
     ax.legend(handles=handles, loc="upper left", fontsize=8)
