@@ -89,13 +89,14 @@ def all_gather_objects(value: Any) -> list[Any]:
 
 # How each per-rank step metric combines into the run's: counts and throughputs add up, times
 # and memory take the slowest rank, per-trajectory means weight ranks by their trajectories,
-# token-level statistics by their response tokens; grad_norm/lr/step are already global.
+# token-level statistics by their response tokens; _GLOBAL ones are the same on every rank.
 _SUMMED = {"groups", "groups_dropped", "groups_failed", "trajectories", "trajectories_generated", "trained_convs",
            "response_tokens", "rollout_tokens_per_s", "train_tokens_per_s"}
 _SLOWEST = {"rollout_s", "update_s", "step_s", "peak_rss_mb", "rollout_rounds"}
 _PER_TRAJECTORY = {"reward_mean", "accuracy", "convs_per_traj", "chunks_per_doc", "memory_len", "answer_len",
                    "truncated_frac"}
 _PER_GENERATED = {"reward_generated_mean", "accuracy_generated"}
+_GLOBAL = {"step", "lr", "grad_norm", "optimizer_steps"}
 
 
 def merge_rank_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def merge_rank_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             merged[key] = [list(v) for v in values]
         elif isinstance(first, list):
             merged[key] = [x for v in values for x in v]
-        elif not isinstance(first, (int, float)) or isinstance(first, bool) or key in ("step", "lr", "grad_norm", "optimizer_steps"):
+        elif not isinstance(first, (int, float)) or isinstance(first, bool) or key in _GLOBAL:
             merged[key] = first
         elif key in _SUMMED:
             merged[key] = sum(values)

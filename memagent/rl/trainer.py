@@ -284,8 +284,8 @@ def _dummy_sample(pad_id: int) -> P.Sample:
 
 
 def _metrics(step: int, batch: Any, samples: list[P.Sample], stats: list[dict[str, float]],
-             grad_norms: list[float], lr: float, *, optimizer_steps: int, rollout_s: float, update_s: float, step_s: float,
-             cursor: tuple[int, int]) -> dict[str, Any]:
+             grad_norms: list[float], lr: float, *, optimizer_steps: int, rollout_s: float, update_s: float,
+             step_s: float, cursor: tuple[int, int]) -> dict[str, Any]:
     """One JSON-able record: rewards, lengths, loss statistics (token-weighted), speed, memory."""
     trajs, convs = batch.trajectories, batch.conversations
     tokens = sum(m["tokens"] for m in stats)
