@@ -7,6 +7,7 @@ figure under a documented key, raw timings, settings, this machine) and prints a
 from __future__ import annotations
 
 import json
+import argparse
 import os
 import platform
 import statistics
@@ -155,6 +156,11 @@ def bench_model(name: str) -> str:
     import tempfile
 
     return str(build_tiny_llama(Path(tempfile.mkdtemp(prefix="bench-tiny-")) / "tiny-llama"))
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch threads for the run (on a shared CPU, 1 is often fastest)."""
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
 
 
 def set_threads(n: int | None) -> int:

@@ -27,6 +27,7 @@ import statistics
 import time
 
 from benchmarks.common import (
+    add_threads_option,
     niah_docs,
     bench_model,
     loadavg,
@@ -82,7 +83,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="runs/bench/concurrency.json")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
+    add_threads_option(parser)
     args = parser.parse_args()
 
     import torch

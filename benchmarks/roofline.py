@@ -29,6 +29,7 @@ import statistics
 import time
 
 from benchmarks.common import (
+    add_threads_option,
     bench_model,
     loadavg,
     machine,
@@ -110,7 +111,7 @@ def main() -> None:
     parser.add_argument("--bandwidth-mb", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="runs/bench/roofline.json")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
+    add_threads_option(parser)
     args = parser.parse_args()
 
     import torch

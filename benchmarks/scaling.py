@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import (
+    add_threads_option,
     loadavg,
     machine,
     print_table,
@@ -54,7 +55,7 @@ def main() -> None:
     parser.add_argument("--baseline-max", type=int, default=8192, help="run the full-context baseline up to this length")
     parser.add_argument("--append", action="store_true", help="add runs to an existing --out file")
     parser.add_argument("--out", default="runs/bench/scaling.json")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
+    add_threads_option(parser)
     args = parser.parse_args()
 
     from memagent.agent import check_config, read_document
