@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from memagent.bpe_offsets import tiktoken_bpe_for, tiktoken_offsets
+
 # Long texts are tokenised in pieces of about this many characters, in parallel (encode_batch),
 # when cutting there provably gives the same tokens (see _safe_to_split): BPE on one huge string
 # is slower per token than on many small ones, and needs several bytes of alignment per character.
@@ -120,12 +122,18 @@ def _split_points(text: str, piece_chars: int) -> list[int]:
 def document_offsets(tokenizer: OffsetTokenizer, text: str, piece_chars: int = PIECE_CHARS) -> Sequence[tuple[int, int]]:
     """Token offsets of ``text`` (no special tokens) as a sequence; same values as :func:`token_offsets`.
 
-    With a fast (Rust) tokenizer the offsets stay in its encodings (:class:`LazyOffsets`) and a
-    long text is encoded in pieces in parallel where that cannot change the tokens.
+    A long text under plain byte-level BPE goes through tiktoken (:mod:`memagent.bpe_offsets`,
+    about 20x faster). Otherwise, with a fast (Rust) tokenizer, the offsets stay in its
+    encodings (:class:`LazyOffsets`) and a long text is encoded in pieces in parallel where
+    that cannot change the tokens.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return token_offsets(tokenizer, text)
+    if len(text) > piece_chars and (bpe := tiktoken_bpe_for(tokenizer)) is not None:
+        fast = tiktoken_offsets(bpe, text)
+        if fast is not None:
+            return fast
     starts = _split_points(text, piece_chars) if len(text) > piece_chars and _safe_to_split(backend) else [0]
     if len(starts) == 1:
         return LazyOffsets([backend.encode(text, add_special_tokens=False)], [0])
