@@ -5,7 +5,8 @@
 Measured in one run: fp32 (and bf16) ``torch.matmul`` of square matrices (torch's default
 threads), read bandwidth (sum of a large fp32 tensor) and copy bandwidth; then the engine's
 prefill and decode through its real path (``engine.chat`` -> ``model.generate``), timed by
-wrapping ``model.forward``: the first forward of a generate is the prefill, each later one a
+wrapping ``model.forward``: prefill runs up to the first forward over the whole batch (the
+engine may prefill rows one by one first, see ``ForwardTimer.split``), each later forward is a
 decode step (the step *interval*, forward start to forward start, includes generate's own
 per-step work).
 
@@ -83,11 +84,18 @@ class ForwardTimer:
         self.model.forward = self._orig
 
     def split(self) -> dict:
-        """Prefill seconds (first call) and decode step intervals / forward seconds (the rest)."""
-        pre = self.calls[0]
-        steps = self.calls[1:]
-        intervals = [b[0] - a[0] for a, b in zip(self.calls[1:], self.calls[2:])]
-        return {"prefill_s": pre[1] - pre[0], "prefill_shape": pre[2],
+        """Prefill seconds and decode step intervals / forward seconds.
+
+        Prefill runs up to the first forward over the whole batch: one padded forward, or, when
+        the engine prefills rows one by one (CPU, prompts of different lengths), the per-row
+        forwards plus the batch pass over each row's last prompt token. Later calls are decode.
+        """
+        batch = max(c[2][0] for c in self.calls)
+        first = next(i for i, c in enumerate(self.calls) if c[2][0] == batch)
+        steps = self.calls[first + 1:]
+        intervals = [b[0] - a[0] for a, b in zip(steps, steps[1:])]
+        return {"prefill_s": self.calls[first][1] - self.calls[0][0], "prefill_forwards": first + 1,
+                "prefill_shapes": [c[2] for c in self.calls[: first + 1]],
                 "decode_forward_s": [round(c[1] - c[0], 5) for c in steps],
                 "decode_interval_s": [round(x, 5) for x in intervals]}
 
@@ -161,8 +169,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
         timer.restore()
         s = timer.split()
-        batch_shape = s["prefill_shape"]
-        prompt_len = batch_shape[1]
+        prompt_len = max(c.prompt_tokens for c in out)  # the batch cache is left-padded to it
         real_tokens = sum(c.prompt_tokens for c in out)
         flops = 2 * params_matmul * real_tokens
         attn_flops = 2 * 2 * cfg.num_hidden_layers * cfg.hidden_size * sum(c.prompt_tokens**2 for c in out) / 2
@@ -171,7 +178,7 @@ def main() -> None:
         kv_bytes = kv_bytes_per_token * b * (prompt_len + args.decode_steps / 2)
         run = {
             "batch": b, "prompt_tokens_padded": prompt_len, "prompt_tokens_real": real_tokens, "wall_s": round(wall, 3),
-            "prefill_s": round(s["prefill_s"], 4), "prefill_flops": flops, "attention_flops_not_counted": attn_flops,
+            "prefill_s": round(s["prefill_s"], 4), "prefill_forwards": s["prefill_forwards"], "prefill_flops": flops, "attention_flops_not_counted": attn_flops,
             "prefill_gflops": flops / s["prefill_s"] / 1e9, "prefill_fraction": flops / s["prefill_s"] / peak_flops,
             "decode_steps": len(s["decode_forward_s"]), "decode_step_interval_median_s": step,
             "decode_forward_median_s": fwd, "decode_interval_s": s["decode_interval_s"],
