@@ -6,8 +6,8 @@ figure under a documented key, raw timings, settings, this machine) and prints a
 
 from __future__ import annotations
 
-import json
 import argparse
+import json
 import os
 import platform
 import statistics

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from benchmarks.common import (
     add_threads_option,
-    niah_docs,
     bench_model,
     loadavg,
     machine,
+    niah_docs,
     print_table,
     set_threads,
     write_json,

@@ -19,6 +19,9 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    from benchmarks.common import add_threads_option, machine, set_threads
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, required=True, help="an HF export of a training run")
     p.add_argument("--base", default="smollm2-135m")
@@ -30,12 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answer-tokens", type=int, default=24)
     p.add_argument("--query-tokens", type=int, default=64)
     p.add_argument("--show", type=int, default=4, help="examples kept verbatim per model")
-    p.add_argument("--threads", type=int, default=None)
+    add_threads_option(p)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/policy_samples.json"))
     args = p.parse_args(argv)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.common import machine, set_threads
     from benchmarks.train_curve import niah
     from memagent.agent import read_document
     from memagent.config import AgentConfig

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import statistics
 import time
 
@@ -93,7 +94,7 @@ class ForwardTimer:
         batch = max(c[2][0] for c in self.calls)
         first = next(i for i, c in enumerate(self.calls) if c[2][0] == batch)
         steps = self.calls[first + 1:]
-        intervals = [b[0] - a[0] for a, b in zip(steps, steps[1:])]
+        intervals = [b[0] - a[0] for a, b in itertools.pairwise(steps)]
         return {"prefill_s": self.calls[first][1] - self.calls[0][0], "prefill_forwards": first + 1,
                 "prefill_shapes": [c[2] for c in self.calls[: first + 1]],
                 "decode_forward_s": [round(c[1] - c[0], 5) for c in steps],

@@ -48,6 +48,9 @@ def niah(n: int, *, sentences: int, seed: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    from benchmarks.common import add_threads_option, set_threads
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--steps", type=int, default=30)
@@ -70,13 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="boxed_em: strict training reward; contains: the number appears in the final reply "
                    "(a lenient reward for models that never write \\boxed{})")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
+    add_threads_option(p)
     p.add_argument("--run-dir", type=Path, help="training run directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_curve.json"))
     args = p.parse_args(argv)
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.common import set_threads
 
     set_threads(args.threads)
     from memagent.config import AgentConfig
