@@ -9,13 +9,6 @@ no Prefect task runner is involved. Retrying the task is safe because the job re
 
 from __future__ import annotations
 
-import os
-
-# A local Ray started by this process must bind 127.0.0.1: read when ray is imported, so it is
-# set before pipelines/ (which imports ray). Workers' flow-run processes also get it from
-# prefect.yaml's job variables.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
 from typing import Any
 
 from prefect import flow, task
@@ -23,18 +16,21 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from pydantic import NonNegativeInt
 
-from flows.params import (
-    DEMO_INPUT, DEMO_OUTPUT, AgentParams, DatasetURI, DemoLakeParams, JobParams, Metric, resolve_local,
-)
+from flows.params import DEMO_INPUT, DEMO_OUTPUT, DatasetURI, resolve_local
+from flows.report import publish_report
 from flows.stages import fail_once, task_owned_ray
+from memagent.config import AgentConfig, preset
+from memagent.data.demo import DemoCorpus
 from memagent.engines import EngineConfig
+from memagent.verify import Metric
+from pipelines.job import JobConfig
 from pipelines.storage import S3Options
 
 TRACE_COLUMNS = ["id", "question", "answers", "prediction", "score", "error", "n_chunks", "context_tokens", "steps"]
 
 
 @task(name="ensure-demo-lake", retries=1)
-def ensure_demo_lake(input: str, model: str, demo: DemoLakeParams) -> dict[str, Any]:
+def ensure_demo_lake(input: str, model: str, demo: DemoCorpus) -> dict[str, Any]:
     """Write the generated demo corpus to ``input`` unless it already holds Parquet files."""
     from memagent.data.demo import write_demo_corpus
     from pipelines import storage
@@ -118,12 +114,12 @@ def batch_qa(
     input: DatasetURI = DEMO_INPUT,
     output: DatasetURI = DEMO_OUTPUT,
     engine: EngineConfig = EngineConfig(),
-    agent: AgentParams = AgentParams(),
-    job: JobParams = JobParams(),
+    agent: AgentConfig = preset("small"),
+    job: JobConfig = JobConfig(),
     s3: S3Options = S3Options(),
     question: str | None = None,
     metric: Metric = "sub_em",
-    demo: DemoLakeParams | None = None,
+    demo: DemoCorpus | None = None,
     examples: NonNegativeInt = 3,
 ) -> dict[str, Any]:
     """Batch QA over a Parquet document lake; publishes a summary table and example traces.
@@ -140,9 +136,8 @@ def batch_qa(
 
     input, output = resolve_local(input), resolve_local(output)
     cfg = BatchQAConfig(  # cross-field checks (e.g. GPUs with device cpu) before any work
-        input=input, output=output, s3=s3, engine=engine, agent=agent.config(), question=question, metric=metric,
-        concurrency=job.concurrency, batch_size=job.batch_size, num_gpus=job.num_gpus, num_cpus=job.num_cpus,
-        resources=job.resources, ray_address=job.ray_address, progress=False,
+        input=input, output=output, s3=s3, engine=engine, agent=agent, question=question, metric=metric,
+        job=job.model_copy(update={"progress": False}),
     )
     if demo is not None:
         if "://" in input:
@@ -156,7 +151,7 @@ def batch_qa(
     acc = "n/a" if summary["accuracy"] is None else round(summary["accuracy"], 4)
     create_table_artifact(
         key="batch-qa-summary",
-        table=[{**summary, "accuracy": acc, "model": engine.model, "preset": agent.preset,
+        table=[{**summary, "accuracy": acc, "model": engine.model, "preset": agent.preset or "custom",
                 "budgets": f"chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer {a.answer_tokens}"}],
         description=f"Batch QA {input} -> {output}: rows, errors, accuracy ({metric}), tokens read per second.",
     )
@@ -165,4 +160,5 @@ def batch_qa(
               f"{a.answer_tokens} tokens. Output: `{output}`. Char spans index the input `context`.")
     create_markdown_artifact(key="batch-qa-traces", markdown=traces_markdown(rows, header),
                              description=f"{len(rows)} example memory traces from {output}")
+    summary["report"] = publish_report(output, key="batch-qa-report", s3=s3, job_summary=summary)
     return summary

@@ -8,38 +8,33 @@ prediction. The train flow calls the same task for its last stage on the new che
 
 from __future__ import annotations
 
-import os
-
-# A local Ray started by this process binds 127.0.0.1 (read when ray is imported).
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
 import time
 from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
-from flows.params import AgentParams, EvalParams, JobParams, LocalDir, resolve_local
+from flows.params import CPU_EVAL, EvalStage, LocalDir, resolve_local
+from flows.report import publish_report
 from flows.stages import task_owned_ray
+from memagent.config import AgentConfig, preset
+from memagent.engines import DEFAULT_MODEL
+from pipelines.job import JobConfig
 
 
 # Holds the model on the accelerator: counts against the "gpu" tag concurrency limit.
 @task(name="evaluate", tags=["gpu"], retries=1, retry_delay_seconds=5)
-def evaluate_model(model: str, evaluation: EvalParams, agent: AgentParams, out_dir: str,
-                   job: JobParams = JobParams()) -> dict[str, Any]:
+def evaluate_model(model: str, evaluation: EvalStage, agent: AgentConfig, out_dir: str,
+                   job: JobConfig = JobConfig()) -> dict[str, Any]:
     """Evaluate ``model`` on ``evaluation.tasks`` x ``evaluation.lengths``; report under ``out_dir``."""
     from memagent.engines import EngineConfig
     from pipelines.evaluate import EvalConfig, run_evaluation
 
     t0 = time.perf_counter()
+    sources = {k: resolve_local(v) for k in ("haystack", "hotpotqa", "squad") if (v := getattr(evaluation, k))}
     cfg = EvalConfig(
-        out=out_dir, tasks=evaluation.tasks, lengths=evaluation.lengths, samples=evaluation.samples,
-        methods=evaluation.methods, seed=evaluation.seed,
-        haystack=resolve_local(evaluation.haystack) if evaluation.haystack else None,
-        hotpotqa=resolve_local(evaluation.hotpotqa) if evaluation.hotpotqa else None,
-        squad=resolve_local(evaluation.squad) if evaluation.squad else None,
-        engine=EngineConfig(model=model), agent=agent.config(), concurrency=job.concurrency,
-        batch_size=job.batch_size, num_gpus=job.num_gpus, ray_address=job.ray_address, progress=False,
+        out=out_dir, items=evaluation.items().model_copy(update=sources), methods=evaluation.methods,
+        engine=EngineConfig(model=model), agent=agent, job=job.model_copy(update={"progress": False}),
     )
     with task_owned_ray():
         summary = run_evaluation(cfg)
@@ -49,6 +44,7 @@ def evaluate_model(model: str, evaluation: EvalParams, agent: AgentParams, out_d
         f"# Evaluation of `{model}`\n\n{table}\n\nHeatmap: `{summary.heatmap}`  \n"
         f"Accuracy vs length: `{summary.lines_plot}`  \nPredictions and traces: `{out_dir}/predictions/`\n"),
         description=f"{summary.items} items x {len(cfg.methods)} methods")
+    publish_report(out_dir, key="evaluate-memagent-report")
     return {"dir": out_dir, "skipped": False, "seconds": round(time.perf_counter() - t0, 1),
             "outputs": {"results": summary.results_csv, "heatmap": summary.heatmap, "lines": summary.lines_plot},
             "summary": {"items": summary.items, **{f"{m}_seconds": s for m, s in summary.seconds_per_method.items()},
@@ -57,10 +53,10 @@ def evaluate_model(model: str, evaluation: EvalParams, agent: AgentParams, out_d
 
 @flow(name="evaluate-memagent", log_prints=True)
 def evaluate_memagent(
-    model: str = "smollm2-135m",
-    evaluation: EvalParams = EvalParams(),
-    agent: AgentParams = AgentParams(),
-    job: JobParams = JobParams(),
+    model: str = DEFAULT_MODEL,
+    evaluation: EvalStage = CPU_EVAL,
+    agent: AgentConfig = preset("small"),
+    job: JobConfig = JobConfig(),
     out: LocalDir = "runs/evaluate",
 ) -> dict[str, Any]:
     """Task x length accuracy of ``model`` (memory agent and full-context baseline); Markdown artifact."""

@@ -13,11 +13,6 @@ ends Failed with the stage's error. ``evaluation.enabled=false`` skips it.
 
 from __future__ import annotations
 
-import os
-
-# A local Ray (synthesis with use_ray) started by this process binds 127.0.0.1 (read at import).
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
 import json
 from pathlib import Path
 from typing import Any
@@ -27,10 +22,17 @@ from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
 
 from flows.evaluate import evaluate_model
-from flows.params import (
-    SMALL_TRAIN, AgentParams, EvalParams, FilterParams, LocalDir, SynthParams, TrainConfig, resolve_local,
-)
+from flows.params import CPU_EVAL, CPU_TRAIN, EvalStage, LocalDir, resolve_local
 from flows.stages import run_stage, stage_dir, task_owned_ray
+from memagent.config import AgentConfig, preset
+from memagent.data.filter import FilterConfig
+from memagent.data.hotpotqa import HotpotSynthConfig
+from memagent.engines import DEFAULT_MODEL, EngineConfig
+from memagent.rl.config import TrainConfig
+from pipelines.synthesize import SynthJob
+
+# The deployment's default source: the HotpotQA sample beside the repository (see prefect.yaml).
+SAMPLE_SYNTH = HotpotSynthConfig(source="../shared/data/hotpotqa_sample.json", samples=8, tokens=[1024])
 
 
 def _log(msg: str) -> None:
@@ -38,76 +40,53 @@ def _log(msg: str) -> None:
 
 
 @task(name="synthesize", retries=1, retry_delay_seconds=2)
-def synthesize_stage(workdir: str, model: str, synth: SynthParams, ray_address: str | None) -> dict[str, Any]:
+def synthesize_stage(workdir: str, model: str, synth: HotpotSynthConfig, job: SynthJob) -> dict[str, Any]:
     """HotpotQA questions hidden among distractors at each size -> ``data`` (Parquet)."""
-    source = resolve_local(synth.source)
-    # use_ray/workers change where the work runs, not the rows (synthesis is seeded per sample).
-    inputs = {"source": source, "tokenizer": model, **synth.model_dump(exclude={"source", "use_ray", "workers"})}
+    synth = synth.model_copy(update={"source": resolve_local(synth.source)})
+    # Where the work runs does not change the rows (synthesis is seeded per sample).
+    inputs = {"tokenizer": model, **synth.model_dump()}
 
     def body(d: Path) -> tuple[dict, dict]:
-        from memagent.data.hotpotqa import TRAINING_SCHEMA, load_hotpotqa, sizes_from, synthesize
-        from memagent.data.io import load_tokenizer, write_parquet
+        from pipelines.synthesize import write_hotpotqa
 
-        sizes = sizes_from(synth.num_docs, synth.tokens)
-        if synth.use_ray:
-            from pipelines.synthesize import synthesize_hotpotqa
-
-            with task_owned_ray():
-                rows = synthesize_hotpotqa(source, str(d / "data"), sizes, samples=synth.samples, seed=synth.seed,
-                                           tokenizer=model, workers=synth.workers, address=ray_address)
-            data = str(d / "data")
-        else:
-            out = list(synthesize(load_hotpotqa(source), sizes, seed=synth.seed, samples=synth.samples,
-                                  tokenizer=load_tokenizer(model)))
-            data, rows = write_parquet(out, str(d / "data.parquet"), TRAINING_SCHEMA), len(out)
-        return {"data": data}, {"rows": rows, "sizes": [f"{k}={v}" for k, v in sizes]}
+        with task_owned_ray():
+            data, rows = write_hotpotqa(synth, str(d / ("data" if job.ray else "data.parquet")), model, job)
+        return {"data": data}, {"rows": rows, "sizes": [f"{k}={v}" for k, v in synth.sizes()]}
 
     return run_stage(workdir, "synthesize", inputs, body, log=_log)
 
 
 # Holds models on the accelerator when there is one: counts against the "gpu" tag limit.
 @task(name="filter", tags=["gpu"], retries=1, retry_delay_seconds=2)
-def filter_stage(workdir: str, model: str, filtering: FilterParams, upstream: dict[str, Any]) -> dict[str, Any]:
+def filter_stage(workdir: str, filtering: FilterConfig, engine: EngineConfig,
+                 upstream: dict[str, Any]) -> dict[str, Any]:
     """Drop questions a model answers without the document (best-of-k) -> ``data`` (kept rows)."""
-    models = filtering.models or [model]
-    inputs = {"upstream": upstream["key"], "models": models,
-              **filtering.model_dump(exclude={"models", "device", "enabled"})}
+    inputs = {"upstream": upstream["key"], "engine": engine.model_dump(exclude={"device"}),
+              **filtering.model_dump()}
 
     def body(d: Path) -> tuple[dict, dict]:
-        import asyncio
-
-        from memagent.data.filter import filter_no_context, output_schema
-        from memagent.data.io import read_parquet_table, write_parquet
-        from memagent.engines.hf import TransformersEngine
-        from memagent.models import resolve_model
+        from memagent.data.filter import run_filter
+        from memagent.data.io import read_parquet_table
 
         table = read_parquet_table(upstream["outputs"]["data"])
-        engines = [TransformersEngine(resolve_model(m), device=filtering.device, max_batch_size=16, name=m)
-                   for m in models]
-        result = asyncio.run(filter_no_context(
-            table.to_pylist(), engines, k=filtering.k, max_tokens=filtering.max_tokens,
-            temperature=filtering.temperature, top_p=filtering.top_p))
-        kept = result.kept if filtering.max_keep is None else result.kept[: filtering.max_keep]
-        schema = output_schema(table.schema)
-        data = write_parquet(kept, str(d / "kept.parquet"), schema)
-        write_parquet(result.dropped, str(d / "dropped.parquet"), schema)
-        return {"data": data, "dropped": str(d / "dropped.parquet")}, {**result.summary(), "written_kept": len(kept)}
+        summary = run_filter(table.to_pylist(), table.schema, filtering, engine, str(d / "kept.parquet"),
+                             str(d / "dropped.parquet"))
+        return {"data": summary.pop("output"), "dropped": summary.pop("dropped_output")}, summary
 
     return run_stage(workdir, "filter", inputs, body, log=_log)
 
 
 @task(name="train", tags=["gpu"], retries=1, retry_delay_seconds=2)
-def train_stage(workdir: str, model: str, agent: AgentParams, training: TrainConfig,
+def train_stage(workdir: str, model: str, agent: AgentConfig, training: TrainConfig,
                 upstream: dict[str, Any]) -> dict[str, Any]:
     """Multi-Conv DAPO through DeepSpeed -> the final checkpoint's HF export and metrics."""
-    agent_config = agent.config()
-    inputs = {"upstream": upstream["key"], "model": model, "agent": agent_config.model_dump(),
+    inputs = {"upstream": upstream["key"], "model": model, "agent": agent.model_dump(),
               "training": training.model_dump()}
 
     def body(d: Path) -> tuple[dict, dict]:
         import shutil
 
-        from memagent.rl.plumbing import latest_tag, step_tag
+        from memagent.rl.checkpoint import latest_tag, step_tag
         from memagent.rl.trainer import train
 
         rows = upstream["summary"].get("written_kept", upstream["summary"].get("rows", 0))
@@ -119,7 +98,7 @@ def train_stage(workdir: str, model: str, agent: AgentParams, training: TrainCon
             d.mkdir(parents=True)
         else:
             _log(f"stage train: resuming from checkpoint {latest_tag(d / 'checkpoints')} in {d}")
-        train(config=training, agent_config=agent_config, data=upstream["outputs"]["data"], out_dir=d, model=model,
+        train(config=training, agent_config=agent, data=upstream["outputs"]["data"], out_dir=d, model=model,
               resume=resume)
         metrics = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
         last = metrics[-1]
@@ -143,13 +122,14 @@ def _row(stage: str, status: str, record: dict[str, Any] | None = None, note: st
 @flow(name="train-memagent", log_prints=True)
 def train_memagent(
     workdir: LocalDir = "runs/train-memagent",
-    model: str = "smollm2-135m",
-    synth: SynthParams = SynthParams(),
-    filtering: FilterParams = FilterParams(),
-    agent: AgentParams = AgentParams(preset="tiny"),
-    training: TrainConfig = SMALL_TRAIN,
-    evaluation: EvalParams = EvalParams(),
-    ray_address: str | None = None,
+    model: str = DEFAULT_MODEL,
+    synth: HotpotSynthConfig = SAMPLE_SYNTH,
+    synth_job: SynthJob = SynthJob(),
+    filtering: FilterConfig | None = FilterConfig(),
+    filter_engine: EngineConfig = EngineConfig(),
+    agent: AgentConfig = preset("tiny"),
+    training: TrainConfig = CPU_TRAIN,
+    evaluation: EvalStage = CPU_EVAL,
 ) -> dict[str, Any]:
     """Synthesise, filter, train, evaluate; publishes a ``train-memagent-results`` table artifact.
 
@@ -157,20 +137,23 @@ def train_memagent(
         workdir: local root of the stage directories (one per stage and input hash).
         model: base policy (registered name or local HF directory); also the synthesis tokenizer
             and the filter's model unless ``filtering.models`` is given.
-        synth / filtering / agent / training / evaluation: the stages' parameters.
-        ray_address: Ray cluster for synthesis with ``synth.use_ray`` (None: a local Ray).
+        synth / synth_job: what to synthesise and where (in process, or a Ray job).
+        filtering / filter_engine: the no-context filter (None skips it) and the backend it asks.
+        agent / training / evaluation: the stages' parameters (``evaluation.enabled`` false skips it).
     """
     workdir = resolve_local(workdir)
     records: dict[str, dict[str, Any]] = {}
-    records["synthesize"] = synthesize_stage(workdir, model, synth, ray_address)
+    records["synthesize"] = synthesize_stage(workdir, model, synth, synth_job)
     data = records["synthesize"]
-    if filtering.enabled:
-        records["filter"] = data = filter_stage(workdir, model, filtering, data)
+    if filtering is not None:
+        engine = filter_engine if "model" in filter_engine.model_fields_set else filter_engine.model_copy(
+            update={"model": model})  # the policy is the filter's model unless one is named
+        records["filter"] = data = filter_stage(workdir, filtering, engine, data)
     records["train"] = train_stage(workdir, model, agent, training, data)
 
     rows = [_row(name, "skipped (done earlier)" if rec["skipped"] else "completed", rec)
             for name, rec in records.items()]
-    if not filtering.enabled:
+    if filtering is None:
         rows.insert(1, _row("filter", "disabled"))
     eval_state = None
     if evaluation.enabled:

@@ -19,7 +19,14 @@ from typing import Callable
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
-from memagent.prompts import NO_MEMORY, extract_answer, final_answer_messages, memory_update_messages, strip_thinking
+from memagent.prompts import (
+    NO_MEMORY,
+    PromptTemplates,
+    extract_answer,
+    final_answer_messages,
+    memory_update_messages,
+    strip_thinking,
+)
 
 
 class InputError(ValueError):
@@ -84,14 +91,21 @@ def _describe(value: object) -> str:
     return f"a value of type {type(value).__name__}"
 
 
-def template_overhead(engine: Engine, instruction: str | None = None) -> int:
-    """Tokens of the memory-update prompt with empty question, memory and chunk."""
-    return engine.count_chat_tokens(memory_update_messages("", "", "", instruction))
+def template_overhead(engine: Engine, instruction: str | None = None, prompts: PromptTemplates | None = None) -> int:
+    """Tokens of the memory-update prompt (``prompts``' template) with empty question, memory and chunk."""
+    return engine.count_chat_tokens(memory_update_messages("", "", "", instruction, prompts))
 
 
 def check_config(engine: Engine, config: AgentConfig) -> None:
-    """Reject a config whose worst-case call does not fit ``engine``'s context window."""
-    config.check_fits(engine.context_window, template_overhead(engine, config.instruction))
+    """Reject a config whose worst-case call does not fit ``engine``'s context window.
+
+    Also rejects an ``instruction`` that the configured templates have no ``{instruction}`` for.
+    """
+    config.prompts.check_instruction(config.instruction)
+    # The memory-update template bounds every call unless a custom final-answer one is longer.
+    final = final_answer_messages("", "", config.answer_style, config.instruction, config.prompts)
+    overhead = max(template_overhead(engine, config.instruction, config.prompts), engine.count_chat_tokens(final))
+    config.check_fits(engine.context_window, overhead)
 
 
 def _step(n: int, kind: str, chunk: Chunk | None, memory: str, c: Completion, seconds: float) -> Step:
@@ -123,7 +137,7 @@ async def read_document(
 
     Args:
         engine: any :class:`Engine`; its tokenizer cuts the chunks.
-        config: budgets, answer style and decoding.
+        config: budgets, answer style, decoding and the prompt templates (``config.prompts``).
         on_step: called after each conversation with (step, total conversations): progress bars.
         keep_completions: keep every conversation's token ids (RL rollouts).
         logprobs: ask the engine for behaviour log-probs (RL rollouts).
@@ -147,7 +161,7 @@ async def read_document(
     completions: list[Completion] = []
     for chunk in doc.chunks:
         t0 = time.perf_counter()
-        messages = memory_update_messages(question, memory, chunk.text, config.instruction)
+        messages = memory_update_messages(question, memory, chunk.text, config.instruction, config.prompts)
         reply = await engine.chat(messages, memory_params)
         memory = strip_thinking(reply.text).strip()  # overwrite, never append
         steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
@@ -156,7 +170,7 @@ async def read_document(
             on_step(steps[-1], len(doc.chunks) + 1)
 
     t0 = time.perf_counter()
-    messages = final_answer_messages(question, memory, config.answer_style, config.instruction)
+    messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts)
     reply = await engine.chat(messages, answer_params)
     steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
     completions.append(reply)

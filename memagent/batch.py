@@ -7,7 +7,8 @@ record (``error`` set, results null) and never stops the others.
 
 Output record (DESIGN.md "Batch output"): ``id``, passthrough columns, ``prediction``,
 ``response``, ``memory``, ``n_chunks``, ``context_tokens``, ``truncated``, ``steps``,
-``score`` (when ``answers`` are given), ``error``, ``model``, ``config``, ``method``.
+``score`` (when ``answers`` are given), ``error``, ``model``, ``config``, ``method``, and the
+evidence attribution columns of :mod:`memagent.attribution` (null in error rows).
 
 Two reading methods share this path: ``memagent`` (the memory agent) and ``full-context``
 (the baseline: the whole document in one prompt, middle dropped to fit the window).
@@ -24,6 +25,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import pyarrow as pa
 
 from memagent.agent import InputError, Result, read_document
+from memagent.attribution import attribute
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.full_context import read_full_context
@@ -44,11 +46,16 @@ STEP_TYPE = pa.struct([
     ("finish_reason", pa.string()), ("seconds", pa.float64()),
 ])
 
+SPAN_TYPE = pa.struct([("char_start", pa.int64()), ("char_end", pa.int64())])
+
 RESULT_SCHEMA = pa.schema([
     ("prediction", pa.string()), ("response", pa.string()), ("memory", pa.string()),
     ("n_chunks", pa.int32()), ("context_tokens", pa.int64()), ("truncated", pa.bool_()),
     ("steps", pa.list_(STEP_TYPE)), ("score", pa.float64()), ("error", pa.string()),
     ("model", pa.string()), ("config", pa.string()), ("seconds", pa.float64()), ("method", pa.string()),
+    # Evidence attribution (memagent/attribution.py); null in error rows.
+    ("evidence_step", pa.int32()), ("evidence_char_start", pa.int64()), ("evidence_char_end", pa.int64()),
+    ("answer_spans", pa.list_(SPAN_TYPE)), ("answer_found_step", pa.int32()), ("answer_lost_step", pa.int32()),
 ])
 RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 
@@ -92,6 +99,7 @@ def result_record(
         seconds=round(seconds, 3),
         method=method,
     )
+    record.update(attribute(result.steps, prediction, answers, row.get("context"), metric).columns())
     return record
 
 

@@ -8,11 +8,24 @@ validated on construction; whether a config fits a given model's context window 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memagent.prompts import PromptTemplates
+
 AnswerStyle = Literal["boxed", "phrase", "json"]
+PresetName = Literal["paper", "small", "tiny"]
+
+# Named budget sets; fields a preset does not name keep the paper's defaults below.
+PRESET_VALUES: dict[str, dict[str, Any]] = {
+    # The paper's budgets (spec §1.4): for 8K-window models of 7B+ on GPUs.
+    "paper": {},
+    # CPU-sized: a 2-core machine reads ~10K tokens a minute with the packaged 135M model.
+    "small": {"chunk_tokens": 1024, "memory_tokens": 160, "answer_tokens": 48, "query_tokens": 160},
+    # Tests and smoke runs: many short steps.
+    "tiny": {"chunk_tokens": 256, "memory_tokens": 48, "answer_tokens": 24, "query_tokens": 96},
+}
 
 
 class AgentConfig(BaseModel):
@@ -20,6 +33,9 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    preset: PresetName | None = Field(
+        None, description="Start from a named budget set (paper, small, tiny); fields given explicitly override it."
+    )
     chunk_tokens: int = Field(5000, gt=0, description="Document tokens per memory-update call (paper: 5000).")
     memory_tokens: int = Field(
         1024, gt=0, description="Max new tokens of each memory update; the reply *is* the new memory (paper: 1024)."
@@ -49,6 +65,21 @@ class AgentConfig(BaseModel):
     instruction: str | None = Field(
         None, description="Extra task instruction placed before the question in every prompt (corpus extraction)."
     )
+    prompts: PromptTemplates = Field(
+        default_factory=PromptTemplates,
+        description="Prompt templates (memory_update, final_answer, full_context); default: the built-in ones. "
+        "Load others from a TOML file with memagent.prompts.load_prompts.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            name = data["preset"]
+            if name not in PRESET_VALUES:
+                raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_VALUES)}")
+            data = {**PRESET_VALUES[name], **data}
+        return data
 
     @model_validator(mode="after")
     def _budgets_are_sane(self) -> AgentConfig:
@@ -89,14 +120,7 @@ class AgentConfig(BaseModel):
         return AgentConfig(**data)
 
 
-PRESETS: dict[str, AgentConfig] = {
-    # The paper's budgets (spec §1.4): for 8K-window models of 7B+ on GPUs.
-    "paper": AgentConfig(),
-    # CPU-sized: a 2-core machine reads ~10K tokens a minute with the packaged 135M model.
-    "small": AgentConfig(chunk_tokens=1024, memory_tokens=160, answer_tokens=48, query_tokens=160),
-    # Tests and smoke runs: many short steps.
-    "tiny": AgentConfig(chunk_tokens=256, memory_tokens=48, answer_tokens=24, query_tokens=96),
-}
+PRESETS: dict[str, AgentConfig] = {name: AgentConfig(preset=name) for name in PRESET_VALUES}
 
 
 def preset(name: str) -> AgentConfig:

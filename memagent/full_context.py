@@ -60,7 +60,9 @@ def truncate_middle(tokenizer: OffsetTokenizer, text: str, max_tokens: int) -> T
 def document_budget(engine: Engine, question: str, config: AgentConfig, window: int | None = None) -> int:
     """Document tokens that fit one prompt: window - template - question - answer - slack."""
     window = window or engine.context_window
-    overhead = engine.count_chat_tokens(full_context_messages(question, "", config.answer_style, config.instruction))
+    overhead = engine.count_chat_tokens(
+        full_context_messages(question, "", config.answer_style, config.instruction, config.prompts)
+    )
     budget = window - overhead - config.answer_tokens - SLACK_TOKENS
     if budget <= 0:
         raise InputError(
@@ -77,12 +79,13 @@ async def read_full_context(
 
     Args:
         window: context window to fit (default: the engine's). Decoding and the answer format
-            come from ``config`` so both methods are asked the same way.
+            come from ``config`` so both methods are asked the same way; the prompt is
+            ``config.prompts.full_context``.
     """
     question, context = validate_inputs(question, context)
     kept = truncate_middle(engine.tokenizer, context, document_budget(engine, question, config, window))
     t0 = time.perf_counter()
-    messages = full_context_messages(question, kept.text, config.answer_style, config.instruction)
+    messages = full_context_messages(question, kept.text, config.answer_style, config.instruction, config.prompts)
     params = SamplingParams(config.answer_tokens, config.temperature, config.top_p)
     reply = await engine.chat(messages, params)
     step = Step(step=0, kind="answer", chunk_index=None, char_start=0, char_end=len(context), memory="",

@@ -1,18 +1,45 @@
-"""The two conversations of MemAgent and the extraction of answers from their replies.
+"""The two conversations of MemAgent, their templates, and the extraction of answers from replies.
 
 Memory update (one per chunk): instruction, question, previous memory, section -> new memory.
 Final answer (once): instruction, question, memory -> answer, in one of three styles.
 Static text comes first and the changing parts last, so an engine with prefix caching reuses
 the instruction and question across a document's calls (spec §1.3).
+
+The templates are configuration (:class:`PromptTemplates`, ``AgentConfig.prompts``), loadable
+from a TOML file with :func:`load_prompts`. Placeholders, ``{name}`` in ``str.format`` syntax
+(write a literal brace as ``{{`` or ``}}``):
+
+=============== ============================ ==========================================
+template        required                     optional
+=============== ============================ ==========================================
+memory_update   {question} {memory} {chunk}  {instruction}
+final_answer    {question} {memory}          {instruction} {answer_instruction}
+full_context    {question} {document}        {instruction} {answer_instruction}
+=============== ============================ ==========================================
+
+``{instruction}`` becomes ``"Task: <AgentConfig.instruction>\n"`` (empty when none is set; a
+set instruction with a template lacking the placeholder is an error, never silently dropped).
+``{answer_instruction}`` becomes the sentence asking for ``AgentConfig.answer_style``'s format
+(:data:`ANSWER_INSTRUCTIONS`); a template may leave it out and state its own format instead
+(as the paper's do), in which case ``answer_style`` should name the format it asks for, since
+the answer is extracted by that style.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any
+import string
+import tomllib
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from memagent.config import AnswerStyle
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+if TYPE_CHECKING:  # config.py imports this module (AgentConfig.prompts), so no runtime import back
+    from memagent.config import AnswerStyle
 
 NO_MEMORY = "No previous memory"
 
@@ -38,7 +65,7 @@ Write only the updated memory.
 
 Updated memory:"""
 
-_FINAL_HEAD = """You have read a long document and kept a memory of what matters for the question.
+FINAL_ANSWER_TEMPLATE = """You have read a long document and kept a memory of what matters for the question.
 Answer the question using only the memory below.
 {instruction}
 <problem>
@@ -49,17 +76,12 @@ Answer the question using only the memory below.
 {memory}
 </memory>
 
-"""
+{answer_instruction}
 
-_ANSWER_ENDINGS: dict[str, str] = {
-    "boxed": "Put your final answer inside \\boxed{{}}.\n\nYour answer:",
-    "phrase": 'End your reply with "Therefore, the answer is (your answer)".\n\nYour answer:',
-    "json": "Reply with a single JSON value and nothing else.\n\nYour answer:",
-}
-FINAL_ANSWER_TEMPLATES: dict[str, str] = {style: _FINAL_HEAD + end for style, end in _ANSWER_ENDINGS.items()}
+Your answer:"""
 
 # The full-context baseline: the same question and answer format, the whole document in one prompt.
-_FULL_CONTEXT_HEAD = """Read the document below and answer the question about it.
+FULL_CONTEXT_TEMPLATE = """Read the document below and answer the question about it.
 {instruction}
 <document>
 {document}
@@ -69,40 +91,215 @@ _FULL_CONTEXT_HEAD = """Read the document below and answer the question about it
 {question}
 </problem>
 
-"""
-FULL_CONTEXT_TEMPLATES: dict[str, str] = {style: _FULL_CONTEXT_HEAD + end for style, end in _ANSWER_ENDINGS.items()}
+{answer_instruction}
+
+Your answer:"""
+
+# What ``{answer_instruction}`` becomes for each answer style (inserted as a value: braces are literal).
+ANSWER_INSTRUCTIONS: dict[str, str] = {
+    "boxed": "Put your final answer inside \\boxed{}.",
+    "phrase": 'End your reply with "Therefore, the answer is (your answer)".',
+    "json": "Reply with a single JSON value and nothing else.",
+}
+
+# Template name -> (required placeholders, optional placeholders).
+PLACEHOLDERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "memory_update": (frozenset({"question", "memory", "chunk"}), frozenset({"instruction"})),
+    "final_answer": (frozenset({"question", "memory"}), frozenset({"instruction", "answer_instruction"})),
+    "full_context": (frozenset({"question", "document"}), frozenset({"instruction", "answer_instruction"})),
+}
+REQUIRED_KEYS = ("memory_update", "final_answer")  # keys a prompts file must have; full_context is optional
+
+
+def _braced(names: object) -> str:
+    return " ".join(f"{{{n}}}" for n in sorted(names))  # type: ignore[union-attr]
+
+
+@functools.lru_cache(maxsize=256)
+def template_fields(template: str) -> frozenset[str]:
+    """The placeholder names in ``template``; raises ``ValueError`` on a malformed one.
+
+    >>> sorted(template_fields("{question} \\\\boxed{{}} {memory}"))
+    ['memory', 'question']
+    """
+    names = set()
+    for _, name, spec, conversion in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if name == "" or name.isdigit():
+            raise ValueError(f"has a positional placeholder {{{name}}}: name it, or write a literal brace as {{{{ or }}}}")
+        if spec or conversion:
+            raise ValueError(f"has a format spec or conversion in {{{name}}}: write the placeholder as a bare name")
+        names.add(name)
+    return frozenset(names)
+
+
+def check_template(name: str, template: str) -> str:
+    """Validate one template's placeholders; ``ValueError`` naming the template and placeholder.
+
+    Returns the template unchanged.
+    """
+    if name not in PLACEHOLDERS:
+        raise ValueError(f"unknown template {name!r}; the templates are {', '.join(PLACEHOLDERS)}")
+    required, optional = PLACEHOLDERS[name]
+    try:
+        found = template_fields(template)
+    except ValueError as e:  # ours ("has ...") or str.format's own ("Single '}' encountered ...")
+        why = str(e) if str(e).startswith("has ") else f"is malformed ({e}); write a literal brace as {{{{ or }}}}"
+        raise ValueError(f"template {name!r} {why}") from None
+    unknown = sorted(found - required - optional)
+    if unknown:
+        raise ValueError(f"template {name!r} has an unknown placeholder {{{unknown[0]}}}; "
+                         f"allowed: {_braced(required | optional)} (write a literal brace as {{{{ or }}}})")
+    missing = sorted(required - found)
+    if missing:
+        raise ValueError(f"template {name!r} is missing the placeholder {{{missing[0]}}}; "
+                         f"it needs {_braced(required)}")
+    return template
+
+
+class PromptTemplates(BaseModel):
+    """The prompt templates the agent and the full-context baseline render (see the module docstring).
+
+    Defaults are the built-in templates. Placeholders are checked on construction: a missing
+    required one or an unknown one is a ``ValueError`` naming the template and the placeholder.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory_update: str = Field(
+        MEMORY_UPDATE_TEMPLATE,
+        description="Memory-update prompt, one per chunk: {question} {memory} {chunk}, optional {instruction}.",
+    )
+    final_answer: str = Field(
+        FINAL_ANSWER_TEMPLATE,
+        description="Final-answer prompt: {question} {memory}, optional {instruction} {answer_instruction}.",
+    )
+    full_context: str = Field(
+        FULL_CONTEXT_TEMPLATE,
+        description="Full-context baseline prompt: {question} {document}, optional {instruction} {answer_instruction}.",
+    )
+
+    @field_validator("memory_update", "final_answer", "full_context")
+    @classmethod
+    def _check_placeholders(cls, template: str, info: ValidationInfo) -> str:
+        return check_template(info.field_name or "", template)
+
+    def check_instruction(self, instruction: str | None, names: tuple[str, ...] = REQUIRED_KEYS) -> None:
+        """Raise ``ValueError`` when ``instruction`` is set but a named template has no ``{instruction}``."""
+        if not instruction:
+            return
+        for name in names:
+            if "instruction" not in template_fields(getattr(self, name)):
+                raise ValueError(
+                    f"an instruction is set but the {name} template has no {{instruction}} placeholder; "
+                    "add one to the template (or write the instruction into it) and drop the instruction"
+                )
+
+
+DEFAULT_PROMPTS = PromptTemplates()
+
+
+def load_prompts(path: str | PathLike[str]) -> PromptTemplates:
+    """Read prompt templates from a TOML file with the keys memory_update, final_answer, full_context.
+
+    ``full_context`` is optional (the built-in one is used). Every problem (unreadable file, bad
+    TOML, unknown or missing key, a value that is not a string, a bad placeholder) is a one-line
+    ``ValueError`` naming the file.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"prompts file {path} not found") from None
+    except OSError as e:
+        raise ValueError(f"prompts file {path} cannot be read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"prompts file {path} is not valid TOML: {e}") from None
+    keys = f"the keys are {', '.join(REQUIRED_KEYS)} and (optional) full_context"
+    for key, value in data.items():
+        if key not in PLACEHOLDERS:
+            raise ValueError(f"prompts file {path}: unknown key {key!r}; {keys}")
+        if not isinstance(value, str):
+            raise ValueError(f"prompts file {path}: {key} must be a string, got {type(value).__name__}")
+    for key in REQUIRED_KEYS:
+        if key not in data:
+            raise ValueError(f"prompts file {path}: missing key {key!r}; {keys}")
+    try:
+        return PromptTemplates(**data)
+    except ValidationError as e:  # one line: the first problem, as check_template words it
+        raise ValueError(f"prompts file {path}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML multi-line basic string that reads back identical."""
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n" or ch == "\t":
+            out.append(ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    body = "".join(out)
+    # Spaces at a line's end are escaped so editors that trim trailing whitespace cannot change them.
+    body = re.sub(r"[ ]+(?=\n|$)", lambda m: "\\u0020" * len(m.group()), body)
+    return '"""\n' + body + '"""'
+
+
+def prompts_to_toml(prompts: PromptTemplates = DEFAULT_PROMPTS) -> str:
+    """The templates as a TOML file :func:`load_prompts` reads back equal (a start for custom prompts)."""
+    parts = ["# MemAgent prompt templates; see memagent/prompts.py for the placeholders.\n"]
+    for name in PLACEHOLDERS:
+        parts.append(f"\n{name} = {_toml_string(getattr(prompts, name))}\n")
+    return "".join(parts)
 
 
 def _instruction_line(instruction: str | None) -> str:
     return f"Task: {instruction.strip()}\n" if instruction else ""
 
 
-def memory_update_messages(question: str, memory: str, chunk: str, instruction: str | None = None) -> Messages:
-    """One memory-update conversation as chat messages (a single user turn)."""
-    content = MEMORY_UPDATE_TEMPLATE.format(
-        instruction=_instruction_line(instruction), question=question, memory=memory, chunk=chunk
-    )
+def _render(prompts: PromptTemplates | None, name: str, instruction: str | None, **values: str) -> Messages:
+    prompts = prompts or DEFAULT_PROMPTS
+    prompts.check_instruction(instruction, (name,))
+    content = getattr(prompts, name).format(instruction=_instruction_line(instruction), **values)
     return [{"role": "user", "content": content}]
+
+
+def memory_update_messages(
+    question: str, memory: str, chunk: str, instruction: str | None = None, prompts: PromptTemplates | None = None
+) -> Messages:
+    """One memory-update conversation as chat messages (a single user turn)."""
+    return _render(prompts, "memory_update", instruction, question=question, memory=memory, chunk=chunk)
 
 
 def final_answer_messages(
-    question: str, memory: str, style: AnswerStyle, instruction: str | None = None
+    question: str,
+    memory: str,
+    style: AnswerStyle,
+    instruction: str | None = None,
+    prompts: PromptTemplates | None = None,
 ) -> Messages:
     """The final-answer conversation: question and memory only, no document text."""
-    content = FINAL_ANSWER_TEMPLATES[style].format(
-        instruction=_instruction_line(instruction), question=question, memory=memory
-    )
-    return [{"role": "user", "content": content}]
+    return _render(prompts, "final_answer", instruction, question=question, memory=memory,
+                   answer_instruction=ANSWER_INSTRUCTIONS[style])
 
 
 def full_context_messages(
-    question: str, document: str, style: AnswerStyle, instruction: str | None = None
+    question: str,
+    document: str,
+    style: AnswerStyle,
+    instruction: str | None = None,
+    prompts: PromptTemplates | None = None,
 ) -> Messages:
     """The baseline's single conversation: the (possibly truncated) document and the question."""
-    content = FULL_CONTEXT_TEMPLATES[style].format(
-        instruction=_instruction_line(instruction), question=question, document=document
-    )
-    return [{"role": "user", "content": content}]
+    return _render(prompts, "full_context", instruction, question=question, document=document,
+                   answer_instruction=ANSWER_INSTRUCTIONS[style])
 
 
 def strip_thinking(text: str) -> str:

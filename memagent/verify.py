@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, Literal
 
 from memagent.prompts import last_boxed, strip_thinking
 
@@ -119,6 +119,7 @@ def boxed_em(response: str | None, references: str | Sequence[str]) -> float:
     return float(any(pred == strip_math(r.lower()) for r in refs))
 
 
+Metric = Literal["sub_em", "em", "f1", "string_match_all", "boxed_em"]
 METRICS = {"sub_em": sub_em, "em": em, "f1": f1, "string_match_all": string_match_all, "boxed_em": boxed_em}
 
 

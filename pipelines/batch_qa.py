@@ -15,10 +15,12 @@ Guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,8 +32,11 @@ from ray.data import ActorPoolStrategy, DataContext
 
 from memagent.batch import RESULT_SCHEMA
 from memagent.config import AgentConfig, preset
+from memagent.verify import Metric
 from memagent.engines import EngineConfig
 from pipelines import storage
+from pipelines.admission import AdmissionPlan, OccupancyLedger, occupancy, resolve_max_in_flight
+from pipelines.job import JobConfig
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,10 @@ REQUIRED_COLUMNS = ("id", "context")
 # (the marker file records that it happened).
 CRASH_AT_BATCH_ENV = "MEMAGENT_FAULT_CRASH_AT_BATCH"
 CRASH_MARKER_ENV = "MEMAGENT_FAULT_MARKER"
+
+# Rows per Ray Data call under continuous admission (chosen by measurement, benchmarks/README.md
+# "Continuous admission"): one row per call, so a row leaves the actor the moment it is done.
+ROWS_PER_CALL = 1
 
 
 class BatchQAConfig(BaseModel):
@@ -55,25 +64,13 @@ class BatchQAConfig(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     agent: AgentConfig = Field(default_factory=lambda: preset("small"))
     question: str | None = Field(None, description="Job-level question for inputs without a question column.")
-    metric: Literal["sub_em", "em", "f1", "string_match_all", "boxed_em"] = Field(
+    metric: Metric = Field(
         "sub_em", description="Score against `answers` when the input has them; a `metric` column overrides it per row."
     )
     method: Literal["memagent", "full-context"] = Field(
         "memagent", description="'memagent' reads chunk by chunk; 'full-context' is the one-prompt baseline."
     )
-    concurrency: int = Field(1, gt=0, description="Actors, each holding one engine.")
-    batch_size: int = Field(16, gt=0, description="Rows per batch; an actor reads a batch's rows concurrently.")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (0 on CPU: a GPU request on a CPU cluster hangs).")
-    num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per actor.")
-    torch_threads: int | None = Field(None, gt=0, description="Torch threads per actor; default = node cores / concurrency.")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="Custom Ray resources per actor, e.g. {'gpu_worker': 1} to pin node groups."
-    )
-    ray_address: str | None = Field(None, description="Ray cluster address; None = local Ray.")
-    no_progress_timeout_s: float = Field(
-        3600, description="Fail when no operator makes progress this long (model loads and long documents are slow)."
-    )
-    progress: bool = Field(True, description="Show Ray Data progress bars.")
+    job: JobConfig = Field(default_factory=JobConfig, description="Actors, batching, resources and timeouts.")
 
     @model_validator(mode="after")
     def _check(self) -> BatchQAConfig:
@@ -81,12 +78,12 @@ class BatchQAConfig(BaseModel):
         storage.check_uri(self.output, "output")
         if self.question is not None and not self.question.strip():
             raise ValueError("question must not be empty")
-        if self.num_gpus > 0 and self.engine.device == "cpu":
+        if self.job.num_gpus > 0 and self.engine.device == "cpu":
             raise ValueError("num_gpus > 0 with engine device 'cpu': use device 'auto' or 'cuda'")
-        if self.engine.engine == "openai" and self.num_gpus > 0:
+        if self.engine.engine == "openai" and self.job.num_gpus > 0:
             # The model runs behind the endpoint; a GPU held by an HTTP client is a GPU wasted.
             raise ValueError("num_gpus > 0 with engine 'openai': the actors only call the endpoint; use num_gpus 0")
-        if self.engine.engine == "vllm" and self.num_gpus <= 0 and self.engine.device != "cpu":
+        if self.engine.engine == "vllm" and self.job.num_gpus <= 0 and self.engine.device != "cpu":
             # vLLM places its engine on the GPUs Ray grants the actor; with none it cannot start.
             raise ValueError(f"engine 'vllm' needs num_gpus > 0 per actor (e.g. num_gpus="
                              f"{self.engine.tensor_parallel_size}) unless device is 'cpu'")
@@ -114,6 +111,11 @@ class BatchSummary:
     context_tokens: int
     seconds: float
     output: str
+    # Continuous admission (filled by run_batch_qa from the actors' gates; None when no row ran).
+    max_in_flight: int | None = None
+    occupancy: float | None = None  # mean documents in flight / max_in_flight, all actors, job window
+    actor_occupancy: dict[str, float] = field(default_factory=dict)  # per actor, over its own window
+    peak_in_flight: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -128,7 +130,15 @@ class BatchSummary:
             f"accuracy:       {acc}",
             f"tokens read/s:  {self.tokens_per_second:.1f} ({self.context_tokens} tokens in {self.seconds:.1f} s)",
             f"output:         {self.output}",
+            *self.occupancy_lines(),
         ]
+
+    def occupancy_lines(self) -> list[str]:
+        if self.occupancy is None:
+            return []
+        per = ", ".join(f"{k.split(':')[0]} {v:.2f}" for k, v in sorted(self.actor_occupancy.items()))
+        return [f"occupancy:      {self.occupancy:.3f} (mean in-flight / max_in_flight={self.max_in_flight}, "
+                f"peak {self.peak_in_flight})", f"  per actor:    {per}"]
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
@@ -179,24 +189,49 @@ def drop_done(batch: pa.Table, done_ids: pa.Array | ray.ObjectRef) -> pa.Table:
 
 
 class AgentWorker:
-    """Ray Data actor: one engine, all rows of each batch read concurrently."""
+    """Ray Data actor: one engine; up to ``max_in_flight`` documents reading at once (continuous admission).
+
+    Ray Data hands the actor many small calls at once (``max_concurrent_calls_per_actor``); each
+    row of each call waits at one actor-wide gate (:class:`pipelines.admission.Gate`) and starts
+    the moment a document finishes, whichever call it came in; each call returns its own rows as
+    soon as they are done. ``engine_factory`` ("module:function", called with
+    ``engine_factory_config``) replaces ``make_engine`` for benchmarks and tests only.
+    """
 
     def __init__(self, engine: EngineConfig, agent: AgentConfig, output_schema: pa.Schema,
                  question: str | None, metric: str, torch_threads: int | None, concurrency: int,
-                 method: str = "memagent"):
-        import torch
-
+                 method: str = "memagent", max_in_flight: int | None = None, ledger: str | None = None,
+                 engine_factory: str | None = None, engine_factory_config: dict | None = None):
         from memagent.agent import check_config
-        from memagent.engines import make_engine
+        from pipelines.admission import Gate, resolve_max_in_flight
+        from pipelines.engine_metrics import ActorMeter, MeteredEngine
 
-        torch.set_num_threads(torch_threads or max(1, (os.cpu_count() or 1) // concurrency))
-        self.engine = make_engine(engine)
+        if engine_factory:
+            import importlib
+
+            module, _, fn = engine_factory.partition(":")
+            inner = getattr(importlib.import_module(module), fn)(engine_factory_config)
+        else:
+            import torch
+
+            from memagent.engines import make_engine
+
+            torch.set_num_threads(torch_threads or max(1, (os.cpu_count() or 1) // concurrency))
+            inner = make_engine(engine)
+        self.engine = MeteredEngine(inner, memory_tokens=agent.memory_tokens if method == "memagent" else None)
         if method == "memagent":
             check_config(self.engine, agent)
         self.agent, self.schema, self.question, self.metric = agent, output_schema, question, metric
         self.method = method
         self.batches = 0
-        self.node_id = ray.get_runtime_context().get_node_id()
+        ctx = ray.get_runtime_context()
+        self.node_id = ctx.get_node_id()
+        actor_id = ctx.get_actor_id() or f"local{os.getpid()}"
+        self.key = f"{actor_id[:8]}:{os.getpid()}"
+        self.gate = Gate(resolve_max_in_flight(max_in_flight, engine))
+        self.meter = ActorMeter(actor_id[:8], self.engine, self.gate)
+        self.ledger_name = ledger
+        self._ledger = None
 
     def _maybe_crash(self) -> None:
         at, marker = os.environ.get(CRASH_AT_BATCH_ENV), os.environ.get(CRASH_MARKER_ENV)
@@ -204,15 +239,31 @@ class AgentWorker:
             Path(marker).write_text(f"crashed at batch {at} on pid {os.getpid()}\n")
             os._exit(1)
 
+    async def _report(self) -> None:
+        """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""
+        if not self.ledger_name:
+            return
+        if self._ledger is None:
+            self._ledger = ray.get_actor(self.ledger_name)
+        await self._ledger.report.remote(self.key, self.gate.snapshot())
+
     async def __call__(self, batch: pa.Table) -> pa.Table:
-        from memagent.batch import answer_rows
+        from memagent.batch import answer_row
 
         self.batches += 1
         self._maybe_crash()
-        records = await answer_rows(self.engine, batch.to_pylist(), self.agent,
-                                    question=self.question, metric=self.metric, method=self.method)
+        self.meter.start()
+
+        async def one(row: dict) -> dict:
+            async with self.gate.slot():
+                return await answer_row(self.engine, row, self.agent, question=self.question,
+                                        metric=self.metric, method=self.method)
+
+        records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))
         for r in records:
             r["node_id"] = self.node_id  # which node read the row (placement checks, debugging)
+        self.meter.publish()
+        await self._report()
         return pa.Table.from_pylist(records, schema=self.schema)
 
 
@@ -229,15 +280,15 @@ def uses_s3(cfg: BatchQAConfig) -> bool:
 
 def configure_data_context(cfg: BatchQAConfig) -> None:
     ctx = DataContext.get_current()
-    ctx.execution_no_progress_timeout_s = cfg.no_progress_timeout_s
-    ctx.enable_progress_bars = cfg.progress
+    ctx.execution_no_progress_timeout_s = cfg.job.no_progress_timeout_s
+    ctx.enable_progress_bars = cfg.job.progress
     ctx.max_errored_blocks = 0  # never drop data silently; row errors are rows
-    ctx.print_on_execution_start = cfg.progress
+    ctx.print_on_execution_start = cfg.job.progress
 
 
 def ensure_ray(cfg: BatchQAConfig) -> None:
     if not ray.is_initialized():
-        ray.init(address=cfg.ray_address, include_dashboard=False, log_to_driver=True,
+        ray.init(address=cfg.job.ray_address, include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": cfg.s3.env()} if uses_s3(cfg) else None)
 
 
@@ -261,8 +312,14 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     )
 
 
-def run_batch_qa(cfg: BatchQAConfig) -> BatchSummary:
-    """Run the job to completion and summarise what this run wrote."""
+def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
+                 engine_factory: tuple[str, dict] | None = None) -> BatchSummary:
+    """Run the job to completion and summarise what this run wrote.
+
+    ``admission`` overrides how rows reach the actors (benchmarks compare
+    ``AdmissionPlan.barrier(batch_size)``, the old batch barrier); ``engine_factory``
+    ("module:function", config) builds the engine instead of ``make_engine`` (benchmarks, tests).
+    """
     t0 = time.perf_counter()
     plan = plan_input(cfg)
     ensure_ray(cfg)
@@ -282,24 +339,43 @@ def run_batch_qa(cfg: BatchQAConfig) -> BatchSummary:
     # Blocks of one batch each: an actor's output block (and so its Parquet file) is written when
     # its batch is done. Whole-file blocks would hold every answer of a file until the file is
     # read to the end, so a job stopped after hours would have written nothing to resume from.
-    ds = ds.repartition(target_num_rows_per_block=cfg.batch_size)
+    # Continuous admission: small calls (``rows_per_call`` rows), many at once per actor, each row
+    # gated by the actor's ``max_in_flight``; the writer gathers finished rows into files of
+    # ``batch_size`` rows, so a stopped job loses at most the rows in flight and one file's worth.
+    adm = admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
+                                     rows_per_call=ROWS_PER_CALL)
+    ledger_name = f"memagent-occupancy-{uuid.uuid4().hex[:12]}"
+    ledger = ray.remote(OccupancyLedger).options(name=ledger_name, num_cpus=0).remote()
+    ds = ds.repartition(target_num_rows_per_block=adm.rows_per_call)
     ds = ds.map_batches(
         AgentWorker,
         fn_constructor_kwargs=dict(engine=cfg.engine, agent=cfg.agent, output_schema=plan.output_schema,
-                                   question=cfg.question, metric=cfg.metric, torch_threads=cfg.torch_threads,
-                                   concurrency=cfg.concurrency, method=cfg.method),
-        compute=ActorPoolStrategy(size=cfg.concurrency),
-        batch_size=cfg.batch_size,
+                                   question=cfg.question, metric=cfg.metric, torch_threads=cfg.job.torch_threads,
+                                   concurrency=cfg.job.concurrency, method=cfg.method,
+                                   max_in_flight=adm.max_in_flight, ledger=ledger_name,
+                                   engine_factory=engine_factory[0] if engine_factory else None,
+                                   engine_factory_config=engine_factory[1] if engine_factory else None),
+        compute=ActorPoolStrategy(size=cfg.job.concurrency, max_concurrent_calls_per_actor=adm.calls),
+        batch_size=adm.rows_per_call,
         batch_format="pyarrow",
-        num_gpus=cfg.num_gpus,
-        num_cpus=cfg.num_cpus,
+        num_gpus=cfg.job.num_gpus,
+        num_cpus=cfg.job.num_cpus,
         runtime_env={"env_vars": actor_env} if actor_env else None,
-        resources=dict(cfg.resources) or None,
+        resources=dict(cfg.job.resources) or None,
         # Actors are restarted and their tasks retried by Ray on process death (defaults:
         # max_restarts=-1, max_task_retries=-1); row errors never raise, so only those retry.
     )
-    ds.write_parquet(out_path, filesystem=out_fs)
-    return summarise(cfg, plan, time.perf_counter() - t0)
+    ds.write_parquet(out_path, filesystem=out_fs,
+                     min_rows_per_file=cfg.job.batch_size if adm.rows_per_call < cfg.job.batch_size else None)
+    summary = summarise(cfg, plan, time.perf_counter() - t0)
+    try:
+        snapshots = ray.get(ledger.read.remote())
+    finally:
+        ray.kill(ledger)
+    summary.occupancy, summary.actor_occupancy = occupancy(snapshots)
+    summary.max_in_flight = adm.max_in_flight
+    summary.peak_in_flight = max((s["peak"] for s in snapshots.values()), default=None)
+    return summary
 
 
 def config_dict(cfg: BatchQAConfig) -> dict[str, Any]:

@@ -22,13 +22,14 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.config import AgentConfig, preset
-from memagent.data.ruler import resolve_task
+from memagent.data.ruler import RulerItems
 from memagent.engines import EngineConfig
 from memagent.evaluate import plot_accuracy_vs_length, plot_heatmap, results_markdown, summarize
 from pipelines.batch_qa import BatchQAConfig, run_batch_qa
+from pipelines.job import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,48 +45,30 @@ class EvalConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    out: str = Field(..., description="Local run directory: items, predictions per method, report.")
-    tasks: list[str] = Field(default_factory=list, description="RULER task ids or aliases (hotpotqa = qa_2).")
-    lengths: list[int] = Field(default_factory=list, description="Item lengths in tokens of the model's tokenizer.")
-    samples: int = Field(4, gt=0, description="Items per (task, length).")
-    items: str | None = Field(None, description="Use this Parquet item set (RULER schema) instead of generating one.")
-    methods: list[Method] = Field(["memagent", "full-context"], min_length=1)
-    haystack: str | None = Field(None, description="Essay text for the essay-haystack NIAH tasks.")
-    squad: str | None = Field(None, description="SQuAD JSON for qa_1.")
-    hotpotqa: str | None = Field(None, description="HotpotQA JSON for qa_2.")
-    seed: int = 42
+    out: str = Field("runs/eval", description="Local run directory: items, predictions per method, report")
+    items: RulerItems = Field(default_factory=RulerItems, description="The RULER items to generate.")
+    items_file: str | None = Field(None, description="Evaluate this Parquet item set (RULER schema) instead of "
+                                   "generating one")
+    methods: list[Method] = Field(["memagent", "full-context"], min_length=1,
+                                  description="Reading methods to compare: memagent, full-context")
     engine: EngineConfig = Field(default_factory=EngineConfig)
     agent: AgentConfig = Field(default_factory=lambda: preset("small"))
-    concurrency: int = Field(1, gt=0)
-    batch_size: int = Field(16, gt=0)
-    num_gpus: float = Field(0.0, ge=0)
-    torch_threads: int | None = Field(None, gt=0, description="Torch threads per actor; default = node cores / concurrency.")
-    ray_address: str | None = None
-    progress: bool = True
-    no_progress_timeout_s: float = Field(
-        6 * 3600, description="Fail a method's job after this long without a finished batch: a batch of long "
-        "documents on a CPU legitimately takes hours (-1: never).")
-
-    @field_validator("tasks")
-    @classmethod
-    def _known_tasks(cls, tasks: list[str]) -> list[str]:
-        return list(dict.fromkeys(resolve_task(t) for t in tasks))
+    job: JobConfig = Field(default_factory=JobConfig)
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
-        if self.items is None and not (self.tasks and self.lengths):
-            raise ValueError("give tasks and lengths to generate an item set, or items=PATH to use one")
-        if any(x <= 0 for x in self.lengths):
-            raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        if self.items_file is None and not (self.items.tasks and self.items.lengths):
+            raise ValueError("give tasks and lengths to generate an item set, or items_file=PATH to use one")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods repeat: {self.methods}")
         return self
 
     def item_spec(self) -> dict[str, Any]:
         """What determines the item set: which items (selection) and how each is generated (sources)."""
-        return {"tasks": self.tasks, "lengths": sorted(self.lengths), "samples": self.samples, "seed": self.seed,
-                "items": self.items, "tokenizer": self.engine.tokenizer or self.engine.model,
-                "haystack": self.haystack, "squad": self.squad, "hotpotqa": self.hotpotqa}
+        i = self.items
+        return {"tasks": i.tasks, "lengths": sorted(i.lengths), "samples": i.samples, "seed": i.seed,
+                "items": self.items_file, "tokenizer": self.engine.tokenizer or self.engine.model,
+                "haystack": i.haystack, "squad": i.squad, "hotpotqa": i.hotpotqa}
 
 
 # Every generated item is a function of (seed, task, length, index) and these sources alone,
@@ -129,28 +112,17 @@ def build_items(cfg: EvalConfig, path: Path) -> int:
             raise ValueError(f"{path.parent} holds an evaluation generated differently ({old}); use a new --out")
         log.info("item selection changed (%s); regenerating items, predictions of shared items are kept",
                  {k: spec[k] for k in SELECTION_KEYS})
-    if cfg.items:
-        from memagent.data.io import read_records
+    from memagent.data.io import load_tokenizer, read_records
 
-        rows = read_records(cfg.items)
+    if cfg.items_file:
+        rows = read_records(cfg.items_file)
     else:
-        from memagent.data.hotpotqa import load_hotpotqa
-        from memagent.data.io import load_tokenizer, read_json, read_text
-        from memagent.data.ruler import RulerGenerator
-
-        gen = RulerGenerator(
-            load_tokenizer(cfg.engine.tokenizer or cfg.engine.model),
-            essay=read_text(cfg.haystack) if cfg.haystack else None,
-            squad=read_json(cfg.squad) if cfg.squad else None,
-            hotpotqa=load_hotpotqa(cfg.hotpotqa) if cfg.hotpotqa else None,
-            seed=cfg.seed,
-        )
-        rows = list(gen.generate(cfg.tasks, sorted(cfg.lengths), cfg.samples))
+        rows = list(cfg.items.rows(load_tokenizer(cfg.engine.tokenizer or cfg.engine.model)))
     if not rows:
-        raise ValueError(f"no items to evaluate in {cfg.items or 'the generated set'}")
+        raise ValueError(f"no items to evaluate in {cfg.items_file or 'the generated set'}")
     missing = [c for c in ITEM_COLUMNS if c not in rows[0]]
     if missing:
-        raise ValueError(f"items {cfg.items}: missing columns {missing}; expected {ITEM_COLUMNS}")
+        raise ValueError(f"items {cfg.items_file}: missing columns {missing}; expected {ITEM_COLUMNS}")
     keep = ITEM_COLUMNS + [c for c in OPTIONAL_ITEM_COLUMNS if c in rows[0]]
     table = pa.Table.from_pylist([{c: r[c] for c in keep} for r in rows])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,9 +169,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalSummary:
     for method in cfg.methods:
         job = BatchQAConfig(
             input=str(items_path), output=str(out / "predictions" / method), engine=cfg.engine, agent=cfg.agent,
-            method=method, concurrency=cfg.concurrency, batch_size=cfg.batch_size, num_gpus=cfg.num_gpus,
-            torch_threads=cfg.torch_threads,
-            ray_address=cfg.ray_address, progress=cfg.progress, no_progress_timeout_s=cfg.no_progress_timeout_s,
+            method=method, job=cfg.job,
         )
         t0 = time.perf_counter()
         summary = run_batch_qa(job)

@@ -16,72 +16,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+
+from memagent.data.io import S3Options, check_uri, filesystem, is_s3
+
+__all__ = ["S3Options", "check_uri", "filesystem", "is_s3"]  # one implementation, in the library
 
 log = logging.getLogger(__name__)
 
 # Where a resume moves output files that are not complete Parquet files.
 QUARANTINE_DIR = "_incomplete"
-
-
-class S3Options(BaseModel):
-    """S3 connection settings; credentials come from the AWS chain, never from here."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    endpoint_url: str | None = Field(None, description="e.g. http://127.0.0.1:5055; None = AWS (or $AWS_ENDPOINT_URL).")
-    region: str | None = Field(None, description="AWS region; None = $AWS_REGION/$AWS_DEFAULT_REGION or us-east-1.")
-
-    def env(self) -> dict[str, str]:
-        """Environment for remote workers: the endpoint/region plus the caller's AWS credentials."""
-        env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-        if self.endpoint_url:
-            env["AWS_ENDPOINT_URL"] = self.endpoint_url
-        if self.region:
-            env["AWS_REGION"] = self.region
-        return env
-
-
-def is_s3(uri: str) -> bool:
-    return uri.startswith("s3://")
-
-
-def check_uri(uri: str, what: str) -> str:
-    """Accept a local path or ``s3://bucket/prefix``; anything else is a clear error."""
-    if "://" in uri and not is_s3(uri):
-        raise ValueError(f"{what} {uri!r}: only local paths and s3:// URIs are supported")
-    if is_s3(uri) and len(uri) <= len("s3://"):
-        raise ValueError(f"{what} {uri!r}: give a bucket, e.g. s3://bucket/prefix")
-    return uri
-
-
-def filesystem(uri: str, s3: S3Options) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem for ``uri`` and the path inside it."""
-    if not is_s3(uri):
-        return pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
-    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
-    region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    kwargs: dict = {"region": region}
-    if endpoint:
-        scheme, _, host = endpoint.partition("://")
-        kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
-    kwargs.update(_driver_credentials())
-    return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
-
-
-def _driver_credentials() -> dict[str, str]:
-    """Credentials the AWS chain resolves here, made explicit so that Ray workers elsewhere
-    (whose environment may lack them) use the same ones; empty = workers resolve their own."""
-    from botocore.session import Session
-
-    creds = Session().get_credentials()
-    if creds is None:
-        return {}
-    frozen = creds.get_frozen_credentials()
-    out = {"access_key": frozen.access_key, "secret_key": frozen.secret_key}
-    if frozen.token:
-        out["session_token"] = frozen.token
-    return out
 
 
 def parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:

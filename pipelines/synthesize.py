@@ -9,16 +9,25 @@ functions. Samples depend only on ``(seed, unit)``, so the output equals a singl
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import ray
-from ray.data import ActorPoolStrategy
+from pydantic import BaseModel, ConfigDict, Field
 
-from memagent.data.hotpotqa import TRAINING_SCHEMA, DocPool, Size, load_hotpotqa, make_sample
-from memagent.data.io import load_tokenizer, read_json, read_text
-from memagent.data.ruler import RULER_SCHEMA, RulerGenerator, resolve_task
+from memagent.data.hotpotqa import TRAINING_SCHEMA, DocPool, HotpotSynthConfig, load_hotpotqa, make_sample
+from memagent.data.io import load_tokenizer, write_parquet
+from memagent.data.ruler import RULER_SCHEMA, RulerItems
+
+
+class SynthJob(BaseModel):
+    """Where synthesis runs: in this process (one Parquet file) or as a Ray Data job (a directory)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ray: bool = Field(False, description="Generate with a Ray Data job (output: a directory of files)")
+    workers: int = Field(2, gt=0, description="Ray actors")
+    ray_address: str | None = Field(None, description="Ray cluster address (default: a local Ray)")
 
 
 class HotpotSynthesizer:
@@ -39,16 +48,10 @@ class HotpotSynthesizer:
 
 
 class RulerSynthesizer:
-    """Actor: holds a :class:`RulerGenerator` (tokenizer, essay, SQuAD, HotpotQA)."""
+    """Actor: holds the :class:`RulerGenerator` of ``items`` (tokenizer, essay, SQuAD, HotpotQA)."""
 
-    def __init__(self, tokenizer: str, seed: int, haystack: str | None, squad: str | None, hotpotqa: str | None):
-        self.generator = RulerGenerator(
-            load_tokenizer(tokenizer),
-            essay=read_text(haystack) if haystack else None,
-            squad=read_json(squad) if squad else None,
-            hotpotqa=load_hotpotqa(hotpotqa) if hotpotqa else None,
-            seed=seed,
-        )
+    def __init__(self, tokenizer: str, items: dict[str, Any]):
+        self.generator = RulerItems(**items).generator(load_tokenizer(tokenizer))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         rows = [
@@ -58,64 +61,46 @@ class RulerSynthesizer:
         return pa.Table.from_pylist(rows, schema=RULER_SCHEMA)
 
 
-def _run(items: list[dict], udf: type, kwargs: dict[str, Any], out: str, workers: int, batch_size: int,
-         address: str | None) -> int:
-    if not items:
+def _run(units: list[dict], udf: type, kwargs: dict[str, Any], out: str, job: SynthJob, batch_size: int) -> int:
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    if not units:
         raise ValueError("nothing to generate: no work units")
     if not ray.is_initialized():
-        ray.init(address=address)
-    ds = ray.data.from_items(items, override_num_blocks=min(len(items), max(1, workers) * 4))
+        ray.init(address=job.ray_address)
+    ds = ray.data.from_items(units, override_num_blocks=min(len(units), job.workers * 4))
     ds = ds.map_batches(
         udf,
         fn_constructor_kwargs=kwargs,
-        compute=ActorPoolStrategy(size=workers),
+        compute=ActorPoolStrategy(size=job.workers),
         batch_size=batch_size,
         num_cpus=1,
         num_gpus=0,  # CPU work; a GPU request on a CPU cluster would hang
         udf_modifying_row_count=False,
     )
     ds.write_parquet(out)
-    return len(items)
+    return len(units)
 
 
-def synthesize_hotpotqa(
-    source: str,
-    out: str,
-    sizes: Sequence[Size],
-    *,
-    samples: int | None = None,
-    seed: int = 42,
-    tokenizer: str = "smollm2-135m",
-    workers: int = 2,
-    batch_size: int = 4,
-    address: str | None = None,
-) -> int:
-    """Write ``samples`` questions × ``sizes`` HotpotQA rows under ``out`` (a directory); returns rows."""
-    n = len(load_hotpotqa(source))  # validate on the driver: a bad file fails before any actor starts
-    n = n if samples is None else min(samples, n)
-    items = [{"index": i, "kind": kind, "value": value} for kind, value in sizes for i in range(n)]
-    kwargs = {"source": source, "tokenizer": tokenizer, "seed": seed}
-    return _run(items, HotpotSynthesizer, kwargs, out, workers, batch_size, address)
+def write_hotpotqa(cfg: HotpotSynthConfig, out: str, tokenizer: str, job: SynthJob = SynthJob()) -> tuple[str, int]:
+    """The synthesis stage: every (question, size) sample to ``out``; returns (path written, rows)."""
+    if not job.ray:
+        rows = cfg.rows(load_tokenizer(tokenizer))
+        return write_parquet(rows, out, TRAINING_SCHEMA), len(rows)
+    n = len(load_hotpotqa(cfg.source))  # validate on the driver: a bad file fails before any actor starts
+    n = n if cfg.samples is None else min(cfg.samples, n)
+    units = [{"index": i, "kind": kind, "value": value} for kind, value in cfg.sizes() for i in range(n)]
+    kwargs = {"source": cfg.source, "tokenizer": tokenizer, "seed": cfg.seed}
+    return out, _run(units, HotpotSynthesizer, kwargs, out, job, batch_size=4)
 
 
-def synthesize_ruler(
-    tasks: Sequence[str],
-    lengths: Sequence[int],
-    out: str,
-    *,
-    samples: int = 128,
-    seed: int = 42,
-    tokenizer: str = "smollm2-135m",
-    haystack: str | None = None,
-    squad: str | None = None,
-    hotpotqa: str | None = None,
-    workers: int = 2,
-    batch_size: int = 1,
-    address: str | None = None,
-) -> int:
-    """Write ``samples`` rows per (task, length) under ``out`` (a directory); returns rows."""
-    tasks = [resolve_task(t) for t in tasks]
-    items = [{"task": t, "length": int(L), "index": i} for t in tasks for L in lengths for i in range(samples)]
-    kwargs = {"tokenizer": tokenizer, "seed": seed, "haystack": haystack, "squad": squad, "hotpotqa": hotpotqa}
-    return _run(items, RulerSynthesizer, kwargs, out, workers, batch_size, address)
-
+def write_ruler(items: RulerItems, out: str, tokenizer: str, job: SynthJob = SynthJob()) -> tuple[str, int]:
+    """The RULER stage: ``samples`` rows per (task, length) to ``out``; returns (path written, rows)."""
+    if not job.ray:
+        rows = list(items.rows(load_tokenizer(tokenizer)))
+        return write_parquet(rows, out, RULER_SCHEMA), len(rows)
+    units = [{"task": t, "length": int(L), "index": i}
+             for t in items.tasks for L in items.lengths for i in range(items.samples)]
+    kwargs = {"tokenizer": tokenizer, "items": items.model_dump()}
+    return out, _run(units, RulerSynthesizer, kwargs, out, job, batch_size=1)

@@ -12,9 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Ray on loopback only (set before ray is imported; see infra/ray_cluster.py).
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import pipelines  # noqa: E402,F401 - a local Ray binds 127.0.0.1 (set before ray is imported)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

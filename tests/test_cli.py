@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from memagent.cli import add_engine_options, engine_config_from_args
+from memagent_cli.options import add_engine_flags, engine_config
 from memagent.data.demo import niah_row
 from memagent.engines import EngineConfig
 
@@ -17,7 +17,7 @@ FAST = ["--chunk-tokens", "96", "--memory-tokens", "8", "--answer-tokens", "6", 
 
 
 def ask(args, stdin: bytes | None = None):
-    return subprocess.run([sys.executable, "-m", "memagent.cli", "ask", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "memagent_cli", "ask", *args], input=stdin,
                           capture_output=True, timeout=300)
 
 
@@ -71,7 +71,7 @@ def test_missing_question_and_file(tiny_llama_dir, tmp_path):
 def test_invalid_budget_is_a_message(tiny_llama_dir, doc):
     path, _ = doc
     out = ask(["--context-file", str(path), "--question", "Q?", "--model", str(tiny_llama_dir), "--chunk-tokens", "-3"])
-    assert out.returncode == 2 and "chunk_tokens" in out.stderr.decode()
+    assert out.returncode == 2 and "--chunk-tokens: Input should be greater than 0" in out.stderr.decode()
     assert "Traceback" not in out.stderr.decode()
 
 
@@ -85,8 +85,8 @@ def test_unknown_model_says_how_to_install(doc):
 
 def engine_args(*argv: str) -> EngineConfig:
     parser = argparse.ArgumentParser()
-    add_engine_options(parser)
-    return engine_config_from_args(parser.parse_args(list(argv)))
+    add_engine_flags(parser)
+    return engine_config(parser.parse_args(list(argv)))
 
 
 def test_flags_build_engine_config():
@@ -126,15 +126,15 @@ def test_wrong_flag_combinations_fail_clearly(argv, message):
 @pytest.mark.parametrize("command", [["ask", "--question", "q"], ["batch", "--input", "i", "--output", "o"],
                                      ["demo"], ["serve"]])
 def test_engine_flags_on_every_engine_command(command):
-    from memagent.cli import build_parser
+    from memagent_cli.main import build_parser
 
     args = build_parser().parse_args([*command, "--engine", "openai", "--endpoint", "http://h/v1", "--max-retries", "2"])
-    cfg = engine_config_from_args(args)
+    cfg = engine_config(args)
     assert (cfg.engine, cfg.endpoint, cfg.max_retries) == ("openai", "http://h/v1", 2)
 
 
 def test_serve_refuses_a_remote_engine(capsys):
-    from memagent.cli import main
+    from memagent_cli.main import main
 
     assert main(["serve", "--engine", "openai", "--endpoint", "http://h/v1"]) == 2
     assert "serve runs a local engine" in capsys.readouterr().err

@@ -124,17 +124,12 @@ def test_tiny_model_batches_and_cli(tmp_path, tiny_engine, tiny_llama_dir: Path)
     assert len(result.kept) + len(result.dropped) == 6 and result.errors == 0
     assert max(tiny_engine.stats.batch_sizes[before:]) > 1  # the engine batched concurrent probes
 
-    import argparse
-
-    from pipelines.data_cli import add_synth_commands
+    from memagent_cli.main import main
 
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
-    parser = argparse.ArgumentParser()
-    add_synth_commands(parser.add_subparsers(dest="command"))
     out = tmp_path / "kept.parquet"
-    args = parser.parse_args(["filter", "--input", str(tmp_path / "in.parquet"), "--output", str(out),
-                              "--model", str(tiny_llama_dir), "--max-tokens", "3", "--device", "cpu", "--limit", "4"])
-    assert args.func(args) == 0
+    assert main(["filter", "--input", str(tmp_path / "in.parquet"), "--output", str(out), "--model",
+                 str(tiny_llama_dir), "--max-tokens", "3", "--device", "cpu", "--limit", "4"]) == 0
     kept, dropped = pq.read_table(out), pq.read_table(tmp_path / "kept.dropped.parquet")
     assert kept.num_rows + dropped.num_rows == 4
     assert kept.schema.names == ["id", "question", "answers", "filter_hits", "filter_reason"]

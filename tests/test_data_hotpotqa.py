@@ -206,29 +206,24 @@ def test_sizes_from_rejects_nothing_and_nonpositive():
         sizes_from([0])
 
 
-def test_parquet_schema_and_cli(tmp_path, smollm2_dir):
-    import argparse
-
-    from pipelines.data_cli import add_synth_commands
+def test_parquet_schema_and_cli(tmp_path, smollm2_dir, capsys):
+    from memagent_cli.main import main
 
     source = tmp_path / "hotpot.json"
     source.write_text(json.dumps(make_records(n=5)))
-    parser = argparse.ArgumentParser(prog="memagent")
-    add_synth_commands(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "out" / "train.parquet"
-    args = parser.parse_args(["synth", "hotpotqa", "--source", str(source), "--out", str(out),
-                              "--tokens", "1k,2000", "--samples", "3", "--tokenizer", str(smollm2_dir)])
-    assert args.func(args) == 0
+    assert main(["synth", "hotpotqa", "--source", str(source), "--out", str(out),
+                 "--tokens", "1k,2000", "--samples", "3", "--tokenizer", str(smollm2_dir)]) == 0
     table = pq.read_table(out)
     assert table.schema.equals(TRAINING_SCHEMA) and table.num_rows == 6
     rows = table.to_pylist()
     assert {r["target_tokens"] for r in rows} == {1024, 2000}
     assert all(r["context_tokens"] <= r["target_tokens"] for r in rows)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["synth", "hotpotqa", "--source", "x", "--out", "y", "--num-docs", "5", "--tokens", "9"])
-    missing = parser.parse_args(["synth", "hotpotqa", "--source", str(tmp_path / "nope.json"), "--out", "y", "--num-docs", "5"])
-    with pytest.raises(ValueError, match="no such file: .*nope.json"):  # the main CLI prints it as one line
-        missing.func(missing)
+    with pytest.raises(SystemExit):  # a size is required
+        main(["synth", "hotpotqa", "--source", "x", "--out", "y", "--tokens", ""])
+    assert main(["synth", "hotpotqa", "--source", str(tmp_path / "nope.json"), "--out", "y", "--num-docs", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "nope.json" in err and "no such file" in err and len(err.strip().splitlines()) == 1
     empty = write_parquet([], str(tmp_path / "empty.parquet"), TRAINING_SCHEMA)
     assert pq.read_table(empty).schema.equals(TRAINING_SCHEMA)
 

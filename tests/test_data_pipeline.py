@@ -26,7 +26,9 @@ def test_ray_jobs_match_local_runs(tmp_path: Path, smollm2_dir: Path):
 
     from memagent.data.hotpotqa import load_hotpotqa, synthesize
     from memagent.data.ruler import RulerGenerator
-    from pipelines.synthesize import synthesize_hotpotqa, synthesize_ruler
+    from memagent.data.hotpotqa import HotpotSynthConfig
+    from memagent.data.ruler import RulerItems
+    from pipelines.synthesize import SynthJob, write_hotpotqa, write_ruler
 
     source = tmp_path / "hotpot.json"
     source.write_text(json.dumps(_records(8)))
@@ -37,9 +39,10 @@ def test_ray_jobs_match_local_runs(tmp_path: Path, smollm2_dir: Path):
 
     ray.init(num_cpus=2, include_dashboard=False)
     try:
-        n = synthesize_hotpotqa(str(source), str(tmp_path / "hp"), sizes, samples=5, seed=5, tokenizer=str(smollm2_dir), workers=1)
-        m = synthesize_ruler(["vt", "niah_single_2"], [2048], str(tmp_path / "ruler"), samples=3, seed=5,
-                             tokenizer=str(smollm2_dir), haystack=str(essay), workers=2)
+        hp = HotpotSynthConfig(source=str(source), num_docs=[30], tokens=[1500], samples=5, seed=5)
+        _, n = write_hotpotqa(hp, str(tmp_path / "hp"), str(smollm2_dir), SynthJob(ray=True, workers=1))
+        items = RulerItems(tasks=["vt", "niah_single_2"], lengths=[2048], samples=3, seed=5, haystack=str(essay))
+        _, m = write_ruler(items, str(tmp_path / "ruler"), str(smollm2_dir), SynthJob(ray=True, workers=2))
     finally:
         ray.shutdown()
 

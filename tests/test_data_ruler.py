@@ -220,18 +220,13 @@ def test_errors_name_the_problem(tok, gen):
 
 
 def test_cli_writes_parquet(tmp_path, smollm2_dir):
-    import argparse
-
-    from pipelines.data_cli import add_synth_commands
+    from memagent_cli.main import main
 
     essay = tmp_path / "essay.txt"
     essay.write_text(make_essay())
-    parser = argparse.ArgumentParser(prog="memagent")
-    add_synth_commands(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "ruler"
-    args = parser.parse_args(["synth", "ruler", "--tasks", "vt,niah_single_2", "--lengths", "2k,3000", "--samples", "2",
-                              "--haystack", str(essay), "--out", str(out), "--tokenizer", str(smollm2_dir)])
-    assert args.func(args) == 0
+    assert main(["synth", "ruler", "--tasks", "vt,niah_single_2", "--lengths", "2k,3000", "--samples", "2",
+                 "--haystack", str(essay), "--out", str(out), "--tokenizer", str(smollm2_dir)]) == 0
     table = pq.read_table(out / "part-00000.parquet")
     assert table.schema.equals(RULER_SCHEMA) and table.num_rows == 8
     assert sorted({(r["task"], r["length"]) for r in table.to_pylist()}) == [

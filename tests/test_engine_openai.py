@@ -360,14 +360,15 @@ def test_missing_usage_is_counted_locally(faults, tokenizer):
 
 def test_batch_config_gpu_rules():
     from pipelines.batch_qa import BatchQAConfig
+    from pipelines.job import JobConfig
 
     remote = EngineConfig(engine="openai", endpoint="http://h/v1")
-    assert BatchQAConfig(input="/i", output="/o", engine=remote).num_gpus == 0
+    assert BatchQAConfig(input="/i", output="/o", engine=remote).job.num_gpus == 0
     with pytest.raises(ValueError, match="engine 'openai': the actors only call the endpoint"):
-        BatchQAConfig(input="/i", output="/o", engine=remote, num_gpus=1)
+        BatchQAConfig(input="/i", output="/o", engine=remote, job=JobConfig(num_gpus=1))
     with pytest.raises(ValueError, match="engine 'vllm' needs num_gpus > 0"):
         BatchQAConfig(input="/i", output="/o", engine=EngineConfig(engine="vllm"))
-    BatchQAConfig(input="/i", output="/o", engine=EngineConfig(engine="vllm"), num_gpus=1)
+    BatchQAConfig(input="/i", output="/o", engine=EngineConfig(engine="vllm"), job=JobConfig(num_gpus=1))
     BatchQAConfig(input="/i", output="/o", engine=EngineConfig(engine="vllm", device="cpu"))
 
 
@@ -389,7 +390,7 @@ def test_memagent_batch_with_engine_openai(server_url, served_engine, tiny_llama
     """`memagent batch --engine openai`: Ray actors hold only a tokenizer and call the server."""
     import ray
 
-    from memagent.cli import main
+    from memagent_cli.main import main
 
     rows = good_rows(4)
     write_rows(tmp_path / "in" / "part-0.parquet", rows)
@@ -415,7 +416,7 @@ def test_memagent_serve_command(tiny_llama_dir, tokenizer, tmp_path):
     sock = bound_socket()
     port = sock.getsockname()[1]
     sock.close()  # the server binds it again (a tiny race with other processes; fine on loopback)
-    proc = subprocess.Popen([sys.executable, "-m", "memagent.cli", "serve", "--model", str(tiny_llama_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "memagent_cli", "serve", "--model", str(tiny_llama_dir),
                              "--served-model", "tiny", "--port", str(port), "--device", "cpu",
                              "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -252,7 +252,8 @@ def test_sleep_needs_sleep_mode(fake_engine, tiny_llama_dir):
 
 
 def test_train_config_selects_the_rollout_engine(tmp_path):
-    from memagent.rl.cli_commands import add_train_commands, build_configs
+    from memagent_cli.main import build_parser
+    from memagent_cli.train_cmds import train_configs
     from memagent.rl.config import TrainConfig
     from memagent.rl.trainer import rollout_engine_config
 
@@ -272,11 +273,8 @@ def test_train_config_selects_the_rollout_engine(tmp_path):
         with pytest.raises(ValidationError):
             TrainConfig(**bad)
 
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    add_train_commands(parser.add_subparsers(dest="command"))
+    parser = build_parser()
     args = parser.parse_args(["train", "--data", "d.parquet", "--out", "o", "--engine", "vllm"])
-    assert build_configs(args)[0].rollout_engine == "vllm"
+    assert train_configs(args)[0].rollout_engine == "vllm"
     args = parser.parse_args(["train", "--data", "d.parquet", "--out", "o"])
-    assert build_configs(args)[0].rollout_engine == "hf"
+    assert train_configs(args)[0].rollout_engine == "hf"

@@ -102,7 +102,7 @@ def test_method_and_per_row_metric_in_batch_records(tiny_engine):
 def test_eval_cli_end_to_end_and_rerun(tiny_llama_dir, tmp_path):
     """`memagent eval` on generated NIAH and VT items with both methods; a rerun reuses everything."""
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "memagent.cli", "eval", "--tasks", "niah_single_1,vt", "--lengths", "512,1K",
+    cmd = [sys.executable, "-m", "memagent_cli", "eval", "--tasks", "niah_single_1,vt", "--lengths", "512,1K",
            "--samples", "2", "--out", str(out), "--model", str(tiny_llama_dir), "--context-window", "768",
            "--chunk-tokens", "128", "--memory-tokens", "8", "--answer-tokens", "8", "--batch-size", "8",
            "--no-progress"]

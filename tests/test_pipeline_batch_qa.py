@@ -9,6 +9,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from pipelines.batch_qa import CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV, BatchQAConfig, plan_input, run_batch_qa
+from pipelines.job import JobConfig
 from pipelines.storage import QUARANTINE_DIR, S3Options
 from memagent.engines import EngineConfig
 from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
@@ -27,7 +28,8 @@ def ray_local():
 
 def job(tiny_llama_dir, input, output, **kw) -> BatchQAConfig:
     return BatchQAConfig(input=str(input), output=str(output), engine=EngineConfig(model=str(tiny_llama_dir)),
-                         agent=kw.pop("agent", FAST_AGENT), batch_size=kw.pop("batch_size", 4), progress=False, **kw)
+                         agent=kw.pop("agent", FAST_AGENT),
+                         job=JobConfig(batch_size=kw.pop("batch_size", 4), progress=False), **kw)
 
 
 def check_output(rows_in: list[dict], rows_out: list[dict]) -> None:
@@ -106,9 +108,9 @@ def test_bad_uris_and_options_rejected(tiny_llama_dir):
     with pytest.raises(ValueError, match="only local paths and s3://"):
         BatchQAConfig(input="gs://bucket/x", output="/tmp/o")
     with pytest.raises(ValueError, match="num_gpus"):
-        BatchQAConfig(input="/tmp/i", output="/tmp/o", num_gpus=1, engine=EngineConfig(device="cpu"))
+        BatchQAConfig(input="/tmp/i", output="/tmp/o", job=JobConfig(num_gpus=1), engine=EngineConfig(device="cpu"))
     with pytest.raises(ValueError, match="greater than 0"):
-        BatchQAConfig(input="/tmp/i", output="/tmp/o", concurrency=0)
+        JobConfig(concurrency=0)
     with pytest.raises(ValueError, match="no Parquet files"):
         plan_input(BatchQAConfig(input="/nonexistent/dir", output="/tmp/o"))
 
@@ -173,8 +175,8 @@ def test_s3_round_trip_on_loopback_server(ray_local, tiny_llama_dir, tmp_path, m
         local = write_rows(tmp_path / "in.parquet", rows)
         pafs.copy_files(str(local), "lake/in/part-0.parquet", destination_filesystem=fs)
         cfg = BatchQAConfig(input="s3://lake/in", output="s3://lake/out", s3=s3,
-                            engine=EngineConfig(model=str(tiny_llama_dir)), agent=FAST_AGENT, batch_size=2,
-                            progress=False)
+                            engine=EngineConfig(model=str(tiny_llama_dir)), agent=FAST_AGENT,
+                            job=JobConfig(batch_size=2, progress=False))
         summary = run_batch_qa(cfg)
         out = read_output("lake/out", filesystem=fs)
         check_output(rows, out)
@@ -190,7 +192,7 @@ def test_batch_cli_prints_summary(tiny_llama_dir, tmp_path):
 
     rows = good_rows(3)
     write_rows(tmp_path / "in" / "a.parquet", rows)
-    cmd = [sys.executable, "-m", "memagent.cli", "batch", "--input", str(tmp_path / "in"), "--output",
+    cmd = [sys.executable, "-m", "memagent_cli", "batch", "--input", str(tmp_path / "in"), "--output",
            str(tmp_path / "out"), "--model", str(tiny_llama_dir), "--chunk-tokens", "64", "--memory-tokens", "8",
            "--answer-tokens", "6", "--batch-size", "2", "--no-progress"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

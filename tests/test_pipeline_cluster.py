@@ -6,6 +6,7 @@ import pytest
 
 from memagent.engines import EngineConfig
 from pipelines.batch_qa import BatchQAConfig, run_batch_qa
+from pipelines.job import JobConfig
 from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
 
 pytestmark = pytest.mark.slow
@@ -22,8 +23,9 @@ def test_actors_run_on_the_worker_node(tiny_llama_dir, tmp_path):
         ray.shutdown()
     with local_cluster(workers=1, head_cpus=1, worker_cpus=1) as address:
         cfg = BatchQAConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"),
-                            engine=EngineConfig(model=str(tiny_llama_dir)), agent=FAST_AGENT, batch_size=2,
-                            resources={"worker_node": 1}, ray_address=address, progress=False)
+                            engine=EngineConfig(model=str(tiny_llama_dir)), agent=FAST_AGENT,
+                            job=JobConfig(batch_size=2, resources={"worker_node": 1}, ray_address=address,
+                                          progress=False))
         try:
             summary = run_batch_qa(cfg)
             worker_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("worker_node")}

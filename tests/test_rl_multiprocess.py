@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memagent.rl.plumbing import free_port, merge_rank_metrics
+from memagent.rl.distributed import free_port, merge_rank_metrics
 from test_rl_rollout import niah
 
 
@@ -38,7 +38,7 @@ def test_two_process_training_run(tiny_llama_dir: Path, tmp_path: Path):
     (tmp_path / "cfg.json").write_text(json.dumps({"warmup_steps": 0, "micro_batch_tokens": 1024, "save_every": 2}))
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "-m", "memagent.cli", "train", "--data", str(data), "--out", str(out),
+           f"--master_port={free_port()}", "-m", "memagent_cli", "train", "--data", str(data), "--out", str(out),
            "--model", str(tiny_llama_dir), "--preset", "tiny", "--chunk-tokens", "64", "--memory-tokens", "16",
            "--answer-tokens", "8", "--steps", "2", "--batch-size", "4", "--group-size", "2", "--lr", "1e-3",
            "--config", str(tmp_path / "cfg.json")]

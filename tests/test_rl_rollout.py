@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from memagent.config import AgentConfig
-from memagent.rl.plumbing import DataStream, Sample, collate, response_log_probs
+from memagent.rl.batching import Sample, collate, response_log_probs
+from memagent.rl.data import DataStream
 from memagent.rl.rollout import collect_rollouts
 
 CONFIG = AgentConfig(chunk_tokens=64, memory_tokens=16, answer_tokens=8, query_tokens=32,

@@ -7,7 +7,6 @@ cached in ~/.cache/torch_extensions afterwards).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,15 +14,16 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from memagent.config import AgentConfig
+from memagent.rl.batching import Sample, micro_batches
 from memagent.rl.config import TrainConfig
-from memagent.rl.plumbing import DataStream, Sample, load_examples, micro_batches
+from memagent.rl.data import DataStream, load_examples
 from memagent.rl.rollout import Conversation
 from test_rl_rollout import niah
 
 AGENT = AgentConfig(chunk_tokens=64, memory_tokens=16, answer_tokens=8, query_tokens=32)
 
 
-# -- config and plumbing (fast) ---------------------------------------------------------------
+# -- config, data and batching (fast) ---------------------------------------------------------------
 
 
 def test_train_config_defaults_and_rejections():
@@ -53,8 +53,7 @@ def test_deepspeed_config_from_train_config():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([1.0, 2.0, 3.0, 3.0])
-    template = json.loads((Path(__file__).parents[1] / "infra/deepspeed/zero2.json").read_text())
-    ds2 = TrainConfig().deepspeed_config(template=template)
+    ds2 = TrainConfig().deepspeed_config()  # the package's ZeRO settings, no file outside it
     assert ds2["zero_optimization"]["contiguous_gradients"] is True and ds2["zero_optimization"]["stage"] == 2
 
 
@@ -93,7 +92,7 @@ def test_load_examples_checks_columns(tmp_path):
 @pytest.mark.slow
 def test_train_checkpoint_export_and_resume(tiny_llama_dir, tmp_path):
     from memagent.engines.hf import TransformersEngine
-    from memagent.rl.plumbing import export_checkpoint
+    from memagent.rl.checkpoint import export_checkpoint
     from memagent.rl.trainer import train
 
     data = niah(6)

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 
 NUM_GPUS=${NUM_GPUS:-$(nvidia-smi --list-gpus | wc -l)}
 ENGINE=${ENGINE:-vllm}
-ARGS=(-m memagent.rl.cli_commands train --engine "$ENGINE" "$@")
+ARGS=(-m memagent_cli train --engine "$ENGINE" "$@")
 # The module parses its own flags: no --local_rank argument (ranks read LOCAL_RANK from the env).
 case "${LAUNCHER:-deepspeed}" in
   deepspeed) exec deepspeed --no_local_rank --num_gpus "$NUM_GPUS" --module "${ARGS[@]:1}" ;;

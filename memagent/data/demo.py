@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import random
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
 
 FILLER = [
     "The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.",
@@ -112,6 +114,17 @@ def qa_row(idx: int, n_docs: int, seed: int, filler_tokens: int = 60, count: Tok
         "context": context,
         "answers": [answer],
     }
+
+
+class DemoCorpus(BaseModel):
+    """The generated demo corpus: needle-in-a-haystack rows at a few lengths plus multi-document QA."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lengths: list[Annotated[int, Field(gt=0)]] = Field([1000, 2500, 5000], min_length=1,
+                               description="Needle-in-a-haystack lengths in tokens of the model's tokenizer")
+    qa_items: int = Field(3, ge=0, description="Multi-document QA items")
+    seed: int = Field(0, description="Seed of the generated text")
 
 
 def demo_corpus(

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
 
+from memagent.engines import EngineConfig, make_engine
 from memagent.engines.base import Engine, Messages, SamplingParams
 from memagent.verify import boxed_em, contains_any
 
@@ -176,3 +178,47 @@ def output_schema(input_schema: pa.Schema, keep_responses: bool = False) -> pa.S
     names = {f.name for f in FILTER_FIELDS} | {RESPONSES_FIELD.name}
     fields = [f for f in input_schema if f.name not in names] + FILTER_FIELDS
     return pa.schema(fields + ([RESPONSES_FIELD] if keep_responses else []))
+
+
+class FilterConfig(BaseModel):
+    """The no-context filter (spec §2.3): drop questions a model answers without the document."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    models: list[str] = Field(default_factory=list, description="Models to ask, with the engine's other settings "
+                              "(default: the engine's model)")
+    k: int = Field(2, gt=0, description="Samples per model (best-of-k)")
+    max_tokens: int = Field(512, gt=0, description="New tokens per probe (paper: 512)")
+    temperature: float = Field(1.0, ge=0, description="Probe sampling temperature")
+    top_p: float = Field(0.7, gt=0, le=1, description="Probe nucleus mass")
+    max_keep: int | None = Field(None, gt=0, description="Keep at most the first N survivors "
+                                 "(paper: 8192 train, 128 dev)")
+    keep_responses: bool = Field(False, description="Store every raw response in filter_responses")
+
+
+def run_filter(rows: list[dict], schema: pa.Schema, cfg: FilterConfig, engine: EngineConfig, output: str,
+               dropped: str) -> dict[str, Any]:
+    """The filter stage: probe with every model on ``engine``'s backend, write kept and dropped rows.
+
+    Returns the summary (counts, models, output paths).
+    """
+    from memagent.data.io import write_parquet
+
+    models = cfg.models or [engine.model]
+    engines = [make_engine(engine.model_copy(update={"model": m})) for m in models]
+
+    async def run_then_close() -> FilterResult:
+        try:
+            return await filter_no_context(rows, engines, k=cfg.k, max_tokens=cfg.max_tokens,
+                                           temperature=cfg.temperature, top_p=cfg.top_p,
+                                           keep_responses=cfg.keep_responses)
+        finally:
+            for e in engines:
+                await e.close()
+
+    result = asyncio.run(run_then_close())
+    kept = result.kept if cfg.max_keep is None else result.kept[: cfg.max_keep]
+    out_schema = output_schema(schema, cfg.keep_responses)
+    return {**result.summary(), "written_kept": len(kept), "models": models, "k": cfg.k,
+            "output": write_parquet(kept, output, out_schema),
+            "dropped_output": write_parquet(result.dropped, dropped, out_schema)}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SOURCE = "hotpotqa"
 
@@ -432,3 +433,35 @@ def synthesize(
     for size in sizes:
         for record in chosen:
             yield make_sample(record, pool, size, seed=seed, tokenizer=tokenizer)
+
+
+class HotpotSynthConfig(BaseModel):
+    """HotpotQA long-context synthesis: questions hidden among distractor documents (spec §2.1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str = Field(..., description="Official HotpotQA JSON/JSONL (local or s3://)")
+    samples: int | None = Field(None, gt=0, description="First N questions (default: all)")
+    num_docs: list[int] = Field(default_factory=list, description="Documents per sample, e.g. 50,100,200")
+    tokens: list[int] = Field(default_factory=list, description="Target context tokens per sample, e.g. 8K,32K")
+    seed: int = Field(42, description="Global seed; each sample depends only on (seed, question, size)")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, source: str) -> str:
+        from memagent.data.io import check_uri
+
+        return check_uri(source, "source")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> HotpotSynthConfig:
+        sizes_from(self.num_docs, self.tokens)  # at least one size, all positive
+        return self
+
+    def sizes(self) -> list[Size]:
+        return sizes_from(self.num_docs, self.tokens)
+
+    def rows(self, tokenizer: Any) -> list[dict]:
+        """Every sample, in this process."""
+        return list(synthesize(load_hotpotqa(self.source), self.sizes(), seed=self.seed, samples=self.samples,
+                               tokenizer=tokenizer))

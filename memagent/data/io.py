@@ -1,32 +1,92 @@
-"""Reading source files and writing Parquet, on local paths or any URI pyarrow knows (``s3://``).
+"""Where data lives (local paths or S3, any endpoint), reading source files and writing Parquet.
 
-S3 endpoints come from the environment (``AWS_ENDPOINT_URL`` and the usual credentials), which
-pyarrow's native client honours, so the same code reads a local file and an object in a test
-S3 server. JSON sources may be one JSON document or JSON Lines (``.jsonl``).
+:func:`filesystem` is the one place a path becomes a pyarrow filesystem: pyarrow's native S3
+client does the bulk I/O (Ray's own fast path); credentials come from the usual AWS chain, the
+endpoint and region from :class:`S3Options` or the environment (``AWS_ENDPOINT_URL``), so a
+loopback S3 server works like AWS. JSON sources may be one JSON document or JSON Lines.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
 
 
-def is_uri(path: str) -> bool:
-    return "://" in path
+class S3Options(BaseModel):
+    """S3 connection settings; credentials come from the AWS chain, never from here."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    endpoint_url: str | None = Field(None, description="S3 endpoint URL, e.g. http://127.0.0.1:5055 (default: AWS or "
+                                     "$AWS_ENDPOINT_URL)", json_schema_extra={"flag": "s3-endpoint"})
+    region: str | None = Field(None, description="S3 region (default: $AWS_REGION/$AWS_DEFAULT_REGION or us-east-1)",
+                               json_schema_extra={"flag": "s3-region"})
+
+    def env(self) -> dict[str, str]:
+        """Environment for remote workers: the endpoint/region plus the caller's AWS credentials."""
+        env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        if self.endpoint_url:
+            env["AWS_ENDPOINT_URL"] = self.endpoint_url
+        if self.region:
+            env["AWS_REGION"] = self.region
+        return env
 
 
-def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem for ``path`` and the path inside it (local paths made absolute)."""
-    if is_uri(path):
-        if path.startswith("file://"):
-            return pafs.LocalFileSystem(), path[len("file://") :]
-        return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path))
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def check_uri(uri: str, what: str = "path") -> str:
+    """Accept a local path or ``s3://bucket/prefix``; anything else is a clear error."""
+    if not uri or not uri.strip():
+        raise ValueError(f"{what}: must not be empty")
+    if "://" in uri and not is_s3(uri) and not uri.startswith("file://"):
+        scheme = uri.split("://", 1)[0]
+        raise ValueError(f"{what} {uri!r}: unsupported scheme {scheme!r}; only local paths and s3:// URIs are "
+                         "supported")
+    if is_s3(uri) and not uri[len("s3://"):].strip("/"):
+        raise ValueError(f"{what} {uri!r}: give a bucket, e.g. s3://bucket/prefix")
+    return uri
+
+
+def filesystem(uri: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem for ``uri`` (a local path, ``file://`` or ``s3://``) and the path inside it."""
+    check_uri(uri)
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    if not is_s3(uri):
+        return pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
+    s3 = s3 or S3Options()
+    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    kwargs: dict = {"region": region}
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
+    kwargs.update(_driver_credentials())
+    return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
+
+
+def _driver_credentials() -> dict[str, str]:
+    """Credentials the AWS chain resolves here, made explicit so that Ray workers elsewhere
+    (whose environment may lack them) use the same ones; empty = workers resolve their own."""
+    from botocore.session import Session
+
+    creds = Session().get_credentials()
+    if creds is None:
+        return {}
+    frozen = creds.get_frozen_credentials()
+    out = {"access_key": frozen.access_key, "secret_key": frozen.secret_key}
+    if frozen.token:
+        out["session_token"] = frozen.token
+    return out
 
 
 def read_bytes(path: str) -> bytes:

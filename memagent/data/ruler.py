@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memagent.data.hotpotqa import (
     DocPool,
@@ -480,3 +481,51 @@ class RulerGenerator:
         if n >= available:
             log.warning("%s at length %d: the document pool ran out (%d documents, %d tokens); "
                         "the sample is shorter than asked", task, length, n, tokens)
+
+
+class RulerItems(BaseModel):
+    """Which RULER items to make and from which sources: ``synth ruler`` and ``eval`` share it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tasks: list[str] = Field(default_factory=list, description="RULER tasks, e.g. niah_single_1,vt,hotpotqa "
+                             "(qa = qa_1 SQuAD; hotpotqa = qa_2)")
+    lengths: list[int] = Field(default_factory=list, description="Item lengths in tokens of the model's tokenizer, "
+                               "e.g. 4K,8K,32K")
+    samples: int = Field(4, gt=0, description="Items per (task, length)")
+    haystack: str | None = Field(None, description="Essay text file for the essay-haystack NIAH tasks "
+                                 "(RULER: pg_essays.txt)")
+    squad: str | None = Field(None, description="SQuAD v2.0 JSON for qa_1")
+    hotpotqa: str | None = Field(None, description="HotpotQA JSON for qa_2")
+    seed: int = Field(42, description="Global seed; every item depends only on (seed, task, length, index)")
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: list[str]) -> list[str]:
+        return list(dict.fromkeys(resolve_task(t) for t in tasks))
+
+    @field_validator("lengths")
+    @classmethod
+    def _positive(cls, lengths: list[int]) -> list[int]:
+        if any(x <= 0 for x in lengths):
+            raise ValueError(f"lengths must be positive token counts, got {lengths}")
+        return lengths
+
+    def generator(self, tokenizer: Any) -> RulerGenerator:
+        """The one RULER generator set-up: sources read from local paths or s3:// URIs."""
+        from memagent.data.hotpotqa import load_hotpotqa
+        from memagent.data.io import read_json, read_text
+
+        return RulerGenerator(
+            tokenizer,
+            essay=read_text(self.haystack) if self.haystack else None,
+            squad=read_json(self.squad) if self.squad else None,
+            hotpotqa=load_hotpotqa(self.hotpotqa) if self.hotpotqa else None,
+            seed=self.seed,
+        )
+
+    def rows(self, tokenizer: Any) -> Iterator[dict]:
+        """Every selected item, task-major."""
+        if not (self.tasks and self.lengths):
+            raise ValueError("give tasks and lengths to generate RULER items")
+        return self.generator(tokenizer).generate(self.tasks, sorted(self.lengths), self.samples)

@@ -12,18 +12,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
+from memagent.models import DEFAULT_MODEL
 
-__all__ = ["Completion", "Engine", "EngineConfig", "EngineStats", "SamplingParams", "make_engine"]
+__all__ = ["DEFAULT_MODEL", "Completion", "Engine", "EngineConfig", "EngineStats", "SamplingParams", "make_engine"]
 
 EngineName = Literal["hf", "vllm", "openai"]
 
-# Options that only one backend reads, with their defaults: setting one for another backend is a
-# mistake we reject rather than ignore.
-_OPENAI_ONLY = {"endpoint": None, "api_key_env": "OPENAI_API_KEY", "served_model": None,
-                "max_concurrency": 16, "request_timeout_s": 120.0, "max_retries": 5}
-_VLLM_ONLY = {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.85, "max_model_len": None,
-              "quantization": None, "enable_prefix_caching": True, "enable_sleep_mode": False}
-_LOCAL_ONLY = {"max_batch_size": 16, "device": "auto", "dtype": "auto"}  # hf and vllm
+def _only(*backends: str, flag: str | None = None) -> dict:
+    """Field metadata: the backends that read an option (setting it for another is an error)."""
+    return {"backends": list(backends), **({"flag": flag} if flag else {})}
 
 
 class EngineConfig(BaseModel):
@@ -32,40 +29,55 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     engine: EngineName = Field("hf", description="Backend: 'hf' (transformers), 'vllm' or 'openai' (remote endpoint).")
-    model: str = Field("smollm2-135m", description=(
+    model: str = Field(DEFAULT_MODEL, description=(
         "Registered model name, HF model directory or .gguf file. For 'openai' it names the local "
         "tokenizer used for chunking and budgets (see `tokenizer`) and, by default, the served model."))
-    device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N' (hf, vllm).")
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description="'auto' = bf16 where the hardware is fast at it.")
-    max_batch_size: int = Field(16, gt=0, description="Most requests in one forward pass (hf; vllm: max_num_seqs).")
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N' (hf, vllm).",
+                        json_schema_extra=_only("hf", "vllm"))
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="'auto' = bf16 where the hardware is fast at it (hf, vllm).", json_schema_extra=_only("hf", "vllm"))
+    max_batch_size: int = Field(16, gt=0, description="Most requests in one forward pass (hf; vllm: max_num_seqs).",
+                                json_schema_extra=_only("hf", "vllm"))
     tokenizer: str | None = Field(None, description="Tokenizer (registered name or HF directory) when it differs from `model`.")
     context_window: int | None = Field(None, gt=0, description=(
         "Override the model's context window (prompt + reply tokens). Needed for 'openai' when the "
         "tokenizer's model config does not state the served window."))
     # -- openai --
-    endpoint: str | None = Field(None, description="openai: base URL of the API, e.g. http://host:8000/v1.")
-    api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the API key (may be unset).")
-    served_model: str | None = Field(None, description="openai: model name sent to the endpoint (default: `model`).")
-    max_concurrency: int = Field(16, gt=0, description="openai: most requests in flight at once.")
-    request_timeout_s: float = Field(120.0, gt=0, description="openai: timeout of one HTTP request.")
-    max_retries: int = Field(5, ge=0, description="openai: retries on 429/5xx/connection errors, with exponential backoff.")
+    endpoint: str | None = Field(None, description="openai: base URL of the API, e.g. http://host:8000/v1.",
+                                 json_schema_extra=_only("openai"))
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the API key "
+                             "(may be unset); the key itself never enters a config", json_schema_extra=_only("openai"))
+    served_model: str | None = Field(None, description="openai: model name sent to the endpoint (default: `model`).",
+                                     json_schema_extra=_only("openai"))
+    max_concurrency: int = Field(16, gt=0, description="openai: most requests in flight at once.",
+                                 json_schema_extra=_only("openai"))
+    request_timeout_s: float = Field(120.0, gt=0, description="openai: timeout of one HTTP request in seconds.",
+                                     json_schema_extra=_only("openai", flag="request-timeout"))
+    max_retries: int = Field(5, ge=0, description="openai: retries on 429/5xx/connection errors, with exponential backoff.",
+                             json_schema_extra=_only("openai"))
     # -- vllm --
-    tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs one engine shards the model over.")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: fraction of GPU memory the engine may take.")
-    max_model_len: int | None = Field(None, gt=0, description="vllm: context length to allocate (default: the model's).")
-    quantization: str | None = Field(None, description="vllm: quantization method, e.g. 'fp8', 'awq', 'gguf'.")
-    enable_prefix_caching: bool = Field(True, description="vllm: reuse KV of shared prompt prefixes.")
-    enable_sleep_mode: bool = Field(False, description="vllm: allow sleep()/wake_up() to share a GPU with a trainer.")
+    tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs one engine shards the model over.",
+                                      json_schema_extra=_only("vllm"))
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: fraction of GPU memory the engine may take.",
+                                          json_schema_extra=_only("vllm"))
+    max_model_len: int | None = Field(None, gt=0, description="vllm: context length to allocate (default: the model's).",
+                                      json_schema_extra=_only("vllm"))
+    quantization: str | None = Field(None, description="vllm: quantization method, e.g. 'fp8', 'awq', 'gguf'.",
+                                     json_schema_extra=_only("vllm"))
+    enable_prefix_caching: bool = Field(True, description="vllm: reuse KV of shared prompt prefixes.",
+                                        json_schema_extra=_only("vllm", flag="prefix-caching"))
+    enable_sleep_mode: bool = Field(False, description="vllm: allow sleep()/wake_up() to share a GPU with a trainer.",
+                                    json_schema_extra=_only("vllm", flag="sleep-mode"))
 
     @model_validator(mode="after")
     def _check_backend_options(self) -> EngineConfig:
-        owned = [(("openai",), _OPENAI_ONLY), (("vllm",), _VLLM_ONLY), (("hf", "vllm"), _LOCAL_ONLY)]
-        for backends, options in owned:
-            if self.engine in backends:
-                continue
-            wrong = [k for k, default in options.items() if getattr(self, k) != default]
-            if wrong:
-                raise ValueError(f"{', '.join(wrong)}: apply only to engine {' or '.join(backends)}, not {self.engine!r}")
+        by_backends: dict[tuple[str, ...], list[str]] = {}
+        for name, info in type(self).model_fields.items():
+            backends = tuple((info.json_schema_extra or {}).get("backends", ()))  # type: ignore[union-attr]
+            if backends and self.engine not in backends and getattr(self, name) != info.default:
+                by_backends.setdefault(backends, []).append(name)
+        for backends, wrong in by_backends.items():
+            raise ValueError(f"{', '.join(wrong)}: apply only to engine {' or '.join(backends)}, not {self.engine!r}")
         if self.engine == "openai":
             if not self.endpoint:
                 raise ValueError("engine 'openai' needs endpoint (base URL, e.g. http://127.0.0.1:8000/v1)")

@@ -12,6 +12,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The ZeRO settings not derived from TrainConfig fields (the stage is). Bucket sizes are in
+# elements; each ZeRO-2 bucket is a buffer of that many gradient elements.
+ZERO_OPTIMIZATION: dict[str, Any] = {
+    "contiguous_gradients": True,
+    "overlap_comm": False,
+    "reduce_scatter": True,
+    "allgather_bucket_size": 200_000_000,
+    "reduce_bucket_size": 200_000_000,
+}
+
 OverlongMode = Literal["none", "mask", "penalize"]
 RolloutEngine = Literal["hf", "vllm"]
 
@@ -50,7 +60,8 @@ class TrainConfig(BaseModel):
     overlong_penalty: float = Field(0.5, ge=0, description="Reward subtracted per trajectory with a cut conversation.")
     rollout_engine: RolloutEngine = Field(
         "hf", description="Rollout backend: 'hf' (transformers in the trainer process, CPU or CUDA) or 'vllm' "
-        "(vLLM beside the trainer on the same GPU; needs CUDA and the gpu extra)."
+        "(vLLM beside the trainer on the same GPU; needs CUDA and the gpu extra).",
+        json_schema_extra={"flag": "engine"},
     )
     rollout_gpu_memory_utilization: float = Field(
         0.3, gt=0, lt=1, description="vllm: fraction of the GPU the rollout engine takes (the trainer keeps the rest)."
@@ -106,47 +117,40 @@ class TrainConfig(BaseModel):
             raise ValueError("rollout_engine='vllm' needs a CUDA GPU (the gpu extra's vLLM is a CUDA build); "
                              "use rollout_engine='hf' (--engine hf) on CPU")
 
-    def deepspeed_config(self, *, world_size: int = 1, bf16: bool = False, template: dict[str, Any] | None = None) -> dict:
-        """The dict given to ``deepspeed.initialize`` (template: ``infra/deepspeed/zero2.json``).
+    def deepspeed_config(self, *, world_size: int = 1, bf16: bool = False) -> dict:
+        """The dict given to ``deepspeed.initialize``: :data:`ZERO_OPTIMIZATION` plus this config's fields.
 
         Gradient accumulation is driven by the trainer (``managed_gradient_accumulation``
         off): a mini-batch holds as many token-budgeted micro-batches as it needs and
         ``engine.step()`` is the boundary. The learning-rate schedule is :meth:`lr_scheduler`.
         """
-        import copy
-
-        cfg = copy.deepcopy(template) if template else {}
-        cfg.update(
-            {
-                "train_micro_batch_size_per_gpu": 1,
-                "gradient_accumulation_steps": 1,
-                "train_batch_size": world_size,
-                "managed_gradient_accumulation": False,
-                "gradient_clipping": self.grad_clip or 0.0,
-                "steps_per_print": 10**9,
-                "wall_clock_breakdown": False,
-            }
-        )
-        cfg["optimizer"] = {
-            "type": "AdamW",
-            "params": {
-                "lr": self.lr,
-                "betas": list(self.betas),
-                "eps": 1e-8,
-                "weight_decay": self.weight_decay,
-                "torch_adam": True,  # no fused CUDA op to JIT-compile on CPU
-            },
-        }
-        cfg.pop("scheduler", None)  # warm-up comes from lr_scheduler() (DeepSpeed's WarmupLR idles 2 steps at 0)
-        zero = dict(cfg.get("zero_optimization", {}))
-        zero["stage"] = self.zero_stage
+        zero = dict(ZERO_OPTIMIZATION, stage=self.zero_stage)
         if self.zero_stage == 3:
             zero["stage3_gather_16bit_weights_on_model_save"] = True
         if self.zero_stage != 2:
             zero.pop("overlap_comm", None)  # unmanaged accumulation allows overlap_comm only at stage 2
-        cfg["zero_optimization"] = zero
-        cfg["bf16"] = {"enabled": bool(bf16)}
-        return cfg
+        return {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "train_batch_size": world_size,
+            "managed_gradient_accumulation": False,
+            "gradient_clipping": self.grad_clip or 0.0,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+            "optimizer": {
+                "type": "AdamW",
+                "params": {
+                    "lr": self.lr,
+                    "betas": list(self.betas),
+                    "eps": 1e-8,
+                    "weight_decay": self.weight_decay,
+                    "torch_adam": True,  # no fused CUDA op to JIT-compile on CPU
+                },
+            },
+            # No "scheduler": warm-up comes from lr_scheduler() (DeepSpeed's WarmupLR idles 2 steps at 0).
+            "zero_optimization": zero,
+            "bf16": {"enabled": bool(bf16)},
+        }
 
     def lr_scheduler(self, optimizer: Any) -> Any:
         """Linear warm-up then constant, stepped once per optimizer step (give it to ``deepspeed.initialize``).

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -33,6 +33,31 @@ RewardFn = Callable[[str, Sequence[str]], float]
 """``(final response text, reference answers) -> reward``; default :func:`boxed_em`."""
 Draw = Callable[[int], list[Mapping[str, Any]]]
 """``draw(n)`` -> the next ``n`` examples (dicts with id, question, context, answers)."""
+
+
+# What a rollout engine can do beyond :class:`Engine`, as checkable protocols: the trainer
+# needs WeightSync; SleepMode (vLLM) frees the GPU during updates; Shutdown stops a subprocess.
+@runtime_checkable
+class WeightSync(Protocol):
+    """Takes the policy's full state dict (name -> tensor) and generates with it from then on."""
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
+
+
+@runtime_checkable
+class SleepMode(Protocol):
+    """Releases its device memory between rollouts (weights offloaded, KV cache freed)."""
+
+    def sleep(self, level: int = 1) -> None: ...
+
+    def wake_up(self, tags: list[str] | None = None) -> None: ...
+
+
+@runtime_checkable
+class Shutdown(Protocol):
+    """Holds a process or threads that should be stopped explicitly, not at interpreter exit."""
+
+    def shutdown(self) -> None: ...
 
 
 @dataclass

@@ -1,0 +1,254 @@
+"""A latency-model engine: the ``Engine`` interface with no model, for scale benchmarks only.
+
+Never a product engine (``make_engine`` does not know it). It stands in for one GPU running one
+model under a continuous-batching server (vLLM's scheduler, simplified):
+
+- every ``chat`` call becomes a sequence: ``prompt_tokens`` to prefill, then ``completion_tokens``
+  to decode, one token per step;
+- one scheduler coroutine runs *steps*. A step takes every running sequence that is decoding
+  (one token each) and fills the rest of the step's token budget with prefill of waiting
+  sequences, first come first served (chunked prefill); at most ``max_seqs`` sequences run at
+  once, at most ``max_tokens_per_step`` tokens per step;
+- a step lasts ``prefill_tokens * a + decode_seqs * b + c`` seconds (a roofline: prefill is
+  compute-bound, a decode step reads the weights once (c) plus each sequence's KV cache (b)),
+  and the scheduler *sleeps* that long (times ``time_scale``), so eight simulated GPUs cost
+  almost no CPU.
+
+Replies are deterministic, so the agent's real loop, chunking and trace code run unchanged:
+a memory update keeps every sentence of the previous memory and of the section that holds a
+digit string (capped at the request's ``max_tokens``); the answer is the last digit string of the
+memory ("none" when there is none). Tokens are counted with the policy tokenizer's tiktoken twin
+(the same BPE as the packaged model), so prompt and reply lengths are real token counts.
+
+Build one inside a Ray actor from a plain dict (the batch job's ``engine_factory`` seam):
+``pipelines.batch_qa.AgentWorker(..., engine_factory="benchmarks.latency_engine:from_config",
+engine_factory_config={...})``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """One GPU serving one model. Defaults: an 8B dense model (Llama-3.1-8B shape) in bf16 on one H100 SXM.
+
+    Sources (public; replace with measured numbers when a GPU check has run):
+    - ``a`` (prefill, s per token) = 2 x 8.0e9 FLOP/token / (989e12 FLOP/s bf16 dense x 0.5 MFU)
+      = 32 us. H100 SXM datasheet (989 TFLOPS bf16 dense, 3.35 TB/s HBM3); 50% MFU is what
+      vLLM/SGLang prefill reaches on 8B models in their published benchmarks (e.g. the vLLM v0.6
+      performance blog, 2024-09-05: ~20-30K prefill tokens/s for Llama-3-8B on one H100).
+    - ``c`` (fixed cost of a step, s) = 16.1e9 bytes of bf16 weights / 3.35e12 B/s = 4.8 ms,
+      rounded up to 6 ms for kernel launches and sampling (vLLM's published single-request
+      TPOT for Llama-3-8B on H100 is 6-7 ms).
+    - ``b`` (decode, s per running sequence per step) = KV bytes one sequence reads per step:
+      Llama-3-8B has 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes = 128 KiB per token;
+      a memory-agent conversation holds ~6K tokens (5K chunk + memory + template) = 0.8 GB,
+      / 3.35 TB/s = 0.24 ms -> 0.25 ms.
+    - ``max_seqs`` = 64: what the KV cache holds at ~6K tokens per sequence (80 GB x 0.9 - 16 GB
+      weights = 56 GB / 0.8 GB = 70), below vLLM's ``max_num_seqs`` default of 256.
+    - ``max_tokens_per_step`` = 8192: vLLM's ``max_num_batched_tokens`` for chunked prefill.
+    """
+
+    a_prefill_s_per_token: float = 32e-6
+    b_decode_s_per_seq: float = 0.25e-3
+    c_step_s: float = 6e-3
+    max_seqs: int = 64
+    max_tokens_per_step: int = 8192
+    time_scale: float = 1.0  # sleep this fraction of each modelled step (benchmarks shrink time)
+
+    def step_seconds(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """Modelled duration of one step (unscaled)."""
+        if prefill_tokens == 0 and decode_seqs == 0:
+            return 0.0
+        return prefill_tokens * self.a_prefill_s_per_token + decode_seqs * self.b_decode_s_per_seq + self.c_step_s
+
+    def ideal_seconds(self, prefill_tokens: int, decode_tokens: int) -> float:
+        """Modelled time of an always-full engine for this work: every step packed to its caps.
+
+        ``a * P`` and ``b * D`` are paid whatever the packing; ``c`` once per step, and the fewest
+        steps that can carry the work are ``max(D / max_seqs, (P + D) / max_tokens_per_step)``.
+        """
+        steps = max(decode_tokens / self.max_seqs, (prefill_tokens + decode_tokens) / self.max_tokens_per_step)
+        return prefill_tokens * self.a_prefill_s_per_token + decode_tokens * self.b_decode_s_per_seq \
+            + steps * self.c_step_s
+
+
+@dataclass
+class _Seq:
+    prefill_left: int
+    decode_left: int
+    future: asyncio.Future
+    completion: Completion
+
+
+@dataclass
+class SimStats:
+    """What the scheduler did, in modelled (unscaled) seconds."""
+
+    steps: int = 0
+    busy_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    step_seconds: list[float] = field(default_factory=list)  # last 1000 modelled step durations
+
+
+_DIGITS = re.compile(r"\d{2,}")
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+_TAG = {name: re.compile(rf"<{name}>\n(.*?)\n</{name}>", re.S) for name in ("memory", "section", "document")}
+
+
+def _tag(text: str, name: str) -> str | None:
+    m = _TAG[name].search(text)
+    return m.group(1) if m else None
+
+
+class LatencyEngine(Engine):
+    """The engine interface over :class:`LatencyModel`: deterministic replies, modelled step times."""
+
+    def __init__(self, model: LatencyModel | None = None, tokenizer: Any = None, *, name: str = "latency-model",
+                 context_window: int = 131072):
+        from memagent.bpe_offsets import tiktoken_bpe_for
+        from memagent.data.io import load_tokenizer
+
+        self.model = model or LatencyModel()
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer("smollm2-135m")
+        bpe = tiktoken_bpe_for(self.tokenizer)
+        self._encode = bpe.encoding.encode_ordinary if bpe is not None else \
+            (lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"])
+        self.name, self.context_window = name, context_window
+        self.stats = EngineStats()
+        self.sim = SimStats()
+        # Chat-template tokens around the message contents (constant per template).
+        self._template_overhead = len(super().encode_chat([{"role": "user", "content": ""}]))
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+
+    # -- token accounting, cheap --
+    def count_tokens(self, text: str) -> int:
+        return len(self._encode(text))
+
+    def count_chat_tokens(self, messages: Messages) -> int:
+        return self._template_overhead * len(messages) + sum(self.count_tokens(m["content"]) for m in messages)
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        return super().encode_chat(messages)
+
+    # -- queue depth for metrics --
+    @property
+    def queued(self) -> int:
+        """Requests waiting for their first prefill token (not yet running)."""
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def reply(self, messages: Messages, max_tokens: int) -> tuple[str, int, str]:
+        """Deterministic reply text, its token count and finish reason."""
+        text = messages[-1]["content"]
+        section = _tag(text, "section")
+        memory = _tag(text, "memory") or ""
+        if section is None:  # the answer (or full-context) conversation
+            source = _tag(text, "document") or memory
+            digits = _DIGITS.findall(source)
+            out = f"Therefore, the answer is {digits[-1] if digits else 'none'}"
+        else:
+            kept, seen = [], set()
+            for s in _SENTENCE.findall(memory) + _SENTENCE.findall(section):
+                s = s.strip()
+                if s and _DIGITS.search(s) and s not in seen:
+                    seen.add(s)
+                    kept.append(s)
+            out = " ".join(kept) if kept else "Nothing relevant yet."
+        ids = self._encode(out)
+        if len(ids) > max_tokens:
+            return self.tokenizer.decode(ids[:max_tokens]), max_tokens, "length"
+        return out, max(1, len(ids)), "stop"
+
+    async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
+        text, n_out, finish = self.reply(messages, params.max_tokens)
+        n_prompt = self.count_chat_tokens(messages)
+        loop = asyncio.get_running_loop()
+        completion = Completion(text=text, prompt_tokens=n_prompt, completion_tokens=n_out, finish_reason=finish)
+        seq = _Seq(prefill_left=n_prompt, decode_left=n_out, future=loop.create_future(), completion=completion)
+        self._ensure_worker()
+        self._waiting.append(seq)
+        assert self._wake is not None
+        self._wake.set()
+        return await seq.future
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or self._worker.done():
+            self._wake = asyncio.Event()
+            self._worker = asyncio.get_running_loop().create_task(self._serve())
+
+    async def _serve(self) -> None:
+        m = self.model
+        assert self._wake is not None
+        while True:
+            if not self._waiting and not self._running:
+                self._wake.clear()
+                await self._wake.wait()
+            # Admit waiting sequences while there is room (vLLM: running first, then waiting).
+            while self._waiting and len(self._running) < m.max_seqs:
+                self._running.append(self._waiting.popleft())
+            decoding = [s for s in self._running if s.prefill_left == 0]
+            budget = m.max_tokens_per_step - len(decoding)
+            prefill = 0
+            for s in self._running:
+                if s.prefill_left and budget > 0:
+                    take = min(s.prefill_left, budget)
+                    s.prefill_left -= take
+                    budget -= take
+                    prefill += take
+                    if s.prefill_left == 0:  # the step that ends a prefill samples the first token
+                        s.decode_left -= 1
+            for s in decoding:
+                s.decode_left -= 1
+            dt = m.step_seconds(prefill, len(decoding))
+            self.sim.steps += 1
+            self.sim.busy_s += dt
+            self.sim.prefill_tokens += prefill
+            self.sim.decode_tokens += len(decoding)
+            if len(self.sim.step_seconds) >= 1000:
+                del self.sim.step_seconds[:500]
+            self.sim.step_seconds.append(dt)
+            await asyncio.sleep(dt * m.time_scale)
+            done = [s for s in self._running if s.prefill_left == 0 and s.decode_left <= 0]
+            if done:
+                self._running = [s for s in self._running if not (s.prefill_left == 0 and s.decode_left <= 0)]
+                self.stats.batch_sizes.append(len(decoding))
+                if len(self.stats.batch_sizes) > 1000:
+                    del self.stats.batch_sizes[:500]
+                for s in done:
+                    self.stats.requests += 1
+                    self.stats.prompt_tokens += s.completion.prompt_tokens
+                    self.stats.completion_tokens += s.completion.completion_tokens
+                    if not s.future.done():
+                        s.future.set_result(s.completion)
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            self._worker = None
+
+
+def from_config(config: dict[str, Any] | None = None) -> LatencyEngine:
+    """Build a :class:`LatencyEngine` from plain data (``LatencyModel`` fields, plus ``name``)."""
+    config = dict(config or {})
+    name = config.pop("name", "latency-model")
+    return LatencyEngine(LatencyModel(**config), name=name)
+
+
+def model_dict(model: LatencyModel) -> dict[str, Any]:
+    return asdict(model)

@@ -1,0 +1,254 @@
+"""The batch job at scale on simulated GPUs: continuous admission against the batch barrier.
+
+    python -m benchmarks.scale --out benchmarks/results/scale.json [--docs 2000] [--actors 8]
+        [--max-in-flight 64] [--modes admission,barrier] [--time-scale 1.0] [--cluster]
+
+Generates a lake of ``--docs`` documents with lognormal lengths (median 8K tokens, sigma 1.2,
+capped at 1M; count, seed and the length histogram go into the JSON), writes it as Parquet,
+and runs the real Ray Data job (``pipelines.batch_qa.run_batch_qa``: Parquet in, Parquet out,
+resume on) once per mode over the same lake, each into its own output, on ``--actors`` actors
+holding the latency-model engine of ``benchmarks/latency_engine.py`` (one H100-class GPU
+serving an 8B model each; its steps sleep, so eight cost almost no CPU).
+
+Modes: ``admission`` (the job's default: one row per call, ``max_in_flight`` calls per actor,
+the actor's gate), ``barrier`` (admission off: one call per actor of ``max_in_flight`` rows,
+the job before issue 14), and for the design choice ``sched4`` (4 rows per call,
+``max_in_flight`` calls, the gate binding: a scheduler inside the actor) and ``calls4`` (4 rows
+per call, ``max_in_flight / 4`` calls: several calls over small batches, no gate binding).
+
+Headline keys, per mode under ``modes``: ``occupancy`` (mean documents in flight /
+``max_in_flight``, all actors over the job's window, from the actors' gates), ``wall_vs_ideal``
+(the job's wall, from the first row admitted to the last written, / the wall an always-full
+engine needs for the same prefill and decode tokens: ``LatencyModel.ideal_seconds`` over all
+actors' work / actors, with "full" = ``min(max_in_flight, max_seqs)`` sequences per step),
+``docs_per_s``. ``critical_path_s``: the longest document alone on an idle engine (no job can
+end sooner). Targets (issue 14): occupancy >= 0.9, wall_vs_ideal <= 1.15 with admission on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from benchmarks.common import loadavg, print_table, write_json  # noqa: E402
+from benchmarks.latency_engine import LatencyModel, model_dict  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+HIST_EDGES = [0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 512_000, 1_000_001]
+WORDS = ("river harbour merchant lantern quiet market northern valley window garden stone bridge "
+         "winter morning letter council road forest copper wagon festival mill tower orchard "
+         "painter station archive meadow cellar ferry").split()
+NAMES = "Alder Birch Cedar Dune Ember Fable Garnet Heron Iris Juniper Kestrel Linden".split()
+
+
+def lake_lengths(n: int, seed: int, median: int = 8_000, sigma: float = 1.2, cap: int = 1_000_000) -> list[int]:
+    rng = random.Random(seed)
+    return [max(200, min(cap, int(round(median * math.exp(rng.gauss(0.0, sigma)))))) for _ in range(n)]
+
+
+def histogram(lengths: list[int]) -> list[dict]:
+    return [{"from": lo, "to": hi - 1 if hi == HIST_EDGES[-1] else hi,
+             "docs": sum(lo <= x < hi for x in lengths)} for lo, hi in zip(HIST_EDGES, HIST_EDGES[1:])]
+
+
+def corpus(seed: int, sentences: int, fact_every: int) -> str:
+    """Filler prose; one sentence in ``fact_every`` holds a digit string (what the simulated memory keeps)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(sentences):
+        if i % fact_every == fact_every // 2:
+            out.append(f"Ledger {rng.randint(10, 9999)} names {rng.choice(NAMES)} as keeper of the "
+                       f"{rng.choice(WORDS)}.")
+        else:
+            words = rng.choices(WORDS, k=rng.randint(8, 16))
+            out.append(" ".join(words).capitalize() + ".")
+    return " ".join(out)
+
+
+def make_lake(path: Path, n: int, seed: int, fact_every: int, files: int, tokenizer) -> dict:
+    """Write the lake; contexts are slices of one generated corpus (cheap), sized by chars/token."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.bpe_offsets import tiktoken_bpe_for
+
+    lengths = lake_lengths(n, seed)
+    text = corpus(seed, 400_000, fact_every)
+    enc = tiktoken_bpe_for(tokenizer).encoding
+    sample = text[:400_000]
+    chars_per_token = len(sample) / len(enc.encode_ordinary(sample))
+    rng = random.Random(seed + 1)
+    rows = []
+    for i, tokens in enumerate(lengths):
+        chars = int(tokens * chars_per_token)
+        start = rng.randrange(0, len(text))
+        body = (text[start:] + " " + text) * (1 + chars // len(text))
+        body = body[:chars]
+        key, value = f"{rng.choice(WORDS)}-{rng.choice(WORDS)}-{i}", str(rng.randint(1_000_000, 9_999_999))
+        at = rng.randrange(0, max(1, len(body)))
+        at = body.rfind(". ", 0, at) + 2 if body.rfind(". ", 0, at) > 0 else 0
+        context = body[:at] + f"The special magic number for {key} is: {value}. " + body[at:]
+        rows.append({"id": f"doc-{i:05d}", "question": f"What is the special magic number for {key}?",
+                     "context": context, "answers": [value], "target_tokens": tokens})
+    path.mkdir(parents=True, exist_ok=True)
+    per = -(-n // files)
+    for f in range(files):
+        part = rows[f * per:(f + 1) * per]
+        if part:
+            pq.write_table(pa.Table.from_pylist(part), path / f"part-{f:03d}.parquet")
+    return {"docs": n, "seed": seed, "median_tokens": 8_000, "sigma": 1.2, "cap_tokens": 1_000_000,
+            "tokens_total": sum(lengths), "tokens_max": max(lengths), "tokens_median": sorted(lengths)[n // 2],
+            "tokens_mean": round(sum(lengths) / n), "chars_per_token": round(chars_per_token, 3),
+            "fact_sentence_every": fact_every, "files": files, "histogram": histogram(lengths)}
+
+
+def plan_for(mode: str, m: int):
+    from pipelines.admission import AdmissionPlan
+
+    return {"admission": AdmissionPlan(m, rows_per_call=1), "barrier": AdmissionPlan.barrier(m),
+            "sched4": AdmissionPlan(m, rows_per_call=4, calls_per_actor=m),
+            "calls4": AdmissionPlan(m, rows_per_call=4)}[mode]
+
+
+def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent) -> dict:
+    import pyarrow.dataset as pads
+
+    from memagent.engines import EngineConfig
+    from pipelines.batch_qa import BatchQAConfig, run_batch_qa
+    from pipelines.job import JobConfig
+
+    plan = plan_for(mode, args.max_in_flight)
+    cfg = BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
+                        job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
+                                      max_in_flight=args.max_in_flight, progress=False,
+                                      resources={"worker_node": 0.001} if args.pin_workers else {},
+                                      ray_address=args.address))
+    load0 = loadavg()
+    t0 = time.perf_counter()
+    summary = run_batch_qa(cfg, admission=plan, engine_factory=("benchmarks.latency_engine:from_config",
+                                                                model_dict(model)))
+    wall = time.perf_counter() - t0
+    table = pads.dataset(str(out), format="parquet").to_table(
+        columns=["id", "error", "steps", "context_tokens", "n_chunks", "seconds", "node_id"]).to_pylist()
+    assert len({r["id"] for r in table}) == len(table) == args.docs, (len(table), args.docs)
+    prefill = sum(s["prompt_tokens"] for r in table for s in (r["steps"] or []))
+    decode = sum(s["completion_tokens"] for r in table for s in (r["steps"] or []))
+    full = LatencyModel(**{**model_dict(model), "max_seqs": min(model.max_seqs, args.max_in_flight)})
+    ideal = full.ideal_seconds(prefill, decode) / args.actors * model.time_scale
+    longest = max(table, key=lambda r: r["context_tokens"] or 0)
+    critical = sum(model.step_seconds(min(s["prompt_tokens"], model.max_tokens_per_step), 1)
+                   + (math.ceil(s["prompt_tokens"] / model.max_tokens_per_step) - 1) * model.c_step_s
+                   + max(0, s["completion_tokens"] - 1) * model.step_seconds(0, 1)
+                   for s in longest["steps"]) * model.time_scale
+    # The job's window: the summary's wall includes planning and actor start; the gates give the
+    # first admission, the write gives the end.
+    job_wall = summary.seconds
+    return {
+        "mode": mode, "rows_per_call": plan.rows_per_call, "calls_per_actor": plan.calls,
+        "max_in_flight": plan.max_in_flight, "occupancy": round(summary.occupancy or 0.0, 4),
+        "actor_occupancy": {k: round(v, 4) for k, v in summary.actor_occupancy.items()},
+        "peak_in_flight": summary.peak_in_flight,
+        "wall_s": round(job_wall, 2), "ideal_s": round(ideal, 2), "wall_vs_ideal": round(job_wall / ideal, 4),
+        "critical_path_s": round(critical, 2), "longest_doc_tokens": longest["context_tokens"],
+        "bound_s": round(max(ideal, critical), 2), "wall_vs_bound": round(job_wall / max(ideal, critical), 4),
+        "docs_per_s": round(args.docs / job_wall, 3), "rows_out": summary.rows_out, "error_rows": summary.error_rows,
+        "prefill_tokens": prefill, "decode_tokens": decode, "nodes": len({r["node_id"] for r in table}),
+        "files_written": len(list(out.glob("*.parquet"))), "run_batch_qa_s": round(wall, 2),
+        "loadavg_start": load0, "loadavg_end": loadavg(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--docs", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--actors", type=int, default=8)
+    parser.add_argument("--max-in-flight", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16, help="rows per output file")
+    parser.add_argument("--modes", default="admission,barrier")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="sleep this fraction of each modelled step")
+    parser.add_argument("--fact-every", type=int, default=1500, help="one digit sentence in N (memory growth)")
+    parser.add_argument("--chunk-tokens", type=int, default=5000)
+    parser.add_argument("--memory-tokens", type=int, default=256)
+    parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--actor-cpus", type=float, default=0.25)
+    parser.add_argument("--cluster", action="store_true", help="2-node loopback cluster (infra/ray_cluster.py)")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Ray metrics export port (curl it)")
+    parser.add_argument("--keep", default=None, help="work directory to keep (default: a temp dir, removed)")
+    args = parser.parse_args()
+    args.address, args.pin_workers = None, False
+
+    import contextlib
+
+    import ray
+
+    from memagent.config import AgentConfig
+    from memagent.data.io import load_tokenizer
+
+    model = LatencyModel(time_scale=args.time_scale)
+    agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, answer_tokens=32,
+                        query_tokens=128)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="scale-"))
+    t0 = time.perf_counter()
+    lake = make_lake(work / "lake", args.docs, args.seed, args.fact_every, args.files, load_tokenizer("smollm2-135m"))
+    lake["generate_s"] = round(time.perf_counter() - t0, 2)
+    print(f"lake: {args.docs} docs, {lake['tokens_total']} tokens (max {lake['tokens_max']}) in {lake['generate_s']} s",
+          flush=True)
+
+    stack = contextlib.ExitStack()
+    if args.cluster:
+        from infra.ray_cluster import local_cluster
+
+        args.address = stack.enter_context(local_cluster(workers=1, head_cpus=2, worker_cpus=2))
+        ray.init(address=args.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, log_to_driver=False)
+    else:
+        kw = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
+    results = {}
+    try:
+        for mode in args.modes.split(","):
+            print(f"mode {mode} ...", flush=True)
+            results[mode] = run_mode(mode, work / "lake", work / f"out-{mode}", args, model, agent)
+            print({k: v for k, v in results[mode].items() if k != "actor_occupancy"}, flush=True)
+    finally:
+        ray.shutdown()
+        stack.close()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    head = results.get("admission") or next(iter(results.values()))
+    data = {
+        "benchmark": "scale", "occupancy": head["occupancy"], "wall_vs_ideal": head["wall_vs_ideal"],
+        "docs_per_s": head["docs_per_s"], "targets": {"occupancy": ">= 0.9", "wall_vs_ideal": "<= 1.15"},
+        "cluster": "2-node loopback (infra/ray_cluster.py)" if args.cluster else "local Ray",
+        "lake": lake, "modes": results,
+        "settings": {"actors": args.actors, "max_in_flight": args.max_in_flight, "batch_size": args.batch_size,
+                     "time_scale": args.time_scale, "agent": agent.model_dump(mode="json"),
+                     "latency_model": model_dict(model), "actor_cpus": args.actor_cpus},
+        "peak_rss_mb_driver": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb_children": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+    }
+    write_json(args.out, data)
+    print_table(["mode", "occupancy", "wall_vs_ideal", "wall_vs_bound", "docs/s", "wall s", "ideal s", "critical s"],
+                [[m, r["occupancy"], r["wall_vs_ideal"], r["wall_vs_bound"], r["docs_per_s"], r["wall_s"], r["ideal_s"],
+                  r["critical_path_s"]] for m, r in results.items()])
+
+
+if __name__ == "__main__":
+    main()

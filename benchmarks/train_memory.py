@@ -1,0 +1,225 @@
+"""Peak memory and trained tokens/s of one Multi-Conv DAPO step on CPU; writes one JSON file.
+
+Two configurations of issue 15, each run in its own process (two steps: a warm-up step, then
+the measured one, then the final checkpoint):
+
+  (a) RULER niah_single_1, 8 samples of 2048 tokens; batch 2 x group 2; chunk 512, memory 64,
+      answer 16 (``memagent train --steps 2 --batch-size 2 --group-size 2 --chunk-tokens 512
+      --memory-tokens 64 --answer-tokens 16``);
+  (b) RULER niah_single_1, 8 samples of 8192 tokens; batch 4 x group 4; the ``small`` preset
+      (chunk 1024, memory 160, answer 48).
+
+    .venv/bin/python benchmarks/train_memory.py --configs a --out benchmarks/results/train_memory.json
+
+The parent samples the resident memory of the child's whole process tree every 50 ms and kills
+it above ``--max-rss-gb`` (a shared machine must not swap or OOM). The child records the peak of
+its own RSS during each phase of the step (rollout, scoring, update, weight sync, checkpoint),
+the memory guard's estimate, and the step's metrics. Measurements only, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "a": {"length": 2048, "samples": 8, "preset": "small",
+          "agent": {"chunk_tokens": 512, "memory_tokens": 64, "answer_tokens": 16},
+          "train": {"steps": 2, "batch_size": 2, "group_size": 2}},
+    "b": {"length": 8192, "samples": 8, "preset": "small", "agent": {},
+          "train": {"steps": 2, "batch_size": 4, "group_size": 4}},
+}
+PHASES = ("build_run", "rollout", "score_old_and_reference", "update_policy", "sync_weights", "save_checkpoint")
+
+
+def tree_rss(proc: Any) -> int:
+    """Resident bytes of ``proc`` and all its descendants (psutil.Process)."""
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Child: one training run with per-phase RSS peaks
+# ---------------------------------------------------------------------------------------------
+
+
+def child(spec_path: Path) -> None:
+    import psutil
+
+    from benchmarks.common import set_threads
+    from memagent.config import preset
+    from memagent.rl import trainer
+    from memagent.rl.config import TrainConfig
+
+    spec = json.loads(spec_path.read_text())
+    set_threads(spec.get("threads"))
+    me = psutil.Process()
+    phase = {"name": "import", "step": -1}
+    peaks: dict[str, int] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            key = f"{phase['step']}:{phase['name']}"
+            peaks[key] = max(peaks.get(key, 0), me.memory_info().rss)
+            time.sleep(0.01)
+
+    def wrap(name: str) -> None:
+        fn = getattr(trainer, name)
+
+        def wrapped(*args: Any, **kw: Any) -> Any:
+            prev = phase["name"]
+            phase["name"] = name
+            try:
+                return fn(*args, **kw)
+            finally:
+                key = f"{phase['step']}:{name}"
+                peaks[key] = max(peaks.get(key, 0), me.memory_info().rss)
+                phase["name"] = prev
+
+        setattr(trainer, name, wrapped)
+
+    for name in PHASES:
+        wrap(name)
+    threading.Thread(target=sample, daemon=True).start()
+
+    config = TrainConfig(**spec["train"])
+    agent = preset(spec["preset"]).with_overrides(**spec["agent"])
+
+    def on_step(rec: dict[str, Any]) -> None:
+        phase["step"] = rec["step"] + 1  # the checkpoint after the last step counts to the next one
+
+    first = trainer.rollout
+
+    def rollout(run: Any, stream: Any, step: int, reward_fn: Any) -> Any:
+        phase["step"] = step
+        return first(run, stream, step, reward_fn)
+
+    trainer.rollout = rollout
+    t0 = time.perf_counter()
+    records = trainer.train(config=config, agent_config=agent, data=spec["data"], out_dir=spec["run_dir"],
+                            model=spec["model"], on_step=on_step, force=True)
+    stop.set()
+    estimate = getattr(trainer, "estimate_peak_memory", None)
+    est = estimate(config, agent, spec["model"]) if estimate else None
+    Path(spec["result"]).write_text(json.dumps({
+        "seconds": round(time.perf_counter() - t0, 1),
+        "phase_peak_rss_mb": {k: round(v / 2**20) for k, v in sorted(peaks.items())},
+        "estimate": est.as_dict() if est is not None else None,
+        "steps": records,
+    }, default=str))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent: data, the child under a watchdog, the JSON
+# ---------------------------------------------------------------------------------------------
+
+
+def make_data(path: Path, length: int, samples: int, model: str) -> None:
+    from memagent.data.io import load_tokenizer, write_parquet
+    from memagent.data.ruler import RULER_SCHEMA, RulerGenerator
+
+    rows = list(RulerGenerator(load_tokenizer(model)).generate(["niah_single_1"], [length], samples))
+    write_parquet(rows, str(path), RULER_SCHEMA)
+
+
+def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int) -> dict[str, Any]:
+    import psutil
+
+    from benchmarks.common import loadavg
+
+    data = work / f"{name}-{spec['length']}.parquet"
+    if not data.exists():
+        make_data(data, spec["length"], spec["samples"], spec["model"])
+    run_dir = work / f"run-{name}-{time.time_ns()}"
+    spec = {**spec, "data": str(data), "run_dir": str(run_dir), "result": str(work / f"{name}.result.json")}
+    spec_path = work / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    load_before = loadavg()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(spec_path)], env=os.environ.copy())
+    ps, peak, killed = psutil.Process(proc.pid), 0, False
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(ps))
+        if peak > max_rss:
+            for p in [*ps.children(recursive=True), ps]:
+                p.kill()
+            killed = True
+            break
+        time.sleep(0.05)
+    rc = proc.wait()
+    out: dict[str, Any] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train")},
+                           "peak_rss_mb": round(peak / 2**20), "wall_s": round(time.perf_counter() - t0, 1),
+                           "loadavg_before": load_before, "loadavg_after": loadavg(), "returncode": rc}
+    if killed:
+        out["killed_above_mb"] = round(max_rss / 2**20)
+        return out
+    result = json.loads(Path(spec["result"]).read_text())
+    measured = result["steps"][-1]  # the step after the warm-up
+    out.update(
+        trained_tokens_per_s=round(measured["train_tokens_per_s"], 1),
+        update_s=measured["update_s"], rollout_s=measured["rollout_s"], step_s=measured["step_s"],
+        trained_convs=measured["trained_convs"], response_tokens=measured["response_tokens"],
+        phase_peak_rss_mb=result["phase_peak_rss_mb"], estimate=result["estimate"],
+        steps=[{k: s[k] for k in ("step", "trained_convs", "response_tokens", "update_s", "rollout_s",
+                                  "train_tokens_per_s", "peak_rss_mb")} for s in result["steps"]],
+    )
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--configs", default="a,b", help="comma list of a, b (default: both)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                   help="override a TrainConfig field in every configuration, e.g. gradient_checkpointing=false")
+    p.add_argument("--max-rss-gb", type=float, default=9.0, help="kill a run whose process tree exceeds this")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
+    p.add_argument("--work", type=Path, help="directory for data and runs (default: a temporary one)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_memory.json"))
+    args = p.parse_args(argv)
+    if args.child:
+        child(args.child)
+        return 0
+    from benchmarks.common import machine, write_json
+
+    overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
+    tmp = tempfile.TemporaryDirectory() if args.work is None else None
+    work = args.work or Path(tmp.name)
+    work.mkdir(parents=True, exist_ok=True)
+    results = {"machine": machine(), "overrides": overrides, "runs": {}}
+    for name in args.configs.split(","):
+        spec = json.loads(json.dumps(CONFIGS[name]))
+        spec["train"].update(overrides)
+        spec.update(model=args.model, threads=args.threads)
+        r = measure(name, spec, work, int(args.max_rss_gb * 2**30))
+        results["runs"][name] = r
+        print(f"({name}) peak {r['peak_rss_mb']} MB, {r.get('trained_tokens_per_s')} trained tokens/s, "
+              f"load {r['loadavg_before']}", flush=True)
+    write_json(args.out, results)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

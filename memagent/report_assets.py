@@ -1,0 +1,279 @@
+"""The report page's inline CSS and JavaScript (no CDN, no network: the page is one file).
+
+The script reads the row data embedded as JSON (``#report-data``), renders the filterable,
+sortable row table a page at a time, and renders one row's timeline on demand. Hash routes:
+``#row=KEY`` shows a row's timeline; ``#filter=method=M&task=T&length=L&status=S&err=N&q=TEXT``
+sets the table filters (the eval table's cells and the error groups link to them).
+"""
+
+CSS = r"""
+:root{--fg:#1d232b;--mut:#5b6673;--bd:#d8dde3;--bg:#f6f8fa;--ok:#1a7f37;--bad:#c62828;--warn:#b26a00;
+--gold:#ffd54f;--pred:#b3e5fc;--ev:#7e57c2;--ins:#d7f5dd;--del:#fbdada}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);margin:0;background:#fff}
+header{background:#24292f;color:#fff;padding:10px 20px}header h1{font-size:18px;margin:0}
+header .sub{color:#c9d1d9;font-size:12px}
+main{padding:12px 20px;max-width:1500px}
+h2{font-size:16px;margin:18px 0 8px;border-bottom:1px solid var(--bd);padding-bottom:4px}
+table{border-collapse:collapse}td,th{border:1px solid var(--bd);padding:3px 6px;vertical-align:top;text-align:left}
+th{background:var(--bg);font-weight:600}
+table.kv th{width:190px}
+.grid{display:flex;flex-wrap:wrap;gap:18px}.grid>div{flex:1 1 520px;min-width:0}
+code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
+pre{white-space:pre-wrap;word-break:break-word;background:var(--bg);padding:8px;border:1px solid var(--bd);margin:4px 0}
+img{max-width:100%;border:1px solid var(--bd)}
+.ok{color:var(--ok)}.bad{color:var(--bad)}.warn{color:var(--warn)}.mut{color:var(--mut)}
+a{color:#0969da;text-decoration:none}a:hover{text-decoration:underline}
+#filters{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:6px 0}
+#filters input[type=search]{width:280px;padding:3px 6px}
+#rows{width:100%;table-layout:fixed}#rows th{cursor:pointer;user-select:none;white-space:nowrap}
+#rows td{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+#rows tbody tr{cursor:pointer}#rows tbody tr:hover{background:#eef4ff}#rows tr.sel{background:#dbe9ff}
+#rows th.sorted::after{content:" \25B4"}#rows th.sorted.desc::after{content:" \25BE"}
+.pager{margin:6px 0;display:flex;gap:8px;align-items:center}
+.evtab td.cell{text-align:center;cursor:pointer}.evtab td.cell a{display:block;color:inherit}
+#detail{position:fixed;top:0;right:0;bottom:0;width:min(1000px,78%);overflow:auto;background:#fff;
+border-left:1px solid var(--bd);box-shadow:-6px 0 18px rgba(0,0,0,.18);padding:4px 18px 18px;z-index:5}
+#detail:empty{display:none}#detail .close{float:right;font-size:22px;line-height:1;margin-top:10px}
+.bar{position:relative;height:34px;background:#eceff3;border:1px solid var(--bd);margin:6px 0 18px}
+.seg{position:absolute;top:0;bottom:0;border-right:1px solid #fff;background:#b0bec5;cursor:pointer;
+font-size:10px;color:#263238;overflow:hidden;text-align:center;line-height:34px}
+.seg.held{background:#a5d6a7}.seg.ev{background:var(--ev);color:#fff}.seg.found{box-shadow:inset 0 -5px 0 var(--ok)}
+.seg.lost{box-shadow:inset 0 -5px 0 var(--bad)}
+.gm{position:absolute;top:-5px;bottom:-5px;width:3px;margin-left:-1px;background:#e53935}
+.ticks{position:relative;height:14px;font-size:10px;color:var(--mut);margin-top:-16px}
+.ticks span{position:absolute;transform:translateX(-50%)}
+.legend{font-size:12px;color:var(--mut)}.legend i{display:inline-block;width:12px;height:10px;margin:0 3px 0 10px;vertical-align:middle}
+.step{border:1px solid var(--bd);border-left:5px solid #b0bec5;margin:8px 0;padding:6px 10px}
+.step.held{border-left-color:#66bb6a}.step.ev{border-left-color:var(--ev)}.step.lost{border-left-color:var(--bad)}
+.step .hd{font-size:12px;color:var(--mut);margin-bottom:4px}
+.badge{display:inline-block;border-radius:9px;padding:0 7px;font-size:11px;color:#fff;margin-left:6px}
+.b-found{background:var(--ok)}.b-lost{background:var(--bad)}.b-ev{background:var(--ev)}.b-ans{background:#455a64}
+.mem{white-space:pre-wrap;word-break:break-word}
+ins{background:var(--ins);text-decoration:none}del{background:var(--del);color:#8e2424}
+mark.gold{background:var(--gold)}mark.pred{background:var(--pred)}
+.snip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;background:var(--bg);
+border:1px solid var(--bd);padding:6px;margin:4px 0}
+details summary{cursor:pointer}
+"""
+
+JS = r"""
+(function () {
+"use strict";
+const D = JSON.parse(document.getElementById("report-data").textContent);
+const R = D.rows, PAGE = 100, byKey = new Map(R.map((r, i) => [r.k, i]));
+const $ = (s) => document.querySelector(s);
+const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g,
+  (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const reEsc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+const st = {q: "", status: "", method: "", task: "", length: "", err: "", sort: "", dir: 1, page: 0};
+
+function status(r) {
+  if (r.e) return "error";
+  if (r.s == null) return "unscored";
+  return r.s >= 1 ? "correct" : r.s > 0 ? "partial" : "wrong";
+}
+const STATUS = {
+  "": () => true, correct: (r) => status(r) === "correct", wrong: (r) => status(r) === "wrong",
+  partial: (r) => status(r) === "partial", error: (r) => !!r.e, unscored: (r) => status(r) === "unscored",
+  lost: (r) => r.l != null, never: (r) => !r.e && r.a && r.a.length && r.f == null,
+  noev: (r) => !r.e && r.p && !r.ev,
+};
+const COLS = [["id", "id", (r) => r.id]];
+if (D.facets.method) COLS.push(["method", "method", (r) => r.m]);
+if (D.facets.task) COLS.push(["task", "task", (r) => r.t]);
+if (D.facets.length) COLS.push(["length", "length", (r) => r.L]);
+COLS.push(["chunks", "n", (r) => r.n], ["tokens", "ct", (r) => r.ct], ["score", "s", (r) => r.s],
+  ["found", "f", (r) => r.f], ["lost", "l", (r) => r.l], ["prediction", "p", (r) => r.p], ["error", "e", (r) => r.e]);
+
+function setup() {
+  const f = $("#filters");
+  let h = '<input type="search" id="fq" placeholder="search id, question, prediction, error">';
+  h += sel("status", [["", "all rows"], ["correct", "correct"], ["wrong", "wrong"], ["partial", "partial"],
+    ["error", "error"], ["unscored", "no answers"], ["lost", "answer lost"], ["never", "answer never in memory"],
+    ["noev", "prediction not in memory"]]);
+  for (const k of ["method", "task", "length"]) {
+    if (D.facets[k]) h += sel(k, [["", "all " + k + "s"]].concat(D.facets[k].map((v) => [String(v), String(v)])));
+  }
+  h += '<span id="count" class="mut"></span>';
+  f.innerHTML = h;
+  $("#fq").addEventListener("input", (e) => { st.q = e.target.value; st.page = 0; draw(); });
+  for (const s of f.querySelectorAll("select")) {
+    s.addEventListener("change", (e) => { st[e.target.dataset.k] = e.target.value; st.err = ""; st.page = 0; draw(); });
+  }
+  let th = "<tr>" + COLS.map((c) => '<th data-k="' + c[1] + '">' + c[0] + "</th>").join("") + "</tr>";
+  $("#rows thead").innerHTML = th;
+  for (const t of document.querySelectorAll("#rows th")) {
+    t.addEventListener("click", () => {
+      const k = t.dataset.k;
+      st.dir = st.sort === k ? -st.dir : 1; st.sort = k; draw();
+    });
+  }
+  $("#rows tbody").addEventListener("click", (e) => {
+    const tr = e.target.closest("tr[data-k]");
+    if (tr) location.hash = "row=" + encodeURIComponent(tr.dataset.k);
+  });
+}
+function sel(k, opts) {
+  return '<select data-k="' + k + '" id="f-' + k + '">' +
+    opts.map((o) => '<option value="' + esc(o[0]) + '">' + esc(o[1]) + "</option>").join("") + "</select>";
+}
+function filtered() {
+  const q = st.q.toLowerCase(), sf = STATUS[st.status] || STATUS[""];
+  let out = R.filter((r) => sf(r) && (!st.method || r.m === st.method) && (!st.task || r.t === st.task) &&
+    (!st.length || String(r.L) === st.length) && (st.err === "" || String(r.eg) === st.err) &&
+    (!q || (r.id + "\u0001" + (r.q || "") + "\u0001" + (r.p || "") + "\u0001" + (r.e || "")).toLowerCase().includes(q)));
+  if (st.sort) {
+    const c = COLS.find((c) => c[1] === st.sort), g = c[2], d = st.dir;
+    out = out.slice().sort((a, b) => {
+      const x = g(a), y = g(b);
+      if (x == null || y == null) return (x == null) - (y == null);
+      return (x < y ? -1 : x > y ? 1 : 0) * d;
+    });
+  }
+  return out;
+}
+function cell(c, r) {
+  const v = c[2](r);
+  if (c[1] === "s") return v == null ? "" : '<span class="' + (v >= 1 ? "ok" : "bad") + '">' + (+v).toFixed(2) + "</span>";
+  return esc(v);
+}
+function draw() {
+  const rows = filtered(), n = rows.length, pages = Math.max(1, Math.ceil(n / PAGE));
+  st.page = Math.min(st.page, pages - 1);
+  const cur = location.hash.startsWith("#row=") ? decodeURIComponent(location.hash.slice(5)) : null;
+  $("#rows tbody").innerHTML = rows.slice(st.page * PAGE, (st.page + 1) * PAGE).map((r) =>
+    '<tr data-k="' + esc(r.k) + '"' + (r.k === cur ? ' class="sel"' : "") + ">" +
+    COLS.map((c) => '<td title="' + esc(c[2](r)) + '">' + cell(c, r) + "</td>").join("") + "</tr>").join("");
+  $("#count").textContent = n + " of " + R.length + " rows";
+  for (const t of document.querySelectorAll("#rows th")) {
+    t.classList.toggle("sorted", t.dataset.k === st.sort); t.classList.toggle("desc", t.dataset.k === st.sort && st.dir < 0);
+  }
+  $(".pager").innerHTML = pages < 2 ? "" : '<button id="pp">&larr; prev</button> page ' + (st.page + 1) + " of " +
+    pages + ' <button id="pn">next &rarr;</button>';
+  if (pages > 1) {
+    $("#pp").onclick = () => { if (st.page > 0) { st.page--; draw(); } };
+    $("#pn").onclick = () => { if (st.page < pages - 1) { st.page++; draw(); } };
+  }
+}
+
+function needles(r) {
+  const list = [];
+  for (const a of r.a || []) if (a && a.trim()) list.push([a.trim().toLowerCase(), "gold"]);
+  if (r.p && r.p.trim() && !list.some((x) => x[0] === r.p.trim().toLowerCase())) list.push([r.p.trim().toLowerCase(), "pred"]);
+  list.sort((x, y) => y[0].length - x[0].length);
+  if (!list.length) return null;
+  const cls = new Map(list);
+  return {re: new RegExp("(" + list.map((x) => reEsc(x[0])).join("|") + ")", "gi"), cls: cls};
+}
+function hl(text, nd) {
+  if (!nd) return esc(text);
+  return text.split(nd.re).map((p, i) => i % 2 ? '<mark class="' + nd.cls.get(p.toLowerCase()) + '">' + esc(p) + "</mark>" : esc(p)).join("");
+}
+function marked(text, spans) {
+  let h = "", at = 0;
+  for (const s of spans) { h += esc(text.slice(at, s[0])) + "<mark class=\"" + s[2] + "\">" + esc(text.slice(s[0], s[1])) + "</mark>"; at = s[1]; }
+  return h + esc(text.slice(at));
+}
+// A memory as HTML against the previous one: ops are flat [i1, i2, j1, j2, ...] over the words
+// of both (split as the report's Python does), one quadruple per change.
+const TOK = /[ \t\n\r\f\v]+|[^ \t\n\r\f\v]+/g;
+function diffHtml(prev, cur, ops, nd) {
+  const a = prev.match(TOK) || [], b = cur.match(TOK) || [];
+  let h = "", j = 0;
+  for (let x = 0; x < ops.length; x += 4) {
+    const [i1, i2, j1, j2] = ops.slice(x, x + 4);
+    h += hl(b.slice(j, j1).join(""), nd);
+    if (i2 > i1) h += "<del>" + hl(a.slice(i1, i2).join(""), nd) + "</del>";
+    if (j2 > j1) h += "<ins>" + hl(b.slice(j1, j2).join(""), nd) + "</ins>";
+    j = j2;
+  }
+  return h + hl(b.slice(j).join(""), nd);
+}
+function pct(x, total) { return (100 * x / total).toFixed(3) + "%"; }
+
+function showRow(k) {
+  const el = $("#detail"), i = byKey.get(k);
+  const close = '<a class="close" href="#" title="close (Esc)">&times;</a>';
+  if (i === undefined) { el.innerHTML = close + "<h2>Row</h2><p class=bad>No row with key " + esc(k) + "</p>"; return; }
+  const r = R[i], nd = needles(r), ev = r.ev ? r.ev[0] : null, held = r.h || "";
+  let h = close + "<h2>Timeline of row <code>" + esc(r.id) + "</code>" + (r.m ? " · " + esc(r.m) : "") + "</h2>";
+  const kv = [["question", esc(r.q)], ["gold answers", (r.a || []).map((a) => "<mark class=gold>" + esc(a) + "</mark>").join(", ")],
+    ["prediction", r.p == null ? "" : "<mark class=pred>" + esc(r.p) + "</mark>"],
+    ["score", r.s == null ? "" : '<span class="' + (r.s >= 1 ? "ok" : "bad") + '">' + r.s + "</span>"],
+    ["error", r.e ? '<span class="bad">' + esc(r.e) + "</span>" : ""],
+    ["document", (r.cl != null ? r.cl + " chars, " : "") + (r.ct != null ? r.ct + " tokens, " : "") + (r.n != null ? r.n + " chunks" : "") + (r.tr ? " (truncated)" : "")],
+    ["evidence span", r.ev ? "step " + r.ev[0] + ", chars " + r.ev[1] + "–" + r.ev[2] : r.p ? '<span class="warn">prediction not found in any memory</span>' : ""],
+    ["gold answer in memory", r.f == null ? (r.a && r.a.length && !r.e ? '<span class="bad">never</span>' : "") :
+      "found at step " + r.f + (r.l == null ? ", kept to the end" : ', <span class="bad">lost at step ' + r.l + "</span>")]];
+  if (r.t != null) kv.splice(1, 0, ["task · length", esc(r.t) + " · " + esc(r.L)]);
+  h += '<table class="kv">' + kv.filter((x) => x[1] !== "").map((x) => "<tr><th>" + x[0] + "</th><td>" + x[1] + "</td></tr>").join("") + "</table>";
+  const mem = (r.st || []).filter((s) => s[1] === "m");
+  const total = r.cl || Math.max(1, ...mem.map((s) => s[3] || 0), ...(r.as || []).map((s) => s[1]));
+  if (mem.length || (r.as || []).length) {
+    h += '<h3>Document</h3><div class="legend">chunks:<i style="background:#b0bec5"></i>memory without the answer' +
+      '<i style="background:#a5d6a7"></i>memory holds the gold answer<i style="background:var(--ev)"></i>evidence chunk' +
+      '<i style="background:#e53935"></i>gold answer in the text</div><div class="bar">';
+    mem.forEach((s, j) => {
+      const c = ["seg", held[j] === "1" ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.f ? "found" : "", s[0] === r.l ? "lost" : ""].join(" ");
+      h += '<a class="' + c + '" href="#step-' + s[0] + '" data-step="' + s[0] + '" style="left:' + pct(s[2], total) + ";width:" +
+        pct(s[3] - s[2], total) + '" title="step ' + s[0] + ": chars " + s[2] + "–" + s[3] + '">' + s[0] + "</a>";
+    });
+    for (const a of r.as || []) h += '<i class="gm" style="left:' + pct(a[0], total) + '" title="gold answer at char ' + a[0] + '"></i>';
+    h += '</div><div class="ticks"><span style="left:0">0</span><span style="left:100%">' + total + "</span></div>";
+  }
+  if ((r.sn || []).length) {
+    h += "<h3>Source text</h3>";
+    for (const s of r.sn) h += '<div class="mut">' + esc(s[0]) + ' (chars ' + s[1] + "–" + (s[1] + s[2].length) + ')</div><div class="snip">' + marked(s[2], s[3]) + "</div>";
+  }
+  if ((r.st || []).length) h += "<h3>Memory after each step</h3><div class=\"legend\"><ins>added</ins> and <del>removed</del> words against the previous memory; <mark class=gold>gold answer</mark>, <mark class=pred>prediction</mark></div>";
+  let j = 0, prev = "";
+  for (const s of r.st || []) {
+    const isMem = s[1] === "m", hj = isMem ? held[j++] === "1" : false;
+    const c = ["step", hj ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.l ? "lost" : ""].join(" ");
+    let badges = "";
+    if (s[0] === r.f) badges += '<span class="badge b-found">gold answer found</span>';
+    if (s[0] === r.l) badges += '<span class="badge b-lost">gold answer lost</span>';
+    if (s[0] === ev) badges += '<span class="badge b-ev">evidence: prediction first in memory</span>';
+    if (!isMem) badges += '<span class="badge b-ans">answer</span>';
+    const span = s[2] == null ? "" : " · chars " + s[2] + "–" + s[3];
+    h += '<div class="' + c + '" id="step-' + s[0] + '"><div class="hd">step ' + s[0] + (isMem ? " · memory update" : " · final answer") +
+      span + " · " + (s[4] == null ? "" : s[4] + " tokens · ") + esc(s[5]) + badges + '</div><div class="mem">';
+    if (isMem) { h += diffHtml(prev, s[6] || "", s[7] || [], nd); prev = s[6] || ""; }
+    else h += s[6] != null ? hl(s[6], nd) : '<span class="mut">reads the memory above</span>';
+    h += "</div></div>";
+  }
+  if (r.rs != null) h += "<h3>Final response</h3><pre>" + hl(r.rs, nd) + "</pre>";
+  el.innerHTML = h;
+  for (const a of el.querySelectorAll(".seg")) {
+    a.addEventListener("click", (e) => { e.preventDefault(); const t = document.getElementById("step-" + a.dataset.step); if (t) t.scrollIntoView(); });
+  }
+  el.scrollTop = 0;
+}
+
+function route() {
+  const hs = location.hash.slice(1);
+  if (hs.startsWith("row=")) {
+    showRow(decodeURIComponent(hs.slice(4))); draw();
+    return;
+  }
+  $("#detail").innerHTML = "";
+  if (hs.startsWith("filter=")) {
+    const p = new URLSearchParams(hs.slice(7));
+    for (const k of ["q", "status", "method", "task", "length", "err"]) st[k] = p.get(k) || "";
+    for (const k of ["status", "method", "task", "length"]) { const s = $("#f-" + k); if (s) s.value = st[k]; }
+    $("#fq").value = st.q; st.page = 0; draw(); $("#table").scrollIntoView();
+  }
+}
+// Timings (ms) for the scale benchmark: page start -> table drawn, and the row/filter route.
+const t0 = performance.now();
+setup(); draw();
+const t1 = performance.now();
+route();
+window.addEventListener("hashchange", route);
+document.addEventListener("keydown", (e) => { if (e.key === "Escape" && location.hash.startsWith("#row=")) location.hash = ""; });
+const b = document.body.dataset;
+b.tableMs = (t1 - t0).toFixed(1); b.routeMs = (performance.now() - t1).toFixed(1);
+b.readyMs = performance.now().toFixed(1); b.ready = "1";
+})();
+"""

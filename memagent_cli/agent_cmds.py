@@ -1,0 +1,102 @@
+"""``memagent ask`` (one document, one question) and ``memagent serve`` (a local engine over HTTP)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from memagent_cli.options import add_agent_flags, add_engine_flags, agent_config, engine_config
+
+
+def read_context(path: str | None) -> str:
+    """The document text from a file, or stdin for ``-``/no path; non-UTF-8 input is an error."""
+    if path in (None, "-"):
+        if sys.stdin.isatty():
+            raise ValueError("give --context-file PATH or pipe the document on stdin")
+        data, source = sys.stdin.buffer.read(), "stdin"
+    else:
+        try:
+            data, source = Path(path).read_bytes(), path
+        except FileNotFoundError:
+            raise ValueError(f"--context-file {path}: no such file") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{source} is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
+            "convert it first, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from memagent.agent import check_config, read_document
+    from memagent.engines import make_engine
+
+    context = read_context(args.context_file)
+    config = agent_config(args)
+    engine = make_engine(engine_config(args))
+    check_config(engine, config)
+    bar = tqdm(desc="reading", unit="step", disable=not sys.stderr.isatty() or args.quiet)
+
+    def on_step(step, total: int) -> None:
+        bar.total = total
+        bar.update(1)
+        bar.set_postfix(chunk=step.chunk_index, tokens=step.completion_tokens)
+
+    async def read_then_close():
+        try:
+            return await read_document(engine, args.question, context, config, on_step=on_step)
+        finally:
+            await engine.close()
+
+    try:
+        result = asyncio.run(read_then_close())
+    finally:
+        bar.close()
+    print(result.prediction if result.prediction is not None else result.response.strip())
+    if args.trace_out:
+        trace = {"question": args.question, "model": engine.name, "config": config.model_dump(), **result.to_dict()}
+        Path(args.trace_out).write_text(json.dumps(trace, indent=2, ensure_ascii=False))
+        print(f"trace: {args.trace_out} ({result.n_chunks} chunks, {result.context_tokens} tokens)", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load a local engine and serve it over the OpenAI chat API until interrupted."""
+    from memagent.engines import make_engine
+    from memagent.serve import serve
+
+    config = engine_config(args, drop=("served_model",))
+    if config.engine == "openai":
+        raise ValueError("serve runs a local engine: use --engine hf or vllm (openai would only proxy)")
+    engine = make_engine(config)
+    if args.served_model:  # the name we serve under, not an endpoint's
+        engine.name = args.served_model
+    print(f"serving {engine.name!r} ({config.engine}, context window {engine.context_window} tokens) "
+          f"at http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(engine, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    ask = sub.add_parser("ask", parents=[common], help="answer a question about one document")
+    ask.add_argument("--context-file", help="document to read (UTF-8); '-' or omitted = stdin")
+    ask.add_argument("--question", required=True, help="the question")
+    ask.add_argument("--trace-out", help="write the full memory trace (and the config in force) as JSON here")
+    ask.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_agent_flags(ask)
+    add_engine_flags(ask)
+    ask.set_defaults(func=cmd_ask)
+
+    srv = sub.add_parser("serve", parents=[common],
+                         help="serve a local model over an OpenAI-compatible API (/v1/chat/completions)")
+    srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="default 8000")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_flags(srv)
+    srv.set_defaults(func=cmd_serve)

@@ -1,0 +1,119 @@
+"""Data commands: ``memagent synth hotpotqa|ruler`` and ``memagent filter``.
+
+Each calls the one implementation of its stage (``pipelines.synthesize.write_hotpotqa`` /
+``write_ruler``, ``memagent.data.filter.run_filter``), which the train flow calls too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from memagent.engines import DEFAULT_MODEL
+from memagent_cli.flags import add_model_flags, build
+from memagent_cli.options import add_engine_flags, engine_config
+
+
+def _report(summary: dict[str, Any]) -> int:
+    json.dump(summary, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _synth_job(args: argparse.Namespace) -> Any:
+    from pipelines.synthesize import SynthJob
+
+    return build(SynthJob, args._synth_job_flags.values(args), "Ray options")
+
+
+def cmd_synth_hotpotqa(args: argparse.Namespace) -> int:
+    from memagent.data.hotpotqa import HotpotSynthConfig
+    from pipelines.synthesize import write_hotpotqa
+
+    cfg = build(HotpotSynthConfig, args._hotpot_flags.values(args), "synthesis options")
+    t0 = time.perf_counter()
+    written, rows = write_hotpotqa(cfg, args.out, args.tokenizer, _synth_job(args))
+    return _report({"rows": rows, "out": written, "sizes": [f"{k}={v}" for k, v in cfg.sizes()],
+                    "seconds": round(time.perf_counter() - t0, 2)})
+
+
+def cmd_synth_ruler(args: argparse.Namespace) -> int:
+    from memagent.data.ruler import RulerItems
+    from pipelines.synthesize import write_ruler
+
+    items = build(RulerItems, args._items_flags.values(args), "item options")
+    t0 = time.perf_counter()
+    written, rows = write_ruler(items, args.out, args.tokenizer, _synth_job(args))
+    return _report({"rows": rows, "out": written, "tasks": items.tasks, "lengths": items.lengths,
+                    "seconds": round(time.perf_counter() - t0, 2)})
+
+
+def dropped_path(output: str) -> str:
+    """``kept.parquet`` -> ``kept.dropped.parquet``; a directory gets a ``-dropped`` sibling."""
+    return output[: -len(".parquet")] + ".dropped.parquet" if output.endswith(".parquet") else output.rstrip("/") + "-dropped"
+
+
+def filter_input(path: str) -> tuple[list[dict], Any]:
+    """Rows and their Arrow schema; a HotpotQA JSON becomes rows of id/question/answers."""
+    import pyarrow as pa
+
+    from memagent.data.hotpotqa import load_hotpotqa
+    from memagent.data.io import read_parquet_table
+
+    if path.endswith((".json", ".jsonl")):
+        rows = [{"id": r.id, "question": r.question, "answers": [r.answer]} for r in load_hotpotqa(path)]
+        schema = pa.schema([("id", pa.string()), ("question", pa.string()), ("answers", pa.list_(pa.string()))])
+        return rows, schema
+    table = read_parquet_table(path)
+    return table.to_pylist(), table.schema
+
+
+def cmd_filter(args: argparse.Namespace) -> int:
+    from memagent.data.filter import FilterConfig, run_filter
+
+    cfg = build(FilterConfig, args._filter_flags.values(args), "filter options")
+    rows, schema = filter_input(args.input)
+    if args.limit is not None:
+        rows = rows[: args.limit]
+    t0 = time.perf_counter()
+    summary = run_filter(rows, schema, cfg, engine_config(args), args.output, args.dropped or dropped_path(args.output))
+    return _report({**summary, "seconds": round(time.perf_counter() - t0, 2)})
+
+
+def _add_synth_common(p: argparse.ArgumentParser) -> None:
+    from pipelines.synthesize import SynthJob
+
+    p.add_argument("--out", required=True, help="output Parquet file (or directory with --ray), local or s3://")
+    p.add_argument("--tokenizer", default=DEFAULT_MODEL,
+                   help=f"model name, HF dir or GGUF whose tokenizer measures lengths (default {DEFAULT_MODEL})")
+    p.set_defaults(_synth_job_flags=add_model_flags(p, SynthJob, "where it runs"))
+
+
+def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from memagent.data.filter import FilterConfig
+    from memagent.data.hotpotqa import HotpotSynthConfig
+    from memagent.data.ruler import RulerItems
+
+    synth = sub.add_parser("synth", help="synthesise long-context training/evaluation data")
+    kinds = synth.add_subparsers(dest="synth_kind", required=True)
+
+    hp = kinds.add_parser("hotpotqa", parents=[common], help="HotpotQA questions hidden among distractor documents")
+    hp.set_defaults(func=cmd_synth_hotpotqa,
+                    _hotpot_flags=add_model_flags(hp, HotpotSynthConfig, "synthesis", required=("source",)))
+    _add_synth_common(hp)
+
+    ru = kinds.add_parser("ruler", parents=[common], help="RULER NIAH/VT/CWE/FWE/QA samples")
+    ru.set_defaults(func=cmd_synth_ruler, _items_flags=add_model_flags(ru, RulerItems, "items",
+                                                                       required=("tasks", "lengths")))
+    _add_synth_common(ru)
+
+    fl = sub.add_parser("filter", parents=[common], help="drop questions a model answers without context (best-of-k)")
+    fl.add_argument("--input", required=True, help="Parquet (file/dir) or HotpotQA JSON with question + answers")
+    fl.add_argument("--output", required=True, help="Parquet file for the kept rows")
+    fl.add_argument("--dropped", help="Parquet file for dropped rows (default: OUTPUT with .dropped before .parquet)")
+    fl.add_argument("--limit", type=int, help="only the first N input rows")
+    fl.set_defaults(func=cmd_filter, _filter_flags=add_model_flags(fl, FilterConfig, "filter"))
+    add_engine_flags(fl)

@@ -1,0 +1,160 @@
+"""Continuous admission: keep up to ``max_in_flight`` documents reading in each actor.
+
+The memory agent reads a document strictly in sequence, so a batch that waits for its longest
+document leaves the engine running fewer and fewer sequences. Instead each actor takes many
+small Ray Data calls at once (``ActorPoolStrategy(max_concurrent_calls_per_actor=...)``; Ray Data
+queues twice that many calls at the actor) and every row passes one actor-wide gate of
+``max_in_flight`` slots: the moment a document finishes, the next waiting row starts, whichever
+call it came in. A call returns its own rows, and only those, as soon as they are done, so
+blocks stay small and a retried call (dead actor) or a rerun (resume by ``id``) redoes exactly
+the rows that were not written.
+
+One source of truth for the default: :func:`default_max_in_flight`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from memagent.engines import EngineConfig
+
+# hf on CPU: 16 documents at once is what benchmarks/concurrency.py measured (16 documents
+# through one engine of max_batch_size 16: 2.58x the sequential rate, 0.80 of this CPU's bound);
+# more only queue behind the engine's batch.
+HF_CPU_MAX_IN_FLIGHT = 16
+# vLLM: continuous batching holds hundreds of sequences (max_num_seqs default 256); documents
+# beyond its running set wait in vLLM's own queue, ready the moment a sequence ends.
+VLLM_MAX_IN_FLIGHT = 256
+
+
+def default_max_in_flight(engine: EngineConfig) -> int:
+    """Documents one actor keeps reading at once when the job does not say."""
+    if engine.engine == "openai":
+        return engine.max_concurrency  # the client's own cap on requests in flight
+    if engine.engine == "vllm":
+        return max(VLLM_MAX_IN_FLIGHT, engine.max_batch_size)
+    # hf: as many as one forward batches (max_batch_size, 16 by default = HF_CPU_MAX_IN_FLIGHT).
+    return engine.max_batch_size
+
+
+def resolve_max_in_flight(max_in_flight: int | None, engine: EngineConfig) -> int:
+    """``JobConfig.max_in_flight``, or the engine's default when it is None."""
+    return max_in_flight if max_in_flight is not None else default_max_in_flight(engine)
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """How rows reach an actor: rows per Ray Data call, calls per actor at once, documents in flight.
+
+    ``max_in_flight`` is enforced by the actor's gate; ``calls_per_actor`` only has to be large
+    enough that a row is always waiting at the gate when a slot frees.
+    """
+
+    max_in_flight: int
+    rows_per_call: int = 1
+    calls_per_actor: int = 0  # 0: derive (max_in_flight / rows_per_call, so the gate is always fed)
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1 or self.rows_per_call < 1 or self.calls_per_actor < 0:
+            raise ValueError(f"bad admission plan {self}")
+
+    @property
+    def calls(self) -> int:
+        return self.calls_per_actor or max(1, -(-self.max_in_flight // self.rows_per_call))
+
+    @classmethod
+    def barrier(cls, batch_size: int) -> AdmissionPlan:
+        """The old behaviour (admission off): one call per actor, a whole batch, all rows at once."""
+        return cls(max_in_flight=batch_size, rows_per_call=batch_size, calls_per_actor=1)
+
+
+@dataclass
+class Gate:
+    """An actor-wide limit of ``limit`` documents in flight, with the time integral of the count.
+
+    Used from one event loop (the actor's): Ray Data runs every concurrent call of an async
+    callable class on the same loop.
+    """
+
+    limit: int
+    in_flight: int = 0
+    peak: int = 0
+    admitted: int = 0
+    done: int = 0
+    first_start: float | None = None  # wall clock (time.time) of the first admission
+    last_change: float | None = None
+    last_done: float | None = None
+    integral: float = 0.0  # document-seconds in flight
+    _sem: asyncio.Semaphore | None = field(default=None, repr=False)
+
+    def _tick(self, now: float) -> None:
+        if self.last_change is not None:
+            self.integral += self.in_flight * (now - self.last_change)
+        self.last_change = now
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.limit)
+        async with self._sem:
+            now = time.time()
+            self._tick(now)
+            if self.first_start is None:
+                self.first_start = now
+            self.in_flight += 1
+            self.admitted += 1
+            self.peak = max(self.peak, self.in_flight)
+            try:
+                yield
+            finally:
+                now = time.time()
+                self._tick(now)
+                self.in_flight -= 1
+                self.done += 1
+                self.last_done = now
+
+    def snapshot(self) -> dict:
+        now = time.time()
+        integral = self.integral + (self.in_flight * (now - self.last_change) if self.last_change else 0.0)
+        return {"limit": self.limit, "in_flight": self.in_flight, "peak": self.peak, "admitted": self.admitted,
+                "done": self.done, "first_start": self.first_start, "last_done": self.last_done,
+                "integral": integral, "at": now}
+
+
+def occupancy(snapshots: dict[str, dict], window: tuple[float, float] | None = None) -> tuple[float | None, dict[str, float]]:
+    """Mean in-flight / max_in_flight: overall (over the job's window) and per actor (over its own).
+
+    ``snapshots`` maps an actor key (``actor_id:pid``) to its last :meth:`Gate.snapshot`. The overall figure spreads
+    every actor's document-seconds over the whole window (first admission to last finish, or
+    ``window``), so an actor idle at the end counts as empty.
+    """
+    live = {k: s for k, s in snapshots.items() if s.get("first_start") is not None}
+    if not live:
+        return None, {}
+    per: dict[str, float] = {}
+    for key, s in live.items():
+        span = (s["last_done"] or s["at"]) - s["first_start"]
+        per[key] = s["integral"] / (s["limit"] * span) if span > 0 else 0.0
+    t0 = min(s["first_start"] for s in live.values()) if window is None else window[0]
+    t1 = max((s["last_done"] or s["at"]) for s in live.values()) if window is None else window[1]
+    # A restarted actor reports under a new key (same actor id, new pid): count its slots once.
+    limits = {k.split(":")[0]: s["limit"] for k, s in live.items()}
+    capacity = sum(limits.values()) * (t1 - t0)
+    return (sum(s["integral"] for s in live.values()) / capacity if capacity > 0 else 0.0), per
+
+
+class OccupancyLedger:
+    """A small Ray actor (named per run) the workers report their gate to; the driver reads it at the end."""
+
+    def __init__(self) -> None:
+        self.snapshots: dict[str, dict] = {}
+
+    def report(self, key: str, snapshot: dict) -> None:
+        self.snapshots[key] = snapshot
+
+    def read(self) -> dict[str, dict]:
+        return self.snapshots

@@ -1,0 +1,134 @@
+"""Per-actor engine metrics, exported with ``ray.util.metrics`` (Ray dashboard / Prometheus).
+
+Every series carries an ``actor`` tag (the Ray actor id, 8 characters). Ray prefixes the names
+with ``ray_`` on its metrics endpoint (``ray.init(_metrics_export_port=P)`` then
+``curl 127.0.0.1:P/metrics``, or the dashboard's Metrics tab with Prometheus/Grafana):
+
+=================================== ========= ===================================================
+memagent_docs_in_flight             gauge     documents reading now (the admission gate's count)
+memagent_max_in_flight              gauge     the gate's size
+memagent_occupancy                  gauge     mean in-flight / max_in_flight since the first row
+memagent_requests_queued            gauge     engine requests not yet answered (the engine's own
+                                              waiting queue when it reports one)
+memagent_prefill_tokens_per_s       gauge     prompt tokens the engine answered, last interval
+memagent_decode_tokens_per_s        gauge     completion tokens, last interval
+memagent_memory_steps_per_s         gauge     memory-update conversations finished, last interval
+memagent_step_latency_s             histogram seconds of one conversation (request to reply)
+memagent_docs_done                  counter   documents finished (error rows included)
+memagent_prefill_tokens / _decode_  counter   token totals (Prometheus ``rate()`` works on them)
+=================================== ========= ===================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from memagent.engines.base import Completion, Engine, Messages, SamplingParams
+
+STEP_LATENCY_BOUNDARIES = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300]
+
+
+class MeteredEngine(Engine):
+    """An engine wrapper that counts requests in flight, conversation latency and memory steps."""
+
+    def __init__(self, inner: Engine, memory_tokens: int | None = None):
+        self.inner = inner
+        self.name, self.context_window, self.tokenizer = inner.name, inner.context_window, inner.tokenizer
+        self.stats = inner.stats
+        self.memory_tokens = memory_tokens
+        self.outstanding = 0
+        self.memory_steps = 0
+        self.latencies: list[float] = []  # drained by the meter
+
+    @property
+    def queued(self) -> int:
+        own = getattr(self.inner, "queued", None)
+        return int(own) if own is not None else self.outstanding
+
+    async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
+        self.outstanding += 1
+        t0 = time.perf_counter()
+        try:
+            reply = await self.inner.chat(messages, params)
+        finally:
+            self.outstanding -= 1
+        self.latencies.append(time.perf_counter() - t0)
+        if self.memory_tokens is not None and params.max_tokens == self.memory_tokens:
+            self.memory_steps += 1
+        return reply
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        return self.inner.encode_chat(messages)
+
+    def count_chat_tokens(self, messages: Messages) -> int:
+        return self.inner.count_chat_tokens(messages)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # anything else an engine offers (update_weights, ...)
+        return getattr(self.inner, name)
+
+
+class ActorMeter:
+    """Publishes one actor's gauges every ``period_s`` from its gate and its metered engine."""
+
+    def __init__(self, actor: str, engine: MeteredEngine, gate: Any, period_s: float = 1.0):
+        from ray.util.metrics import Counter, Gauge, Histogram
+
+        self.actor, self.engine, self.gate, self.period_s = actor, engine, gate, period_s
+        self.tags = {"actor": actor}
+        keys = ("actor",)
+        g = lambda n, d: Gauge(n, d, tag_keys=keys)  # noqa: E731
+        self.in_flight = g("memagent_docs_in_flight", "Documents reading now in this actor.")
+        self.max_in_flight = g("memagent_max_in_flight", "Documents this actor may read at once.")
+        self.occupancy = g("memagent_occupancy", "Mean documents in flight / max_in_flight since the first row.")
+        self.queued = g("memagent_requests_queued", "Engine requests waiting for an answer.")
+        self.prefill_tps = g("memagent_prefill_tokens_per_s", "Prompt tokens answered per second (last interval).")
+        self.decode_tps = g("memagent_decode_tokens_per_s", "Completion tokens per second (last interval).")
+        self.steps_ps = g("memagent_memory_steps_per_s", "Memory-update conversations per second (last interval).")
+        self.latency = Histogram("memagent_step_latency_s", "Seconds of one agent conversation.",
+                                 boundaries=STEP_LATENCY_BOUNDARIES, tag_keys=keys)
+        self.docs_done = Counter("memagent_docs_done", "Documents finished (error rows included).", tag_keys=keys)
+        self.prefill_total = Counter("memagent_prefill_tokens", "Prompt tokens answered.", tag_keys=keys)
+        self.decode_total = Counter("memagent_decode_tokens", "Completion tokens generated.", tag_keys=keys)
+        self._last = (time.perf_counter(), engine.stats.prompt_tokens, engine.stats.completion_tokens,
+                      engine.memory_steps, gate.done)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start publishing on the running loop (the actor's); idempotent."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            self.publish()
+
+    def publish(self) -> None:
+        now = time.perf_counter()
+        stats, e, gate = self.engine.stats, self.engine, self.gate
+        t, p, d, m, done = self._last
+        dt = max(now - t, 1e-9)
+        snap = gate.snapshot()
+        self.in_flight.set(gate.in_flight, self.tags)
+        self.max_in_flight.set(gate.limit, self.tags)
+        if snap["first_start"] is not None and snap["at"] > snap["first_start"]:
+            self.occupancy.set(snap["integral"] / (gate.limit * (snap["at"] - snap["first_start"])), self.tags)
+        self.queued.set(e.queued, self.tags)
+        self.prefill_tps.set((stats.prompt_tokens - p) / dt, self.tags)
+        self.decode_tps.set((stats.completion_tokens - d) / dt, self.tags)
+        self.steps_ps.set((e.memory_steps - m) / dt, self.tags)
+        if stats.prompt_tokens > p:
+            self.prefill_total.inc(stats.prompt_tokens - p, self.tags)
+        if stats.completion_tokens > d:
+            self.decode_total.inc(stats.completion_tokens - d, self.tags)
+        if gate.done > done:
+            self.docs_done.inc(gate.done - done, self.tags)
+        latencies, e.latencies = e.latencies, []
+        for x in latencies:
+            self.latency.observe(x, self.tags)
+        self._last = (now, stats.prompt_tokens, stats.completion_tokens, e.memory_steps, gate.done)

@@ -1,0 +1,172 @@
+"""``memagent report``: one self-contained HTML page for a batch output or an eval run directory.
+
+    build_report("runs/demo/answers")        # batch output dir -> runs/demo/answers/report.html
+    build_report("runs/eval")                 # eval run (items.parquet, predictions/<method>/, ...)
+    build_report("s3://bucket/out", s3=S3Options(endpoint_url=...))   # written next to the output
+
+Rows are read file by file (local or S3 via pyarrow); each row's context is read only to
+measure it and cut short snippets around its spans, so the page stays small at 10,000 rows.
+Outputs written before the attribution columns existed still load (attribution is computed).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import logging
+import time
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from memagent import report_html as rh
+from pipelines import storage
+from pipelines.storage import S3Options
+
+log = logging.getLogger(__name__)
+
+REPORT_NAME = "report.html"
+# Columns the page uses; others (passthrough inputs) are not read.
+ROW_COLUMNS = ["id", "question", "answers", "context", "prediction", "response", "n_chunks", "context_tokens",
+               "truncated", "steps", "score", "error", "model", "config", "seconds", "method", "task", "length",
+               "metric", "evidence_step", "evidence_char_start", "evidence_char_end", "answer_spans",
+               "answer_found_step", "answer_lost_step"]
+EVAL_IMAGES = [("heatmap.png", "Accuracy heatmap: method · task × length"),
+               ("accuracy_vs_length.png", "Accuracy against document length (95% intervals)")]
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}"
+
+
+def _exists(fs: pafs.FileSystem, path: str, kind: pafs.FileType = pafs.FileType.File) -> bool:
+    return fs.get_file_info(path).type == kind
+
+
+def _read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
+    if not _exists(fs, path):
+        return None
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def iter_rows(fs: pafs.FileSystem, files: list[str], batch_rows: int = 256) -> Iterator[dict[str, Any]]:
+    """Output rows with the columns the report uses, one file and one batch at a time."""
+    for file in files:
+        try:
+            with fs.open_input_file(file) as f:
+                pf = pq.ParquetFile(f)
+                cols = [c for c in ROW_COLUMNS if c in pf.schema_arrow.names]
+                for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
+                    yield from batch.to_pylist()
+        except (OSError, pa.ArrowInvalid) as exc:  # a partial file (writer killed): skip it, the job redoes its rows
+            log.warning("skipping unreadable output file %s: %s", file, exc)
+
+
+def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None = None) -> tuple[list[dict], dict]:
+    """Row views of one batch output directory, and its first row's model/config."""
+    views, meta = [], {}
+    for row in iter_rows(fs, storage.parquet_files(fs, path)):
+        if method and not row.get("method"):
+            row["method"] = method
+        if not meta and row.get("config"):
+            meta = {"model": row.get("model"), "config": row.get("config")}
+        key = f"{row.get('method')}/{row.get('id')}" if method else None
+        views.append(rh.row_view(row, key, metric))
+    views.sort(key=lambda v: (v.get("m") or "", v["id"]))
+    return views, meta
+
+
+def _tokens_per_second(views: list[dict], seconds: float | None) -> str:
+    tokens = sum(v.get("ct") or 0 for v in views if not v.get("e"))
+    if seconds:
+        return f"{tokens / seconds:,.1f} ({tokens:,} context tokens in {seconds:,.1f} s of job time)"
+    row_s = sum(v.get("sec") or 0 for v in views if not v.get("e"))
+    if not row_s:
+        return "n/a"
+    return (f"{tokens / row_s:,.1f} per row in flight ({tokens:,} tokens over {row_s:,.1f} row-seconds; rows are "
+            "read concurrently, so the job's throughput is higher)")
+
+
+def _summary_items(run: str, kind: str, views: list[dict], meta: dict, tps: list[tuple[str, str]],
+                   extra: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    errors = sum(1 for v in views if v.get("e"))
+    items = [("run", f"<code>{rh._e(run)}</code> ({kind})"), ("rows", f"{len(views):,}"),
+             ("error rows", f'<a href="#filter=status=error">{errors:,}</a>' if errors else "0")]
+    methods = sorted({v.get("m") for v in views if v.get("m")}) if kind == "eval" else []
+    if methods:
+        for m in methods:
+            items.append((f"accuracy · {m}", rh.fmt_acc(rh.accuracy(v for v in views if v.get("m") == m))))
+    else:
+        items.append(("accuracy", rh.fmt_acc(rh.accuracy(views))))
+    items += tps + [("model", rh._e(meta.get("model") or "?"))]
+    return items + [(k, rh._e(v)) for k, v in extra]
+
+
+def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), *,
+                 job_summary: dict[str, Any] | None = None, metric: str = "sub_em") -> str:
+    """Write the HTML report of ``run`` (batch output or eval run dir, local or s3://) and return its path.
+
+    Args:
+        out: where to write (local or s3://); default ``<run>/report.html``.
+        job_summary: the batch job's summary (``seconds``), for the job's tokens/s; without it the
+            rate is estimated from the rows' own times.
+        metric: how rows without a ``metric`` column were scored (only used for old outputs).
+    """
+    t0 = time.perf_counter()
+    storage.check_uri(run, "run")
+    fs, path = storage.filesystem(run, s3)
+    if not _exists(fs, path, pafs.FileType.Directory) and not _exists(fs, path):
+        raise FileNotFoundError(f"run {run!r} does not exist")
+    images: list[tuple[str, str]] = []
+    eval_table = ""
+    extra: list[tuple[str, Any]] = []
+    pred_dir = _join(path, "predictions")
+    if _exists(fs, pred_dir, pafs.FileType.Directory):
+        kind, views, meta = "eval", [], {}
+        summary = json.loads(_read_bytes(fs, _join(path, "summary.json")) or b"{}")
+        methods = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(pred_dir))
+                         if i.type == pafs.FileType.Directory and not i.base_name.startswith(("_", ".")))
+        for m in methods:
+            v, mt = read_views(fs, _join(pred_dir, m), metric, method=m)
+            views += v
+            meta = meta or mt
+        seconds = summary.get("seconds_per_method") or {}
+        tps = [(f"tokens/s · {m}", _tokens_per_second([v for v in views if v.get("m") == m], seconds.get(m)))
+               for m in methods]
+        if summary.get("config"):
+            meta["config"] = json.dumps(summary["config"])
+        if summary.get("full_context_window"):
+            extra.append(("full-context window", f"{summary['full_context_window']} tokens"))
+        extra += [("note", n) for n in summary.get("notes", [])]
+        for name, caption in EVAL_IMAGES:
+            data = _read_bytes(fs, _join(path, name))
+            if data:
+                images.append((caption, "data:image/png;base64," + base64.b64encode(data).decode()))
+        results = _read_bytes(fs, _join(path, "results.csv"))
+        if results:
+            eval_table = rh.eval_table_html(list(csv.DictReader(io.StringIO(results.decode()))))
+    else:
+        kind = "batch output"
+        views, meta = read_views(fs, path, metric)
+        if not views:
+            raise ValueError(f"run {run!r}: no output rows (no readable Parquet files)")
+        tps = [("tokens/s", _tokens_per_second(views, (job_summary or {}).get("seconds")))]
+    groups = rh.group_errors(views)
+    items = _summary_items(run, kind, views, meta, tps, extra)
+    summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"))
+    title = f"MemAgent report — {run.rstrip('/').rsplit('/', 1)[-1]}"
+    page = rh.render(title, f"{kind} · {len(views):,} rows · generated {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                     summary_html, views, images, eval_table)
+    target = out or _join(run, REPORT_NAME)
+    out_fs, out_path = storage.filesystem(target, s3)
+    if not storage.is_s3(target):
+        out_fs.create_dir(out_path.rsplit("/", 1)[0], recursive=True)
+    with out_fs.open_output_stream(out_path) as f:
+        f.write(page.encode())
+    log.info("report of %d rows: %s (%.0f KiB, %.1f s)", len(views), target, len(page) / 1024, time.perf_counter() - t0)
+    return target if storage.is_s3(target) else out_path

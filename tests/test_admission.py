@@ -1,0 +1,172 @@
+"""Continuous admission in the batch job: the gate, the default, and the real Ray Data job with a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from memagent.engines import EngineConfig
+from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
+from pipelines.admission import AdmissionPlan, Gate, default_max_in_flight, occupancy, resolve_max_in_flight
+from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ScriptedEngine(Engine):
+    """Sleeps ``sleep_s`` per conversation and replies with a fixed text; logs (time, question) per call."""
+
+    def __init__(self, tokenizer, sleep_s: float, log: str | None):
+        self.name, self.context_window, self.tokenizer, self.stats = "scripted", 4096, tokenizer, EngineStats()
+        self.sleep_s, self.log = sleep_s, log
+
+    async def chat(self, messages, params: SamplingParams) -> Completion:
+        content = messages[-1]["content"]
+        question = content.split("<problem>\n", 1)[1].split("\n</problem>", 1)[0]
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(json.dumps({"t": time.time(), "q": question}) + "\n")
+        await asyncio.sleep(self.sleep_s)
+        self.stats.requests += 1
+        text = "mem" if "Updated memory" in content else "So the answer is 42."
+        return Completion(text=text, prompt_tokens=10, completion_tokens=3, finish_reason="stop")
+
+
+def scripted_engine(config: dict) -> ScriptedEngine:
+    """The job's ``engine_factory`` hook (runs inside the Ray actor)."""
+    from transformers import AutoTokenizer
+
+    return ScriptedEngine(AutoTokenizer.from_pretrained(config["tokenizer"]), config["sleep_s"], config.get("log"))
+
+
+# -- units --------------------------------------------------------------------------------------
+
+def test_gate_caps_in_flight_and_integrates():
+    gate = Gate(3)
+    seen = []
+
+    async def doc(i):
+        async with gate.slot():
+            seen.append(gate.in_flight)
+            await asyncio.sleep(0.01 * (i % 3 + 1))
+
+    async def main():
+        await asyncio.gather(*(doc(i) for i in range(10)))
+
+    asyncio.run(main())
+    snap = gate.snapshot()
+    assert max(seen) == 3 == gate.peak and snap["done"] == 10 and snap["in_flight"] == 0
+    occ, per = occupancy({"a:1": snap})
+    assert 0.5 < occ <= 1.0 and per["a:1"] == pytest.approx(occ)
+
+
+def test_one_default_per_engine():
+    assert default_max_in_flight(EngineConfig()) == 16  # hf on CPU: benchmarks/results/concurrency.json
+    assert default_max_in_flight(EngineConfig(engine="vllm", device="cuda")) == 256
+    openai = EngineConfig(engine="openai", endpoint="http://127.0.0.1:1/v1", max_concurrency=40)
+    assert default_max_in_flight(openai) == 40
+    assert resolve_max_in_flight(3, openai) == 3
+    assert AdmissionPlan(16).calls == 16 and AdmissionPlan(16, rows_per_call=4).calls == 4
+    assert AdmissionPlan.barrier(8) == AdmissionPlan(8, 8, 1)
+    with pytest.raises(ValueError):
+        AdmissionPlan(0)
+
+
+# -- the real job on local Ray ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    # The actors import this module for the scripted engine.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    yield
+    ray.shutdown()
+
+
+def run_job(tiny_llama_dir, rows, tmp_path, name, *, log=None, sleep_s=0.03, max_in_flight=4):
+    from pipelines.batch_qa import BatchQAConfig, run_batch_qa
+    from pipelines.job import JobConfig
+
+    inp = tmp_path / f"{name}-in"
+    if not inp.exists():
+        write_rows(inp / "part-0.parquet", rows)
+    cfg = BatchQAConfig(input=str(inp), output=str(tmp_path / f"{name}-out"), agent=FAST_AGENT,
+                        engine=EngineConfig(model=str(tiny_llama_dir)),
+                        job=JobConfig(batch_size=4, max_in_flight=max_in_flight, progress=False))
+    factory = ("tests.test_admission:scripted_engine",
+               {"tokenizer": str(tiny_llama_dir), "sleep_s": sleep_s, "log": str(log) if log else None})
+    return run_batch_qa(cfg, engine_factory=factory), read_output(tmp_path / f"{name}-out")
+
+
+def long_and_short_rows() -> list[dict]:
+    rows = good_rows(1, tokens=6000) + good_rows(20, start=1, tokens=100)  # the long one first
+    for i, r in enumerate(rows):
+        r["question"] = f"What is the special magic number number {i}?"  # one question per document
+    return rows
+
+
+def test_short_documents_finish_while_the_long_one_reads(ray_local, tiny_llama_dir, tmp_path):
+    rows = long_and_short_rows()
+    log = tmp_path / "calls.jsonl"
+    summary, out = run_job(tiny_llama_dir, rows, tmp_path, "mix", log=log, sleep_s=0.05)
+    assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows)  # every id exactly once
+    assert all(r["error"] is None for r in out)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    spans = {}
+    for c in calls:
+        t0, t1 = spans.get(c["q"], (c["t"], c["t"]))
+        spans[c["q"]] = (min(t0, c["t"]), max(t1, c["t"]))
+    long_q = rows[0]["question"]
+    long_start, long_end = spans.pop(long_q)
+    assert len(spans) == 20
+    assert out and next(r for r in out if r["id"] == rows[0]["id"])["n_chunks"] >= 80
+    # Every short document started and finished while the long one was still reading.
+    assert all(long_start < t0 and t1 < long_end for t0, t1 in spans.values()), (long_start, long_end, spans)
+    # Never more than 4 documents reading at once (the gate's own count, and the engine's view).
+    assert summary.max_in_flight == 4 and summary.peak_in_flight == 4
+    events = sorted([(t0, 1) for t0, _ in spans.values()] + [(t1, -1) for _, t1 in spans.values()])
+    level, top = 1, 1  # the long one is reading throughout
+    for _, d in events:
+        level += d
+        top = max(top, level)
+    assert top <= 4
+    assert summary.occupancy is not None and 0 < summary.occupancy <= 1
+    assert any(line.startswith("occupancy:") for line in summary.lines())
+
+
+def test_crash_mid_job_and_rerun_give_every_id_once(ray_local, tiny_llama_dir, tmp_path, monkeypatch):
+    from pipelines.batch_qa import CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV
+
+    rows = good_rows(12, tokens=150)
+    marker = tmp_path / "crashed"
+    monkeypatch.setenv(CRASH_AT_BATCH_ENV, "6")  # the 6th call: rows in flight in other calls die with it
+    monkeypatch.setenv(CRASH_MARKER_ENV, str(marker))
+    summary, out = run_job(tiny_llama_dir, rows, tmp_path, "crash", sleep_s=0.05)
+    assert marker.exists(), "the injected crash did not happen"
+    assert sorted(r["id"] for r in out) == [r["id"] for r in rows] and summary.rows_out == 12
+    again, out = run_job(tiny_llama_dir, rows, tmp_path, "crash")
+    assert again.rows_out == 0 and again.skipped == 12
+    assert sorted(r["id"] for r in out) == [r["id"] for r in rows]
+
+
+def test_error_rows_unchanged_under_admission(ray_local, tiny_llama_dir, tmp_path):
+    rows = good_rows(5)
+    rows[1]["context"] = None
+    rows[2]["context"] = "   \n"
+    rows[3]["question"] = None
+    summary, out = run_job(tiny_llama_dir, rows, tmp_path, "errors")
+    errors = {r["id"]: r["error"] for r in out if r["error"]}
+    assert sorted(r["id"] for r in out) == [r["id"] for r in rows]
+    assert set(errors) == {"doc-001", "doc-002", "doc-003"} and summary.error_rows == 3
+    assert "context must be a string, got null" in errors["doc-001"]
+    assert "context is empty" in errors["doc-002"]
+    assert "question must be a non-empty string" in errors["doc-003"]
+    for r in out:
+        if r["error"]:
+            assert r["prediction"] is None and r["steps"] is None and r["score"] is None
