@@ -20,7 +20,11 @@ install: $(STAMP)
 demo: install
 	$(BIN)/memagent demo
 
-test: install
+# Headless Chromium for the report's browser test (Debian package; the test skips if this fails).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) || true
+
+test: install browser
 	$(BIN)/python -m pytest
 
 test-fast: install

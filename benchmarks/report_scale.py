@@ -52,7 +52,8 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
         steps, memory = [], ""
         for j in range(k):
             memory = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60)))
-            if bounds[j] <= pos < bounds[j + 1] or (ans in steps[-1]["memory"] if steps else False) and rng.random() < 0.8:
+            kept = bool(steps) and ans in steps[-1]["memory"] and rng.random() < 0.8
+            if bounds[j] <= pos < bounds[j + 1] or kept:
                 memory += f" The number is {ans}."
             steps.append({"step": j, "kind": "memory", "chunk_index": j, "char_start": bounds[j],
                           "char_end": bounds[j + 1], "memory": memory, "prompt_tokens": 600,
@@ -85,7 +86,8 @@ def write_output(rows: list[dict], out_dir: Path, per_file: int = 1000) -> None:
                         ("answers", pa.list_(pa.string())), *RESULT_SCHEMA])
     out_dir.mkdir(parents=True, exist_ok=True)
     for n, start in enumerate(range(0, len(rows), per_file)):
-        pq.write_table(pa.Table.from_pylist(rows[start:start + per_file], schema=schema), out_dir / f"part-{n:03d}.parquet")
+        table = pa.Table.from_pylist(rows[start:start + per_file], schema=schema)
+        pq.write_table(table, out_dir / f"part-{n:03d}.parquet")
 
 
 def _attr(dom: str, name: str) -> float:
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
         size = page.stat().st_size
         result = {"rows": args.rows, "size_mb": round(size / 2**20, 2), "size_bytes": size,
                   "bytes_per_row": round(size / args.rows), "build_seconds": round(build_s, 2),
-                  "generate_seconds": round(gen_s, 2), "parquet_mb": round(sum(f.stat().st_size for f in run.glob("*.parquet")) / 2**20, 1)}
+                  "generate_seconds": round(gen_s, 2),
+                  "parquet_mb": round(sum(f.stat().st_size for f in run.glob("*.parquet")) / 2**20, 1)}
         binary = find_chromium()
         if binary:
             empty = Path(tmp) / "empty.html"

@@ -11,18 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from memagent.net import free_port
+
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -107,7 +107,10 @@ def answer_spans(context: str | None, answers: Sequence[str] | None,
     return [{"char_start": a, "char_end": b} for a, b in sorted(spans)[:limit]]
 
 
-def evidence(steps: Iterable[Any] | None, prediction: str | None, metric: str = "sub_em") -> tuple[int | None, int | None, int | None]:
+Span = tuple[int | None, int | None, int | None]
+
+
+def evidence(steps: Iterable[Any] | None, prediction: str | None, metric: str = "sub_em") -> Span:
     """(step, char_start, char_end) of the first memory step whose memory contains ``prediction``."""
     if not prediction:
         return None, None, None

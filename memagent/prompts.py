@@ -111,8 +111,8 @@ PLACEHOLDERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 REQUIRED_KEYS = ("memory_update", "final_answer")  # keys a prompts file must have; full_context is optional
 
 
-def _braced(names: object) -> str:
-    return " ".join(f"{{{n}}}" for n in sorted(names))  # type: ignore[union-attr]
+def _braced(names: frozenset[str]) -> str:
+    return " ".join(f"{{{n}}}" for n in sorted(names))
 
 
 @functools.lru_cache(maxsize=256)
@@ -127,7 +127,9 @@ def template_fields(template: str) -> frozenset[str]:
         if name is None:
             continue
         if name == "" or name.isdigit():
-            raise ValueError(f"has a positional placeholder {{{name}}}: name it, or write a literal brace as {{{{ or }}}}")
+            raise ValueError(
+                f"has a positional placeholder {{{name}}}: name it, or write a literal brace as {{{{ or }}}}"
+            )
         if spec or conversion:
             raise ValueError(f"has a format spec or conversion in {{{name}}}: write the placeholder as a bare name")
         names.add(name)
@@ -207,7 +209,7 @@ def load_prompts(path: str | PathLike[str]) -> PromptTemplates:
     TOML, unknown or missing key, a value that is not a string, a bad placeholder) is a one-line
     ``ValueError`` naming the file.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     try:
         with path.open("rb") as f:
             data = tomllib.load(f)

@@ -50,7 +50,7 @@ font-size:10px;color:#263238;overflow:hidden;text-align:center;line-height:34px}
 .badge{display:inline-block;border-radius:9px;padding:0 7px;font-size:11px;color:#fff;margin-left:6px}
 .b-found{background:var(--ok)}.b-lost{background:var(--bad)}.b-ev{background:var(--ev)}.b-ans{background:#455a64}
 .mem{white-space:pre-wrap;word-break:break-word}
-ins{background:var(--ins);text-decoration:none}del{background:var(--del);color:#8e2424}
+ins{background:var(--ins);text-decoration:none}del{background:var(--del);color:#8e2424}del+ins{margin-left:.3em}
 mark.gold{background:var(--gold)}mark.pred{background:var(--pred)}
 .snip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;background:var(--bg);
 border:1px solid var(--bd);padding:6px;margin:4px 0}

@@ -122,7 +122,8 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
     """
     metric = row.get("metric") or metric
     steps = list(row.get("steps") or [])
-    answers = [str(a) for a in (row.get("answers") or [])] if not isinstance(row.get("answers"), str) else [row["answers"]]
+    raw = row.get("answers")
+    answers = [raw] if isinstance(raw, str) else [str(a) for a in raw or []]
     context = row.get("context") if isinstance(row.get("context"), str) else None
     prediction = row.get("prediction")
     if "answer_found_step" in row and "evidence_step" in row:
@@ -193,7 +194,8 @@ def group_errors(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def accuracy(views: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Mean score over rows with answers (an error row scores 0), with its 95% Wilson interval."""
-    scores = [0.0 if v.get("e") else float(v["s"]) for v in views if v.get("a") and (v.get("e") or v.get("s") is not None)]
+    scores = [0.0 if v.get("e") else float(v["s"]) for v in views
+              if v.get("a") and (v.get("e") or v.get("s") is not None)]
     if not scores:
         return None
     mean = sum(scores) / len(scores)
@@ -207,7 +209,7 @@ def attribution_counts(views: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         if v.get("e"):
             continue
         if v.get("a"):
-            c["kept" if v.get("f") is not None and v.get("l") is None else "lost" if v.get("l") is not None else "never"] += 1
+            c["lost" if v.get("l") is not None else "never" if v.get("f") is None else "kept"] += 1
         if v.get("p"):
             c["evidence" if v.get("ev") else "noev"] += 1
     return dict(c)
@@ -229,8 +231,10 @@ def summary_html(items: Sequence[tuple[str, Any]], groups: list[dict[str, Any]],
     """The run summary: key/value table, attribution counts, grouped errors, configuration."""
     h = ['<table class="kv">'] + [f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in items] + ["</table>"]
     if attr:
-        links = [("kept", "", "gold answer found and kept to the end"), ("lost", "lost", "gold answer found, then lost"),
-                 ("never", "never", "gold answer never in memory"), ("evidence", "", "prediction traced to a memory step"),
+        links = [("kept", "", "gold answer found and kept to the end"),
+                 ("lost", "lost", "gold answer found, then lost"),
+                 ("never", "never", "gold answer never in memory"),
+                 ("evidence", "", "prediction traced to a memory step"),
                  ("noev", "noev", "prediction in no memory")]
         h.append("<h3>Evidence attribution</h3><ul>")
         for key, status, label in links:

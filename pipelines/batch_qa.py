@@ -116,6 +116,7 @@ class BatchSummary:
     occupancy: float | None = None  # mean documents in flight / max_in_flight, all actors, job window
     actor_occupancy: dict[str, float] = field(default_factory=dict)  # per actor, over its own window
     peak_in_flight: int | None = None
+    reading_seconds: float | None = None  # first document admitted to last document done, all actors
 
     @property
     def tokens_per_second(self) -> float:
@@ -137,8 +138,9 @@ class BatchSummary:
         if self.occupancy is None:
             return []
         per = ", ".join(f"{k.split(':')[0]} {v:.2f}" for k, v in sorted(self.actor_occupancy.items()))
+        reading = f", reading {self.reading_seconds:.1f} s" if self.reading_seconds is not None else ""
         return [f"occupancy:      {self.occupancy:.3f} (mean in-flight / max_in_flight={self.max_in_flight}, "
-                f"peak {self.peak_in_flight})", f"  per actor:    {per}"]
+                f"peak {self.peak_in_flight}{reading})", f"  per actor:    {per}"]
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
@@ -375,6 +377,9 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     summary.occupancy, summary.actor_occupancy = occupancy(snapshots)
     summary.max_in_flight = adm.max_in_flight
     summary.peak_in_flight = max((s["peak"] for s in snapshots.values()), default=None)
+    starts = [s["first_start"] for s in snapshots.values() if s["first_start"] is not None]
+    ends = [s["last_done"] for s in snapshots.values() if s["last_done"] is not None]
+    summary.reading_seconds = max(ends) - min(starts) if starts and ends else None
     return summary
 
 

@@ -17,7 +17,7 @@ import urllib.request
 import pyarrow.dataset as pads
 import pytest
 
-from infra.local_s3 import free_port
+from memagent.net import free_port
 from tests.flows_helpers import REPO, TINY_AGENT, tiny_engine
 
 pytestmark = pytest.mark.slow

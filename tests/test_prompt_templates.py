@@ -111,7 +111,8 @@ class RecordingEngine(Engine):
     """Replies by script and keeps every prompt it was sent."""
 
     def __init__(self, tokenizer, reply, context_window: int = 4096):
-        self.name, self.context_window, self.tokenizer, self.stats = "scripted", context_window, tokenizer, EngineStats()
+        self.name, self.context_window, self.tokenizer = "scripted", context_window, tokenizer
+        self.stats = EngineStats()
         self.reply, self.prompts = reply, []
 
     async def chat(self, messages, params: SamplingParams) -> Completion:
@@ -136,11 +137,12 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_defaults_render_exactly_the_old_built_in_prompts(style, instruction):
     line = f"Task: {instruction}\n" if instruction else ""
     q, m, c, d = "What is the code? {not a field}", "MEM \\boxed{x}", "chunk {braces}", "doc"
+    old_final, old_full = _OLD_FINAL_HEAD + _OLD_ENDINGS[style], _OLD_FULL_HEAD + _OLD_ENDINGS[style]
     assert memory_update_messages(q, m, c, instruction)[0]["content"] == _OLD_MEMORY.format(
         instruction=line, question=q, memory=m, chunk=c)
-    assert final_answer_messages(q, m, style, instruction)[0]["content"] == (_OLD_FINAL_HEAD + _OLD_ENDINGS[style]).format(
+    assert final_answer_messages(q, m, style, instruction)[0]["content"] == old_final.format(
         instruction=line, question=q, memory=m)
-    assert full_context_messages(q, d, style, instruction)[0]["content"] == (_OLD_FULL_HEAD + _OLD_ENDINGS[style]).format(
+    assert full_context_messages(q, d, style, instruction)[0]["content"] == old_full.format(
         instruction=line, question=q, document=d)
     assert AgentConfig().prompts == DEFAULT_PROMPTS == PromptTemplates()
 

@@ -66,7 +66,8 @@ def test_row_view_of_old_output_computes_attribution_and_snippets():
 
 
 def test_error_groups_mask_numbers():
-    views = [row_view(error_row(f"e{i}", f"input: question is {100 + i} tokens, over query_tokens=64")) for i in range(3)]
+    views = [row_view(error_row(f"e{i}", f"input: question is {100 + i} tokens, over query_tokens=64"))
+             for i in range(3)]
     views.append(row_view(error_row("z", "agent: RuntimeError: boom")))
     groups = group_errors(views)
     assert [g["count"] for g in groups] == [3, 1] and groups[0]["ids"] == ["e0", "e1", "e2"]
@@ -140,7 +141,8 @@ def test_report_on_s3(tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     with s3_server(buckets=("lake",)) as endpoint:
         fs = pafs.S3FileSystem(endpoint_override=endpoint.split("://")[1], scheme="http", region="us-east-1")
-        pafs.copy_files(str(write(tmp_path / "a.parquet", [old_row()])), "lake/out/a.parquet", destination_filesystem=fs)
+        local = write(tmp_path / "a.parquet", [old_row()])
+        pafs.copy_files(str(local), "lake/out/a.parquet", destination_filesystem=fs)
         path = build_report("s3://lake/out", None, S3Options(endpoint_url=endpoint))
         assert path == "s3://lake/out/report.html"
         with fs.open_input_stream("lake/out/report.html") as f:

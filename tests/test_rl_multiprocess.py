@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memagent.rl.distributed import free_port, merge_rank_metrics
+from memagent.net import free_port
+from memagent.rl.distributed import merge_rank_metrics
 from test_rl_rollout import niah
 
 

@@ -6,17 +6,11 @@ Every helper is the identity in a single process, so the trainer calls them unco
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any, Mapping, Sequence
 
 import torch
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT, Ray, servers)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from memagent.net import free_port
 
 
 def setup_distributed() -> tuple[int, int]:

@@ -1,0 +1,12 @@
+"""Loopback networking helpers shared by the trainer, the local stack and the tests."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT, Ray, servers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
