@@ -23,7 +23,8 @@ def report_link(path: str) -> str:
 
 def publish_report(run: str, *, key: str, s3: S3Options = S3Options(),
                    job_summary: dict[str, Any] | None = None) -> str | None:
-    """Build ``<run>/report.html`` and publish link + Markdown artifacts under ``key``; its path or None."""
+    """Build the report of ``run`` (written inside it, see :func:`pipelines.report.build_report`) and
+    publish link + Markdown artifacts under ``key``; returns its path, or None if it failed."""
     from pipelines.report import build_report
 
     logger = get_run_logger()

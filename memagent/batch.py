@@ -28,6 +28,7 @@ from memagent.agent import InputError, Result, read_document
 from memagent.attribution import attribute
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
+from memagent.error_kinds import error_prefix
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
 from memagent.verify import METRICS
@@ -139,7 +140,7 @@ async def answer_row(
         return error_record(row, f"input: {exc}", config, engine.name, method)
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
         log.warning("row %s failed: %s", row.get("id"), exc, exc_info=True)
-        return error_record(row, f"agent: {type(exc).__name__}: {exc}", config, engine.name, method)
+        return error_record(row, f"{error_prefix(exc)}: {type(exc).__name__}: {exc}", config, engine.name, method)
     return result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
 
 

@@ -238,7 +238,8 @@ function showRow(k) {
     if (!isMem) badges += '<span class="badge b-ans">answer</span>';
     const span = s[2] == null ? "" : " · chars " + s[2] + "–" + s[3];
     h += '<div class="' + c + '" id="step-' + s[0] + '"><div class="hd">step ' + s[0] + (isMem ? " · memory update" : " · final answer") +
-      span + " · " + (s[4] == null ? "" : s[4] + " tokens · ") + esc(s[5]) + badges + '</div><div class="mem">';
+      span + " · " + (s[4] == null ? "" : s[4] + " tokens · ") +
+      (s[5] === "length" ? '<span class="warn">cut at the token budget</span>' : esc(s[5])) + badges + '</div><div class="mem">';
     if (isMem) { h += diffHtml(prev, s[6] || "", s[7] || [], nd); prev = s[6] || ""; }
     else h += s[6] != null ? hl(s[6], nd) : '<span class="mut">reads the memory above</span>';
     h += "</div></div>";

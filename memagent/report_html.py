@@ -50,7 +50,7 @@ def word_diff(before: str, after: str) -> list[Any]:
         else:
             ops.append(text if op == 0 else [op, text])
 
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(str.isspace, a, b, autojunk=False).get_opcodes():
         if tag == "equal":
             emit(0, "".join(b[j1:j2]))
             continue
@@ -67,7 +67,7 @@ def diff_ops(before: str, after: str) -> list[int]:
     empty). The page rebuilds :func:`word_diff` from it and both texts, so no text is stored twice."""
     a, b = _TOKENS.findall(before or ""), _TOKENS.findall(after or "")
     out: list[int] = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(str.isspace, a, b, autojunk=False).get_opcodes():
         if tag != "equal":
             out += [i1, i2, j1, j2]
     return out
@@ -240,7 +240,7 @@ def summary_html(items: Sequence[tuple[str, Any]], groups: list[dict[str, Any]],
         for key, status, label in links:
             if key in attr:
                 n = f'<a href="#filter=status={status}">{attr[key]}</a>' if status else str(attr[key])
-                h.append(f"<li>{n} rows: {_e(label)}</li>")
+                h.append(f"<li>{n} row{'' if attr[key] == 1 else 's'}: {_e(label)}</li>")
         h.append("</ul>")
     if groups:
         h.append("<h3>Error rows</h3><table><tr><th>rows</th><th>message</th><th>example ids</th></tr>")

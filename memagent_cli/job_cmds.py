@@ -29,6 +29,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
     summary = run_batch_qa(batch_config(args))
     print("\n".join(summary.lines()))
+    if summary.infra_errors:  # not done: the output is incomplete until a rerun redoes them
+        print(f"error: {summary.infra_errors} row(s) failed on the infrastructure (endpoint or engine); run the same "
+              "command again to redo them", file=sys.stderr)
+        return 1
     return 0
 
 

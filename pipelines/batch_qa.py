@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from memagent.batch import RESULT_SCHEMA
 from memagent.config import AgentConfig, preset
 from memagent.verify import Metric
 from memagent.engines import EngineConfig
+from memagent.error_kinds import INFRA_PREFIX, InfraBreaker, InfrastructureFailure
 from pipelines import storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, occupancy, resolve_max_in_flight
 from pipelines.job import JobConfig
@@ -99,6 +101,7 @@ class InputPlan:
     done_ids: pa.Array
     skipped: int  # input ids already in the output
     output_schema: pa.Schema
+    redo_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # in the output, to redo
 
 
 @dataclass
@@ -106,11 +109,14 @@ class BatchSummary:
     rows_in: int
     skipped: int
     rows_out: int
-    error_rows: int
-    accuracy: float | None
+    error_rows: int  # both kinds
+    accuracy: float | None  # over this run's rows with answers, error rows counted wrong (as the evaluation does)
     context_tokens: int
     seconds: float
     output: str
+    infra_errors: int = 0  # error rows that failed on the infrastructure: not done, a rerun redoes them
+    accuracy_answered: float | None = None  # over the rows without error only
+    scored_rows: int = 0  # rows with answers (the denominator of `accuracy`)
     # Continuous admission (filled by run_batch_qa from the actors' gates; None when no row ran).
     max_in_flight: int | None = None
     occupancy: float | None = None  # mean documents in flight / max_in_flight, all actors, job window
@@ -123,11 +129,18 @@ class BatchSummary:
         return self.context_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def lines(self) -> list[str]:
-        acc = "n/a (no answers)" if self.accuracy is None else f"{self.accuracy:.3f}"
+        acc = "n/a (no answers)" if self.accuracy is None else (
+            f"{self.accuracy:.3f} over {self.scored_rows} rows, error rows counted wrong"
+            + (f" ({self.accuracy_answered:.3f} over the rows without error)"
+               if self.accuracy_answered is not None and self.error_rows else ""))
+        errors = f"{self.error_rows}"
+        if self.infra_errors:
+            errors += (f" ({self.error_rows - self.infra_errors} row errors, done; {self.infra_errors} infrastructure "
+                       "errors, redone by a rerun of the same command)")
         return [
             f"rows in:        {self.rows_in} ({self.skipped} already done, skipped)",
             f"rows out:       {self.rows_out} this run",
-            f"error rows:     {self.error_rows}",
+            f"error rows:     {errors}",
             f"accuracy:       {acc}",
             f"tokens read/s:  {self.tokens_per_second:.1f} ({self.context_tokens} tokens in {self.seconds:.1f} s)",
             f"output:         {self.output}",
@@ -174,11 +187,14 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
 
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     done_files = storage.complete_parquet_files(out_fs, out_path)
-    done = storage.read_column(out_fs, done_files, "id").combine_chunks() if done_files else pa.array([], pa.string())
+    # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
+    done, retry = storage.output_ids(out_fs, done_files)
+    retry = retry.filter(pc.is_in(retry, value_set=ids.combine_chunks())) if len(retry) else retry
     extra = [f for f in RESULT_SCHEMA if f.name not in schema.names] + [pa.field("node_id", pa.string())]
     output_schema = pa.schema(list(schema) + extra)
     skipped = int(pc.sum(pc.is_in(ids, value_set=done)).as_py() or 0) if len(done) else 0
-    return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, skipped=skipped, output_schema=output_schema)
+    return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, skipped=skipped, output_schema=output_schema,
+                     redo_ids=retry)
 
 
 def drop_done(batch: pa.Table, done_ids: pa.Array | ray.ObjectRef) -> pa.Table:
@@ -203,7 +219,8 @@ class AgentWorker:
     def __init__(self, engine: EngineConfig, agent: AgentConfig, output_schema: pa.Schema,
                  question: str | None, metric: str, torch_threads: int | None, concurrency: int,
                  method: str = "memagent", max_in_flight: int | None = None, ledger: str | None = None,
-                 engine_factory: str | None = None, engine_factory_config: dict | None = None):
+                 engine_factory: str | None = None, engine_factory_config: dict | None = None,
+                 breaker: dict | None = None):
         from memagent.agent import check_config
         from pipelines.admission import Gate, resolve_max_in_flight
         from pipelines.engine_metrics import ActorMeter, MeteredEngine
@@ -233,6 +250,7 @@ class AgentWorker:
         self.gate = Gate(resolve_max_in_flight(max_in_flight, engine))
         self.meter = ActorMeter(actor_id[:8], self.engine, self.gate)
         self.ledger_name = ledger
+        self.breaker = InfraBreaker(**(breaker or {}))  # issue 18: stop when infrastructure errors dominate
         self._ledger = None
 
     def _maybe_crash(self) -> None:
@@ -258,8 +276,8 @@ class AgentWorker:
 
         async def one(row: dict) -> dict:
             async with self.gate.slot():
-                return await answer_row(self.engine, row, self.agent, question=self.question,
-                                        metric=self.metric, method=self.method)
+                return self.breaker.check(await answer_row(self.engine, row, self.agent, question=self.question,
+                                                           metric=self.metric, method=self.method))
 
         records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))
         for r in records:
@@ -270,9 +288,13 @@ class AgentWorker:
 
 
 def endpoint_env(engine: EngineConfig) -> dict[str, str]:
-    """The endpoint's API key, for actors on other nodes (a remote cluster does not share our env)."""
-    if engine.engine == "openai" and engine.api_key_env in os.environ:
-        return {engine.api_key_env: os.environ[engine.api_key_env]}
+    """Environment the actors need for the engine: nothing secret, ever (issue 18).
+
+    The API key never travels: the config carries only the variable's *name*
+    (``engine.api_key_env``) and each actor reads the value from its own environment. A local
+    Ray's workers inherit the driver's environment; a remote cluster's nodes get it from
+    their own setup (a Kubernetes secret, infra/kuberay/raycluster.yaml).
+    """
     return {}
 
 
@@ -290,24 +312,34 @@ def configure_data_context(cfg: BatchQAConfig) -> None:
 
 def ensure_ray(cfg: BatchQAConfig) -> None:
     if not ray.is_initialized():
-        ray.init(address=cfg.job.ray_address, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": cfg.s3.env()} if uses_s3(cfg) else None)
+        # No runtime env: Ray logs it in clear text (runtime_env_agent.log). A local Ray's workers
+        # inherit this process's environment, credentials included; a remote cluster's nodes
+        # hold their own, and the endpoint/region travel inside the pickled filesystem.
+        ray.init(address=cfg.job.ray_address, include_dashboard=False, log_to_driver=True)
 
 
 def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSummary:
     """Read back the small columns of the output and count this run's rows."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    has_answers = "answers" in plan.output_schema.names
     table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
-                                 ["id", "error", "score", "context_tokens"])
+                                 ["id", "error", "score", "context_tokens", *(["answers"] if has_answers else [])])
     if len(plan.done_ids):
         table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
     scores = table.column("score").drop_null() if len(table) else pa.array([])
+    errors = table.column("error").drop_null().cast(pa.string()) if len(table) else pa.array([], pa.string())
+    # Rows that should have been scored: those with answers (error rows among them count as wrong).
+    scored = len(scores) + (int(pc.sum(pc.and_(pc.is_valid(table.column("answers")), pc.is_valid(table.column("error"))))
+                                .as_py() or 0) if has_answers and len(table) else 0)
     return BatchSummary(
         rows_in=plan.total_rows,
         skipped=plan.skipped,
         rows_out=len(table),
-        error_rows=len(table) - table.column("error").null_count if len(table) else 0,
-        accuracy=pc.mean(scores).as_py() if len(scores) else None,
+        error_rows=len(errors),
+        infra_errors=int(pc.sum(pc.starts_with(errors, INFRA_PREFIX)).as_py() or 0) if len(errors) else 0,
+        accuracy=(pc.sum(scores).as_py() or 0.0) / scored if scored else None,
+        accuracy_answered=pc.mean(scores).as_py() if len(scores) else None,
+        scored_rows=scored,
         context_tokens=int(pc.sum(table.column("context_tokens")).as_py() or 0) if len(table) else 0,
         seconds=seconds,
         output=cfg.output,
@@ -324,6 +356,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     """
     t0 = time.perf_counter()
     plan = plan_input(cfg)
+    take_out_redo_rows(cfg, plan)
     ensure_ray(cfg)
     configure_data_context(cfg)
     if plan.skipped >= plan.total_rows:
@@ -333,7 +366,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     fault_env = {k: os.environ[k] for k in (CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV) if k in os.environ}
-    actor_env = {**cfg.s3.env(), **fault_env, **endpoint_env(cfg.engine)}
+    actor_env = {**fault_env, **endpoint_env(cfg.engine)}  # never secrets: Ray logs runtime envs
     ds = ray.data.read_parquet(in_path, filesystem=in_fs)
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
@@ -356,7 +389,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
                                    concurrency=cfg.job.concurrency, method=cfg.method,
                                    max_in_flight=adm.max_in_flight, ledger=ledger_name,
                                    engine_factory=engine_factory[0] if engine_factory else None,
-                                   engine_factory_config=engine_factory[1] if engine_factory else None),
+                                   engine_factory_config=engine_factory[1] if engine_factory else None,
+                                   breaker=breaker_options(cfg.job)),
         compute=ActorPoolStrategy(size=cfg.job.concurrency, max_concurrent_calls_per_actor=adm.calls),
         batch_size=adm.rows_per_call,
         batch_format="pyarrow",
@@ -367,8 +401,17 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         # Actors are restarted and their tasks retried by Ray on process death (defaults:
         # max_restarts=-1, max_task_retries=-1); row errors never raise, so only those retry.
     )
-    ds.write_parquet(out_path, filesystem=out_fs,
-                     min_rows_per_file=cfg.job.batch_size if adm.rows_per_call < cfg.job.batch_size else None)
+    try:
+        ds.write_parquet(out_path, filesystem=out_fs,
+                         min_rows_per_file=cfg.job.batch_size if adm.rows_per_call < cfg.job.batch_size else None)
+    except Exception as exc:
+        stopped = breaker_message(exc)
+        if stopped is None:
+            raise
+        ray.kill(ledger)
+        written = summarise(cfg, plan, time.perf_counter() - t0)
+        raise InfrastructureFailure(f"{stopped} ({written.rows_out} row(s) written this run, "
+                                    f"{written.infra_errors} of them infrastructure errors)") from None
     summary = summarise(cfg, plan, time.perf_counter() - t0)
     try:
         snapshots = ray.get(ledger.read.remote())
@@ -383,6 +426,35 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     return summary
 
 
+def breaker_options(job: JobConfig) -> dict[str, Any]:
+    """The circuit breaker's thresholds (:class:`memagent.error_kinds.InfraBreaker`) from the job config."""
+    return dict(consecutive=job.max_consecutive_infra_errors, window=job.infra_error_window,
+                rate=job.max_infra_error_rate)
+
+
+def breaker_message(exc: BaseException) -> str | None:
+    """The actor's "stopped early: ..." line inside the exception Ray Data raised, if the breaker tripped."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        match = re.search(r"stopped early: [^\n]*", str(exc))
+        if match:
+            return match.group(0)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:
+    """Remove from the output the rows this run redoes (infrastructure errors of an earlier run)."""
+    if not len(plan.redo_ids):
+        return
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    n = storage.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
+    log.warning("%d row(s) in %s failed on the infrastructure in an earlier run: redoing them", n, cfg.output)
+
+
 def config_dict(cfg: BatchQAConfig) -> dict[str, Any]:
-    """The job's config as plain JSON-able data (for logs and artifacts)."""
-    return cfg.model_dump(mode="json")
+    """The job's config as plain JSON-able data (for logs and artifacts), secrets redacted."""
+    from memagent.redact import redact
+
+    return redact(cfg.model_dump(mode="json"))

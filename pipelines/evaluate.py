@@ -28,6 +28,7 @@ from memagent.config import AgentConfig, preset
 from memagent.data.ruler import RulerItems
 from memagent.engines import EngineConfig
 from memagent.evaluate import plot_accuracy_vs_length, plot_heatmap, results_markdown, summarize
+from memagent.redact import redact
 from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 from pipelines.job import JobConfig
 
@@ -191,6 +192,6 @@ def run_evaluation(cfg: EvalConfig) -> EvalSummary:
     result = EvalSummary(out=str(out), items=n_items, results_csv=str(out / "results.csv"),
                          results_md=str(out / "results.md"), heatmap=str(heatmap), lines_plot=str(lines),
                          seconds_per_method=seconds, full_context_window=window)
-    (out / "summary.json").write_text(json.dumps({**asdict(result), "config": cfg.model_dump(mode="json"),
+    (out / "summary.json").write_text(json.dumps({**asdict(result), "config": redact(cfg.model_dump(mode="json")),
                                                   "notes": notes}, indent=2))
     return result

@@ -34,3 +34,15 @@ class JobConfig(BaseModel):
         6 * 3600, description="Fail after this long without a finished batch: model loads and long documents on a "
         "CPU are slow (-1: never).", json_schema_extra={"flag": "no-progress-timeout"})
     progress: bool = Field(True, description="Show Ray Data progress bars (off for CI logs).")
+    # Circuit breaker (issue 18): infrastructure errors (endpoint down, 5xx/429 after retries, bad
+    # key, engine died) are written as retryable `infra:` rows; once they dominate, the job stops.
+    max_consecutive_infra_errors: int = Field(
+        5, ge=0, description="Stop the job after this many infrastructure errors in a row on one actor (endpoint "
+        "down, 5xx after retries, engine died; 0: never). A rerun redoes those rows.",
+        json_schema_extra={"flag": "max-consecutive-infra-errors"})
+    infra_error_window: int = Field(
+        50, ge=0, description="Rows per actor over which the infrastructure error rate is measured (0: no rate "
+        "check).")
+    max_infra_error_rate: float = Field(
+        0.5, gt=0, le=1, description="Stop the job when at least this fraction of the last --infra-error-window "
+        "rows of an actor failed on the infrastructure.")

@@ -1,7 +1,7 @@
 """``memagent report``: one self-contained HTML page for a batch output or an eval run directory.
 
-    build_report("runs/demo/answers")        # batch output dir -> runs/demo/answers/report.html
-    build_report("runs/eval")                 # eval run (items.parquet, predictions/<method>/, ...)
+    build_report("runs/demo/answers")   # batch output dir -> runs/demo/answers/_report.html
+    build_report("runs/eval")           # eval run dir (predictions/<method>/, ...) -> runs/eval/report.html
     build_report("s3://bucket/out", s3=S3Options(endpoint_url=...))   # written next to the output
 
 Rows are read file by file (local or S3 via pyarrow); each row's context is read only to
@@ -29,7 +29,10 @@ from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
 
-REPORT_NAME = "report.html"
+REPORT_NAME = "report.html"  # in an eval run dir
+# In a batch output dir: Parquet readers (pandas, pyarrow datasets, Spark) skip "_" files; any
+# other file there would make `pd.read_parquet(output)` fail.
+BATCH_REPORT_NAME = "_report.html"
 # Columns the page uses; others (passthrough inputs) are not read.
 ROW_COLUMNS = ["id", "question", "answers", "context", "prediction", "response", "n_chunks", "context_tokens",
                "truncated", "steps", "score", "error", "model", "config", "seconds", "method", "task", "length",
@@ -81,7 +84,10 @@ def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None =
     return views, meta
 
 
-def _tokens_per_second(views: list[dict], seconds: float | None) -> str:
+def _tokens_per_second(views: list[dict], seconds: float | None, job: dict[str, Any] | None = None) -> str:
+    if job and job.get("seconds"):  # the job that just ran (a resumed run read only part of the rows)
+        return (f"{job['context_tokens'] / job['seconds']:,.1f} (the last run: {job['context_tokens']:,} context "
+                f"tokens in {job['seconds']:,.1f} s)")
     tokens = sum(v.get("ct") or 0 for v in views if not v.get("e"))
     if seconds:
         return f"{tokens / seconds:,.1f} ({tokens:,} context tokens in {seconds:,.1f} s of job time)"
@@ -112,9 +118,10 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
     """Write the HTML report of ``run`` (batch output or eval run dir, local or s3://) and return its path.
 
     Args:
-        out: where to write (local or s3://); default ``<run>/report.html``.
-        job_summary: the batch job's summary (``seconds``), for the job's tokens/s; without it the
-            rate is estimated from the rows' own times.
+        out: where to write (local or s3://); default ``<run>/report.html`` for an eval run and
+            ``<run>/_report.html`` for a batch output (so Parquet readers of the directory skip it).
+        job_summary: the batch job's summary (``context_tokens``, ``seconds``), for the job's tokens/s;
+            without it the rate is estimated from the rows' own times.
         metric: how rows without a ``metric`` column were scored (only used for old outputs).
     """
     t0 = time.perf_counter()
@@ -155,14 +162,14 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
         views, meta = read_views(fs, path, metric)
         if not views:
             raise ValueError(f"run {run!r}: no output rows (no readable Parquet files)")
-        tps = [("tokens/s", _tokens_per_second(views, (job_summary or {}).get("seconds")))]
+        tps = [("tokens/s", _tokens_per_second(views, None, job_summary))]
     groups = rh.group_errors(views)
     items = _summary_items(run, kind, views, meta, tps, extra)
     summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"))
     title = f"MemAgent report — {run.rstrip('/').rsplit('/', 1)[-1]}"
     page = rh.render(title, f"{kind} · {len(views):,} rows · generated {time.strftime('%Y-%m-%d %H:%M:%S')}",
                      summary_html, views, images, eval_table)
-    target = out or _join(run, REPORT_NAME)
+    target = out or _join(run, REPORT_NAME if kind == "eval" else BATCH_REPORT_NAME)
     out_fs, out_path = storage.filesystem(target, s3)
     if not storage.is_s3(target):
         out_fs.create_dir(out_path.rsplit("/", 1)[0], recursive=True)

@@ -47,7 +47,8 @@ def open_page(page: str | Path, *, fragment: str = "", screenshot: str | Path | 
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         cmd = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-               f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}", "--hide-scrollbars"]
+               f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}", "--hide-scrollbars",
+               "--run-all-compositor-stages-before-draw"]  # whole frames in screenshots
         if budget_ms:
             cmd.append(f"--virtual-time-budget={budget_ms}")
         cmd += [f"--screenshot={Path(screenshot).resolve()}"] if screenshot else ["--dump-dom"]
@@ -57,3 +58,22 @@ def open_page(page: str | Path, *, fragment: str = "", screenshot: str | Path | 
     if proc.returncode != 0 or (screenshot and not Path(screenshot).exists()):
         raise RuntimeError(f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return PageRun(dom=proc.stdout, seconds=seconds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pipelines.report_browser REPORT --row ID --screenshot OUT.png``: picture one row's timeline."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="Screenshot a report page (optionally one row's timeline).")
+    p.add_argument("page")
+    p.add_argument("--row", help="row key: the page opens with this row's timeline")
+    p.add_argument("--screenshot", required=True)
+    p.add_argument("--window", default="1200x900", help="WIDTHxHEIGHT (default 1200x900)")
+    args = p.parse_args(argv)
+    w, h = (int(x) for x in args.window.lower().split("x"))
+    open_page(args.page, fragment=f"row={args.row}" if args.row else "", screenshot=args.screenshot, window=(w, h))
+    print(args.screenshot)
+
+
+if __name__ == "__main__":
+    main()

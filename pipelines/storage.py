@@ -89,3 +89,56 @@ def duplicates(ids: pa.ChunkedArray, limit: int = 5) -> list[str]:
     counts = pc.value_counts(ids.combine_chunks() if ids.num_chunks else ids)
     dup = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
     return [str(v) for v in dup.to_pylist()[:limit]]
+
+
+# Where a rerun moves an output file while it rewrites it without rows to redo.
+REPLACED_DIR = "_replaced"
+
+
+def output_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Array]:
+    """(ids done for good, ids written as retryable infrastructure errors) of complete output files."""
+    from memagent.error_kinds import INFRA_PREFIX
+
+    if not files:
+        empty = pa.array([], pa.string())
+        return empty, empty
+    table = read_columns(fs, files, ["id", "error"])
+    ids, error = table.column("id").combine_chunks(), table.column("error").combine_chunks()
+    if pa.types.is_null(error.type):
+        return ids.cast(pa.string()), pa.array([], pa.string())
+    retry = pc.fill_null(pc.starts_with(error, INFRA_PREFIX), False)
+    return ids.filter(pc.invert(retry)), ids.filter(retry)
+
+
+def remove_rows(fs: pafs.FileSystem, path: str, files: list[str], ids: pa.Array) -> int:
+    """Take the rows whose id is in ``ids`` out of the output files (they are redone); returns how many.
+
+    Exactly once even if killed midway: each affected file is first moved to ``_replaced/``
+    (ignored by readers), then its other rows are written back as a new file, then the moved
+    file is deleted. A kill between the two steps loses only rows a rerun recomputes (they are
+    no longer in the output, so not done).
+    """
+    if len(ids) == 0:
+        return 0
+    removed = 0
+    for file in files:
+        with fs.open_input_file(file) as f:
+            table = pq.read_table(f)
+        drop = pc.is_in(table.column("id"), value_set=ids)
+        n = int(pc.sum(drop).as_py() or 0)
+        if not n:
+            continue
+        name = file.rsplit("/", 1)[-1]
+        moved = f"{path.rstrip('/')}/{REPLACED_DIR}/{name}"
+        fs.create_dir(moved.rsplit("/", 1)[0], recursive=True)
+        fs.move(file, moved)
+        kept = table.filter(pc.invert(drop))
+        if len(kept):
+            import uuid
+
+            target = f"{path.rstrip('/')}/{name.removesuffix('.parquet')}-kept-{uuid.uuid4().hex[:8]}.parquet"
+            pq.write_table(kept, target, filesystem=fs)
+        fs.delete_file(moved)
+        removed += n
+        log.info("output file %s: %d row(s) taken out to be redone", file, n)
+    return removed

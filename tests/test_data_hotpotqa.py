@@ -221,6 +221,7 @@ def test_parquet_schema_and_cli(tmp_path, smollm2_dir, capsys):
     assert all(r["context_tokens"] <= r["target_tokens"] for r in rows)
     with pytest.raises(SystemExit):  # a size is required
         main(["synth", "hotpotqa", "--source", "x", "--out", "y", "--tokens", ""])
+    capsys.readouterr()
     assert main(["synth", "hotpotqa", "--source", str(tmp_path / "nope.json"), "--out", "y", "--num-docs", "5"]) == 2
     err = capsys.readouterr().err
     assert "nope.json" in err and "no such file" in err and len(err.strip().splitlines()) == 1

@@ -150,11 +150,11 @@ def test_given_item_sets_are_checked_and_reused(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "items.parquet")
     pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "metric"} for r in rows]),
                    tmp_path / "bad.parquet")
-    cfg = EvalConfig(out=str(tmp_path / "run"), items=str(tmp_path / "items.parquet"))
+    cfg = EvalConfig(out=str(tmp_path / "run"), items_file=str(tmp_path / "items.parquet"))
     assert build_items(cfg, tmp_path / "run" / "items.parquet") == 3
     assert build_items(cfg, tmp_path / "run" / "items.parquet") == 3  # reused
-    bad = EvalConfig(out=str(tmp_path / "run2"), items=str(tmp_path / "bad.parquet"))
+    bad = EvalConfig(out=str(tmp_path / "run2"), items_file=str(tmp_path / "bad.parquet"))
     with pytest.raises(ValueError, match=r"missing columns \['metric'\]"):
         build_items(bad, tmp_path / "run2" / "items.parquet")
     with pytest.raises(ValueError, match="give tasks and lengths"):
-        EvalConfig(out=str(tmp_path / "run3"))
+        EvalConfig(out=str(tmp_path / "run3"))  # neither items nor an items file

@@ -50,8 +50,8 @@ def test_batch_qa_rejects_bad_parameters(params, message):
 @pytest.mark.parametrize("params, message", [
     ({"workdir": "s3://bucket/runs"}, "must be a local directory"),
     ({"synth": {"source": "gs://bucket/hotpot.json"}}, "unsupported scheme 'gs'"),
-    ({"synth": {"samples": 0}}, "greater than 0"),
-    ({"synth": {"tokens": [], "num_docs": []}}, "at least one size"),
+    ({"synth": {"source": "h.json", "samples": 0}}, "greater than 0"),
+    ({"synth": {"source": "h.json", "tokens": [], "num_docs": []}}, "at least one size"),
     ({"filtering": {"k": -2}}, "greater than 0"),
     ({"training": {"steps": -1}}, "greater than 0"),
     ({"training": {"batch_size": 0}}, "greater than 0"),
@@ -112,7 +112,7 @@ def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama
     params = dict(
         workdir=str(tmp_path / "work"), model=str(tiny_llama_dir),
         synth={"source": str(shared_data / "hotpotqa_sample.json"), "samples": 2, "tokens": [256]},
-        filtering={"k": 1, "max_tokens": 8, "device": "cpu"}, agent=TINY_AGENT,
+        filtering={"k": 1, "max_tokens": 8}, filter_engine={"device": "cpu"}, agent=TINY_AGENT,
         training={"steps": 1, "batch_size": 2, "group_size": 2, "warmup_steps": 0, "save_every": 1,
                   "micro_batch_tokens": 1024, "lr": 1e-3},
     )

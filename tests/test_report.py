@@ -85,7 +85,8 @@ def test_report_of_old_batch_output_is_self_contained(tmp_path):
     write(tmp_path / "out" / "b.parquet", [error_row("r3", "input: context is empty")])
     (tmp_path / "out" / "c.parquet").write_bytes(b"PAR1 partial")  # a writer killed mid-file: skipped
     path = build_report(str(tmp_path / "out"))
-    assert path == str(tmp_path / "out" / "report.html")
+    assert path == str(tmp_path / "out" / "_report.html")  # "_": Parquet readers of the dir skip it
+    assert len(pq.read_table(str(tmp_path / "out" / "a.parquet"))) == 2
     html = Path(path).read_text()
     assert not re.search(r'(src|href)="(https?:)?//', html) and "<link" not in html  # no network
     d = data_of(html)
@@ -144,9 +145,33 @@ def test_report_on_s3(tmp_path, monkeypatch):
         local = write(tmp_path / "a.parquet", [old_row()])
         pafs.copy_files(str(local), "lake/out/a.parquet", destination_filesystem=fs)
         path = build_report("s3://lake/out", None, S3Options(endpoint_url=endpoint))
-        assert path == "s3://lake/out/report.html"
-        with fs.open_input_stream("lake/out/report.html") as f:
+        assert path == "s3://lake/out/_report.html"
+        with fs.open_input_stream("lake/out/_report.html") as f:
             assert b'"id":"r1"' in f.read()
+
+
+@pytest.mark.slow
+def test_publish_report_artifacts(tmp_path):
+    from prefect import flow
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.report import publish_report
+    from tests.flows_helpers import artifacts_of
+
+    write(tmp_path / "out" / "a.parquet", [old_row()])
+
+    @flow
+    def publish(run: str, missing: str) -> tuple:
+        return publish_report(run, key="test-report"), publish_report(missing, key="test-missing")
+
+    with prefect_test_harness(server_startup_timeout=120):
+        state = publish(str(tmp_path / "out"), str(tmp_path / "nowhere"), return_state=True)
+        assert state.is_completed(), state.message  # a report that cannot be written does not fail the flow
+        path, missing = state.result()
+        arts = artifacts_of(state.state_details.flow_run_id)
+    assert path == str(tmp_path / "out" / "_report.html") and missing is None
+    assert arts["test-report"].type == "link" and arts["test-report"].data.startswith("file://")
+    assert path in arts["test-report-md"].data and "test-missing" not in arts
 
 
 # -- a real batch job, and the page in a real browser ---------------------------------------------
@@ -177,6 +202,7 @@ def test_eval_page_in_chromium(tmp_path):
     page = Path(build_report(str(run)))
     detail = check_page(page, "memagent/niah_single_1-1024-q0", tmp_path / "eval.png")
     assert "gold answer found" in detail and "gold answer lost" in detail and "<mark" in detail
+    assert "<ins>lost it</ins>" in detail and "<del>the number is" in detail  # word diff vs the previous memory
     dom = open_page(page, fragment="filter=method=memagent&task=niah_single_1&length=2048").dom
     assert "2 of 8 rows" in dom
 

@@ -30,8 +30,13 @@ class S3Options(BaseModel):
                                json_schema_extra={"flag": "s3-region"})
 
     def env(self) -> dict[str, str]:
-        """Environment for remote workers: the endpoint/region plus the caller's AWS credentials."""
-        env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        """The non-secret settings (endpoint, region) for workers; never credentials.
+
+        Credentials stay where they are: local Ray workers inherit the driver's environment,
+        and nodes of a remote cluster resolve their own AWS chain (a Kubernetes secret in
+        infra/kuberay/raycluster.yaml, an instance role, ...).
+        """
+        env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION") if os.environ.get(k)}
         if self.endpoint_url:
             env["AWS_ENDPOINT_URL"] = self.endpoint_url
         if self.region:
@@ -70,23 +75,9 @@ def filesystem(uri: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, 
     if endpoint:
         scheme, _, host = endpoint.partition("://")
         kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
-    kwargs.update(_driver_credentials())
+    # No explicit credentials: a pickled S3FileSystem carries them in clear text to every Ray
+    # task. Each process resolves the AWS chain itself (local workers share the driver's env).
     return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
-
-
-def _driver_credentials() -> dict[str, str]:
-    """Credentials the AWS chain resolves here, made explicit so that Ray workers elsewhere
-    (whose environment may lack them) use the same ones; empty = workers resolve their own."""
-    from botocore.session import Session
-
-    creds = Session().get_credentials()
-    if creds is None:
-        return {}
-    frozen = creds.get_frozen_credentials()
-    out = {"access_key": frozen.access_key, "secret_key": frozen.secret_key}
-    if frozen.token:
-        out["session_token"] = frozen.token
-    return out
 
 
 def read_bytes(path: str) -> bytes:

@@ -31,6 +31,7 @@ from memagent.engines.base import (
     Messages,
     SamplingParams,
 )
+from memagent.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class OpenAIEngine(Engine):
         return self._client, self._slots
 
     async def _post_with_retries(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = f"{self.endpoint}{path}"
+        url = redact_url(f"{self.endpoint}{path}")  # for messages and logs: no password or key in them
         attempts = self.max_retries + 1
         failure, status = "", None
         for attempt in range(attempts):

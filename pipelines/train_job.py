@@ -1,0 +1,279 @@
+"""Multi-Conv DAPO on a Ray cluster: :func:`memagent.rl.trainer.train` on every worker of a Ray Train run.
+
+``TorchTrainer`` starts ``workers`` processes (one per GPU, or CPU processes), sets ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` and opens the process group
+(gloo without GPUs, NCCL with them) before the loop runs; ``setup_distributed`` then finds the
+group and DeepSpeed wraps it. Every worker runs the same ``train()``: it rolls out its share
+(``batch_size / workers`` questions, rank r reading examples r, r + workers, ...), gradients are
+averaged over ranks, and rank 0 writes ``metrics.jsonl`` (each step's records of all ranks
+merged), ``run.json`` and the HF exports. DeepSpeed's checkpoints are written by all ranks into
+the one ``out_dir``: on one node any local path; on several nodes ``out_dir`` (and ``data``)
+must be on storage every node mounts at the same path (NFS, a shared volume), as must
+``TrainJob.storage_path`` (or an ``s3://`` URI there).
+
+Failures: a worker that dies (OOM killer, node lost, an error) fails the worker group; Ray
+Train's ``FailureConfig`` restarts it (``max_failures`` times) and each worker resumes from the
+latest DeepSpeed checkpoint in ``out_dir`` (metric records past it are dropped first, so no step
+is counted twice). Survivors blocked in a collective are torn down by Ray Train, not left hanging.
+
+Resume across a change of worker count is refused (:func:`check_resume_world`): see its doc.
+
+    from pipelines.train_job import TrainJob, run_training
+    run_training(TrainJob(workers=2), config=TrainConfig(steps=30), agent_config=preset("tiny"),
+                 data="train.parquet", out_dir="runs/niah", model="smollm2-135m")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memagent.config import AgentConfig
+from memagent.rl.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+# Fault injection for tests: "STEP" or "STEP:RANK" (rank 0 by default) -- that worker kills its own
+# process (SIGKILL, like the OOM killer) during the rollout of that step, once: the marker file
+# (batch QA's MEMAGENT_FAULT_MARKER) records that it happened.
+KILL_AT_STEP_ENV = "MEMAGENT_FAULT_TRAIN_KILL_AT"
+KILL_MARKER_ENV = "MEMAGENT_FAULT_MARKER"
+
+
+class TrainJob(BaseModel):
+    """Where and how wide training runs: in this process, or ``workers`` Ray Train workers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: int = Field(1, gt=0, description="Training processes, each one DeepSpeed rank with its own rollout "
+                         "engine (Ray Train workers when > 1); batch_size must be divisible by it.")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs per worker (0: CPU processes over gloo; 1: one GPU "
+                                   "per rank over NCCL).")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker (its torch threads).")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources per worker, e.g. worker_node=1 to pin the group "
+        "to a node group.")
+    ray_address: str | None = Field(None, description="Ray cluster address; given (or workers > 1), training runs "
+                                    "through Ray Train (default: a local Ray on 127.0.0.1).")
+    max_failures: int = Field(2, ge=-1, description="Worker-group restarts from the latest checkpoint after a "
+                              "worker dies (-1: no limit, 0: fail at once).")
+    storage_path: str | None = Field(
+        None, description="Ray Train's run state (default: <out_dir>/ray_train); shared by all nodes on a cluster.")
+
+    @model_validator(mode="after")
+    def _whole_gpus(self) -> TrainJob:
+        if self.gpus_per_worker and self.workers > 1 and self.gpus_per_worker != int(self.gpus_per_worker):
+            raise ValueError(f"gpus_per_worker={self.gpus_per_worker} with {self.workers} workers: NCCL needs one "
+                             "whole GPU per rank (fractions only with workers=1)")
+        return self
+
+    @property
+    def uses_ray(self) -> bool:
+        """Whether training goes through Ray Train (else ``train()`` runs in the calling process)."""
+        return self.workers > 1 or self.ray_address is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint state seen from outside the trainer
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_step(out_dir: str | Path) -> int | None:
+    """The step of ``out_dir``'s latest DeepSpeed checkpoint, or None without one."""
+    from memagent.rl.checkpoint import latest_tag
+
+    tag = latest_tag(Path(out_dir) / "checkpoints")
+    return int(tag.rsplit("_", 1)[-1]) if tag else None
+
+
+def checkpoint_world(out_dir: str | Path) -> int | None:
+    """How many ranks wrote ``out_dir``'s latest checkpoint (its data cursors, one per rank)."""
+    import torch
+
+    from memagent.rl.checkpoint import latest_tag
+
+    ckpt = Path(out_dir) / "checkpoints"
+    tag = latest_tag(ckpt)
+    if tag is None:
+        return None
+    # mmap: only the small client state is read, not the module's weights.
+    state = torch.load(ckpt / tag / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False)
+    if "cursors" in state:
+        return len(state["cursors"])
+    return int(state.get("dp_world_size", 1))
+
+
+def check_resume_world(out_dir: str | Path, workers: int, zero_stage: int) -> None:
+    """Refuse to resume ``out_dir`` with a worker count other than the one that wrote its checkpoint.
+
+    Correct, and allowed: the same number of workers -- in this process or through Ray Train, on
+    other nodes, after a failure. Refused at every ZeRO stage when the count changes: at stages
+    1-3 DeepSpeed partitions the AdamW moments (and at 3 the weights) over the ranks that saved
+    them and cannot re-partition them without a universal-checkpoint conversion; at every stage
+    each rank's data cursor walks its own shard of the examples (rank r reads r, r + W, ...), so
+    the data position does not map onto another world size either. What carries over is the
+    weights: start a new run from the checkpoint's HF export (``model=<checkpoint>/hf``).
+    """
+    world = checkpoint_world(out_dir)
+    if world is None or world == workers:
+        return
+    from memagent.rl.checkpoint import latest_tag
+
+    ckpt = Path(out_dir) / "checkpoints"
+    tag = latest_tag(ckpt)
+    why = (f"ZeRO-{zero_stage} partitions the optimizer state over the {world} ranks that saved it" if zero_stage
+           else f"the optimizer state is whole at ZeRO-0, but")
+    raise ValueError(
+        f"{out_dir}: checkpoint {tag} was written by {world} worker(s); this run asks for {workers}. Resuming "
+        f"across a change of worker count is refused: {why} each rank's data cursor walks its own shard of the "
+        f"examples (rank r reads r, r+{world}, ...), which does not map onto {workers} rank(s). Resume with "
+        f"workers={world}, or start a new run from this checkpoint's weights: model={ckpt / tag / 'hf'} with a "
+        "new out_dir (fresh optimizer and data order).")
+
+
+def trim_metrics(out_dir: str | Path, before_step: int) -> int:
+    """Drop the records of steps >= ``before_step`` from ``metrics.jsonl`` (steps an interrupted
+    attempt logged after its last checkpoint, which the resumed run does again); returns the kept count."""
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = [x for x in path.read_text().splitlines() if x.strip()]
+    kept = [x for x in lines if json.loads(x).get("step", 0) < before_step]
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(x + "\n" for x in kept))
+        tmp.replace(path)
+    return len(kept)
+
+
+def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl``, one record per step (the last one written for a step wins)."""
+    path = Path(out_dir) / "metrics.jsonl"
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.strip():
+            rec = json.loads(line)
+            by_step[int(rec["step"])] = rec
+    return [by_step[k] for k in sorted(by_step)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher
+# ---------------------------------------------------------------------------------------------
+
+
+def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfig,
+                 data: str | Path | Sequence[Mapping[str, Any]], out_dir: str | Path, model: str = "smollm2-135m",
+                 resume: bool = False, force: bool = False) -> list[dict[str, Any]]:
+    """Train with ``job.workers`` ranks; returns the run's per-step metric records (``metrics.jsonl``).
+
+    ``job.uses_ray`` false: ``train()`` in this process. Otherwise a Ray Train ``TorchTrainer``
+    on ``job.ray_address`` (a Ray started here is shut down at the end; one already up is used
+    as is). ``resume``: continue from ``out_dir``'s latest checkpoint (refused when it was
+    written by another worker count, :func:`check_resume_world`); without it an ``out_dir``
+    holding checkpoints is refused. After a worker failure the restarted group always resumes.
+    """
+    out = Path(out_dir).resolve()
+    if config.batch_size % job.workers:
+        raise ValueError(f"batch_size={config.batch_size} must be divisible by workers={job.workers}")
+    step = checkpoint_step(out)
+    if step is not None and not resume:
+        raise FileExistsError(f"{out} already holds checkpoints; pass resume=True or use a new directory")
+    if step is not None:
+        check_resume_world(out, job.workers, config.zero_stage)
+    if not job.uses_ray:
+        from memagent.rl.trainer import train
+
+        trim_metrics(out, step or 0)
+        train(config=config, agent_config=agent_config, data=str(data) if isinstance(data, Path) else data,
+              out_dir=out, model=model, resume=step is not None, force=force)
+        return read_metrics(out)
+    _fit(job, {"config": config, "agent_config": agent_config,
+               "data": str(data) if isinstance(data, (str, Path)) else [dict(r) for r in data],
+               "out_dir": str(out), "model": model, "force": force, "fault": _fault_spec()}, out)
+    return read_metrics(out)
+
+
+def _fault_spec() -> dict[str, Any] | None:
+    at, marker = os.environ.get(KILL_AT_STEP_ENV), os.environ.get(KILL_MARKER_ENV)
+    if not (at and marker):
+        return None
+    step, _, rank = at.partition(":")
+    return {"step": int(step), "rank": int(rank or 0), "marker": marker}
+
+
+def _fit(job: TrainJob, loop_config: dict[str, Any], out: Path) -> None:
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        ray.init(address=job.ray_address, include_dashboard=False, log_to_driver=True)
+    try:
+        gpu = job.gpus_per_worker > 0
+        resources = {"CPU": job.cpus_per_worker, **job.resources}
+        if gpu:
+            resources["GPU"] = job.gpus_per_worker
+        trainer = TorchTrainer(
+            _train_worker,
+            train_loop_config=loop_config,
+            torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+            scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=gpu, resources_per_worker=resources),
+            run_config=RunConfig(
+                name=f"train-{out.name}-{int(time.time())}",
+                storage_path=job.storage_path or str(out / "ray_train"),
+                failure_config=FailureConfig(max_failures=job.max_failures),
+            ),
+        )
+        trainer.fit()  # raises TrainingFailedError once max_failures restarts are spent
+    finally:
+        if owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def _train_worker(cfg: dict[str, Any]) -> None:
+    """One Ray Train worker: the process group is up; resume from the latest checkpoint if any."""
+    import torch
+
+    if torch.cuda.is_available():
+        # DeepSpeed puts the rank on cuda:LOCAL_RANK; Ray shares the node's workers' GPUs among them
+        # (CUDA_VISIBLE_DEVICES), so name the one Ray assigned to this worker.
+        from ray.train.torch import get_device
+
+        os.environ["LOCAL_RANK"] = str(get_device().index or 0)
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from memagent.rl.rollout import default_reward
+    from memagent.rl.trainer import train
+
+    out = Path(cfg["out_dir"])
+    rank = int(os.environ["RANK"])
+    start = checkpoint_step(out)
+    if rank == 0:  # before train(): no rank writes metrics until the first step's collectives
+        trim_metrics(out, start or 0)
+    state = {"step": start or 0}
+    fault = cfg.get("fault")
+
+    def reward_fn(response: str, answers: Any) -> float:
+        if (fault and rank == fault["rank"] and state["step"] == fault["step"]
+                and not Path(fault["marker"]).exists()):
+            Path(fault["marker"]).write_text(f"killed rank {rank} (pid {os.getpid()}) at step {state['step']}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return default_reward(response, answers)
+
+    def on_step(record: dict[str, Any]) -> None:
+        state["step"] = int(record["step"]) + 1
+
+    if start is not None:
+        log.info("rank %d: resuming %s from step %d", rank, out, start)
+    train(config=cfg["config"], agent_config=cfg["agent_config"], data=cfg["data"],
+          out_dir=out, model=cfg["model"], resume=start is not None, reward_fn=reward_fn if fault else default_reward,
+          on_step=on_step, force=cfg["force"])
