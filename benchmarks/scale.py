@@ -117,6 +117,39 @@ def make_lake(path: Path, n: int, seed: int, fact_every: int, files: int, tokeni
             "fact_sentence_every": fact_every, "files": files, "histogram": histogram(lengths)}
 
 
+class Scraper:
+    """Reads Ray's Prometheus endpoint every few seconds while the job runs; keeps the memagent_* lines."""
+
+    def __init__(self, port: int, out: str, every_s: float = 5.0):
+        import threading
+
+        self.url, self.out, self.every_s = f"http://127.0.0.1:{port}/metrics", Path(out), every_s
+        self.samples: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(self.every_s):
+            try:
+                text = urllib.request.urlopen(self.url, timeout=5).read().decode()
+            except OSError as exc:
+                self.samples.append(f"# {time.strftime('%H:%M:%S')} scrape failed: {exc}")
+                continue
+            lines = [ln for ln in text.splitlines() if "memagent_" in ln and not ln.startswith("#")]
+            if lines:
+                self.samples.append(f"# scraped {self.url} at {time.strftime('%H:%M:%S')}\n" + "\n".join(lines))
+                self.out.write_text(self.samples[-1] + "\n")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.samples:
+            self.out.write_text("\n\n".join(self.samples[-3:]) + "\n")
+
+
 def plan_for(mode: str, m: int):
     from pipelines.admission import AdmissionPlan
 
@@ -162,6 +195,7 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
         "mode": mode, "rows_per_call": plan.rows_per_call, "calls_per_actor": plan.calls,
         "max_in_flight": plan.max_in_flight, "occupancy": round(summary.occupancy or 0.0, 4),
         "actor_occupancy": {k: round(v, 4) for k, v in summary.actor_occupancy.items()},
+        "actor_windows_s": summary.actor_windows, "tasks_in_flight_per_actor": plan.tasks_in_flight,
         "peak_in_flight": summary.peak_in_flight,
         "wall_s": round(job_wall, 2), "ideal_s": round(ideal, 2), "wall_vs_ideal": round(job_wall / ideal, 4),
         "critical_path_s": round(critical, 2), "longest_doc_tokens": longest["context_tokens"],
@@ -191,6 +225,7 @@ def main() -> None:
     parser.add_argument("--actor-cpus", type=float, default=0.25)
     parser.add_argument("--cluster", action="store_true", help="2-node loopback cluster (infra/ray_cluster.py)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Ray metrics export port (curl it)")
+    parser.add_argument("--scrape-out", default=None, help="save the memagent_* lines of the metrics endpoint here")
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temp dir, removed)")
     args = parser.parse_args()
     args.address, args.pin_workers = None, False
@@ -202,13 +237,13 @@ def main() -> None:
     from memagent.config import AgentConfig
     from memagent.data.io import load_tokenizer
 
-    model = LatencyModel(time_scale=args.time_scale)
     agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, answer_tokens=32,
                         query_tokens=128)
     work = Path(args.keep or tempfile.mkdtemp(prefix="scale-"))
     t0 = time.perf_counter()
     lake = make_lake(work / "lake", args.docs, args.seed, args.fact_every, args.files, load_tokenizer("smollm2-135m"))
     lake["generate_s"] = round(time.perf_counter() - t0, 2)
+    model = LatencyModel(time_scale=args.time_scale, chars_per_token=lake["chars_per_token"])
     print(f"lake: {args.docs} docs, {lake['tokens_total']} tokens (max {lake['tokens_max']}) in {lake['generate_s']} s",
           flush=True)
 
@@ -223,12 +258,15 @@ def main() -> None:
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
     results = {}
+    scraper = Scraper(args.metrics_port, args.scrape_out) if args.metrics_port and args.scrape_out else None
     try:
         for mode in args.modes.split(","):
             print(f"mode {mode} ...", flush=True)
             results[mode] = run_mode(mode, work / "lake", work / f"out-{mode}", args, model, agent)
             print({k: v for k, v in results[mode].items() if k != "actor_occupancy"}, flush=True)
     finally:
+        if scraper:
+            scraper.stop()
         ray.shutdown()
         stack.close()
         if not args.keep:

@@ -63,8 +63,10 @@ def child(spec_path: Path) -> None:
 
     from benchmarks.common import set_threads
     from memagent.config import preset
+    from memagent.models import resolve_model
     from memagent.rl import trainer
     from memagent.rl.config import TrainConfig
+    from memagent.rl.memory import ModelShape, estimate_peak_memory
 
     spec = json.loads(spec_path.read_text())
     set_threads(spec.get("threads"))
@@ -115,12 +117,11 @@ def child(spec_path: Path) -> None:
     records = trainer.train(config=config, agent_config=agent, data=spec["data"], out_dir=spec["run_dir"],
                             model=spec["model"], on_step=on_step, force=True)
     stop.set()
-    estimate = getattr(trainer, "estimate_peak_memory", None)
-    est = estimate(config, agent, spec["model"]) if estimate else None
+    est = estimate_peak_memory(config, agent, ModelShape.of(resolve_model(spec["model"])))
     Path(spec["result"]).write_text(json.dumps({
         "seconds": round(time.perf_counter() - t0, 1),
         "phase_peak_rss_mb": {k: round(v / 2**20) for k, v in sorted(peaks.items())},
-        "estimate": est.as_dict() if est is not None else None,
+        "estimate": est.as_dict(),
         "steps": records,
     }, default=str))
 

@@ -13,7 +13,6 @@ ends Failed with the stage's error. ``evaluation.enabled=false`` skips it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from memagent.data.hotpotqa import HotpotSynthConfig
 from memagent.engines import DEFAULT_MODEL, EngineConfig
 from memagent.rl.config import TrainConfig
 from pipelines.synthesize import SynthJob
+from pipelines.train_job import TrainJob
 
 # The deployment's default source: the HotpotQA sample beside the repository (see prefect.yaml).
 SAMPLE_SYNTH = HotpotSynthConfig(source="../shared/data/hotpotqa_sample.json", samples=8, tokens=[1024])
@@ -78,16 +78,24 @@ def filter_stage(workdir: str, filtering: FilterConfig, engine: EngineConfig,
 
 @task(name="train", tags=["gpu"], retries=1, retry_delay_seconds=2)
 def train_stage(workdir: str, model: str, agent: AgentConfig, training: TrainConfig,
-                upstream: dict[str, Any]) -> dict[str, Any]:
-    """Multi-Conv DAPO through DeepSpeed -> the final checkpoint's HF export and metrics."""
+                upstream: dict[str, Any], train_job: TrainJob = TrainJob()) -> dict[str, Any]:
+    """Multi-Conv DAPO through DeepSpeed -> the final checkpoint's HF export and metrics.
+
+    ``train_job.workers > 1`` or a ``ray_address``: a Ray Train run of that many workers
+    (``pipelines.train_job``); else ``train()`` in this process.
+    """
     inputs = {"upstream": upstream["key"], "model": model, "agent": agent.model_dump(),
               "training": training.model_dump()}
+    # The world size (and GPU vs CPU) changes the samples and the checkpoint's layout, so it is
+    # part of the stage's key; the single-process default keeps the key it always had.
+    if train_job.workers > 1 or train_job.gpus_per_worker:
+        inputs["workers"] = {"workers": train_job.workers, "gpu": train_job.gpus_per_worker > 0}
 
     def body(d: Path) -> tuple[dict, dict]:
         import shutil
 
         from memagent.rl.checkpoint import latest_tag, step_tag
-        from memagent.rl.trainer import train
+        from pipelines.train_job import read_metrics, run_training
 
         rows = upstream["summary"].get("written_kept", upstream["summary"].get("rows", 0))
         if not rows:
@@ -98,9 +106,13 @@ def train_stage(workdir: str, model: str, agent: AgentConfig, training: TrainCon
             d.mkdir(parents=True)
         else:
             _log(f"stage train: resuming from checkpoint {latest_tag(d / 'checkpoints')} in {d}")
-        train(config=training, agent_config=agent, data=upstream["outputs"]["data"], out_dir=d, model=model,
-              resume=resume)
-        metrics = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        if train_job.uses_ray:
+            _log(f"stage train: {train_job.workers} Ray Train worker(s), {train_job.gpus_per_worker} GPU(s) each, "
+                 f"on {train_job.ray_address or 'a local Ray'}")
+        with task_owned_ray():
+            run_training(train_job, config=training, agent_config=agent, data=upstream["outputs"]["data"],
+                         out_dir=d, model=model, resume=resume)
+        metrics = read_metrics(d)  # one record per step, even when a resumed attempt redid some
         last = metrics[-1]
         summary = {"steps": len(metrics), **{k: last.get(k) for k in (
             "reward_generated_mean", "accuracy_generated", "reward_mean", "accuracy", "kl", "pg_loss", "entropy",
@@ -129,6 +141,7 @@ def train_memagent(
     filter_engine: EngineConfig = EngineConfig(),
     agent: AgentConfig = preset("tiny"),
     training: TrainConfig = CPU_TRAIN,
+    train_job: TrainJob = TrainJob(),
     evaluation: EvalStage = CPU_EVAL,
 ) -> dict[str, Any]:
     """Synthesise, filter, train, evaluate; publishes a ``train-memagent-results`` table artifact.
@@ -140,6 +153,8 @@ def train_memagent(
         synth / synth_job: what to synthesise and where (in process, or a Ray job).
         filtering / filter_engine: the no-context filter (None skips it) and the backend it asks.
         agent / training / evaluation: the stages' parameters (``evaluation.enabled`` false skips it).
+        train_job: how wide training runs: ``workers`` > 1 (GPUs each: ``gpus_per_worker``) or a
+            ``ray_address`` run it as a Ray Train job whose workers each hold one DeepSpeed rank.
     """
     workdir = resolve_local(workdir)
     records: dict[str, dict[str, Any]] = {}
@@ -149,7 +164,7 @@ def train_memagent(
         engine = filter_engine if "model" in filter_engine.model_fields_set else filter_engine.model_copy(
             update={"model": model})  # the policy is the filter's model unless one is named
         records["filter"] = data = filter_stage(workdir, filtering, engine, data)
-    records["train"] = train_stage(workdir, model, agent, training, data)
+    records["train"] = train_stage(workdir, model, agent, training, data, train_job)
 
     rows = [_row(name, "skipped (done earlier)" if rec["skipped"] else "completed", rec)
             for name, rec in records.items()]

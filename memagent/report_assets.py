@@ -68,6 +68,7 @@ const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g,
 const reEsc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 const st = {q: "", status: "", method: "", task: "", length: "", err: "", sort: "", dir: 1, page: 0};
 
+const hasMem = (r) => (r.st || []).some((s) => s[1] === "m");
 function status(r) {
   if (r.e) return "error";
   if (r.s == null) return "unscored";
@@ -76,8 +77,8 @@ function status(r) {
 const STATUS = {
   "": () => true, correct: (r) => status(r) === "correct", wrong: (r) => status(r) === "wrong",
   partial: (r) => status(r) === "partial", error: (r) => !!r.e, unscored: (r) => status(r) === "unscored",
-  lost: (r) => r.l != null, never: (r) => !r.e && r.a && r.a.length && r.f == null,
-  noev: (r) => !r.e && r.p && !r.ev,
+  lost: (r) => r.l != null, never: (r) => !r.e && r.a && r.a.length && r.h && r.f == null,
+  noev: (r) => !r.e && r.p && !r.ev && hasMem(r),
 };
 const COLS = [["id", "id", (r) => r.id]];
 if (D.facets.method) COLS.push(["method", "method", (r) => r.m]);
@@ -202,12 +203,15 @@ function showRow(k) {
     ["prediction", r.p == null ? "" : "<mark class=pred>" + esc(r.p) + "</mark>"],
     ["score", r.s == null ? "" : '<span class="' + (r.s >= 1 ? "ok" : "bad") + '">' + r.s + "</span>"],
     ["error", r.e ? '<span class="bad">' + esc(r.e) + "</span>" : ""],
-    ["document", (r.cl != null ? r.cl + " chars, " : "") + (r.ct != null ? r.ct + " tokens, " : "") + (r.n != null ? r.n + " chunks" : "") + (r.tr ? " (truncated)" : "")],
-    ["evidence span", r.ev ? "step " + r.ev[0] + ", chars " + r.ev[1] + "–" + r.ev[2] : r.p ? '<span class="warn">prediction not found in any memory</span>' : ""],
-    ["gold answer in memory", r.f == null ? (r.a && r.a.length && !r.e ? '<span class="bad">never</span>' : "") :
+    ["document", (r.cl != null ? r.cl + " chars, " : "") + (r.ct != null ? r.ct + " tokens, " : "") +
+      (r.n != null ? r.n + " chunks" : "") + (r.tr ? " (truncated)" : "")],
+    ["evidence span", r.ev ? "step " + r.ev[0] + ", chars " + r.ev[1] + "–" + r.ev[2] :
+      r.p && hasMem(r) ? '<span class="warn">prediction not found in any memory</span>' : ""],
+    ["gold answer in memory", r.f == null ? (r.a && r.a.length && r.h ? '<span class="bad">never</span>' : "") :
       "found at step " + r.f + (r.l == null ? ", kept to the end" : ', <span class="bad">lost at step ' + r.l + "</span>")]];
   if (r.t != null) kv.splice(1, 0, ["task · length", esc(r.t) + " · " + esc(r.L)]);
-  h += '<table class="kv">' + kv.filter((x) => x[1] !== "").map((x) => "<tr><th>" + x[0] + "</th><td>" + x[1] + "</td></tr>").join("") + "</table>";
+  h += '<table class="kv">' + kv.filter((x) => x[1] !== "")
+    .map((x) => "<tr><th>" + x[0] + "</th><td>" + x[1] + "</td></tr>").join("") + "</table>";
   const mem = (r.st || []).filter((s) => s[1] === "m");
   const total = r.cl || Math.max(1, ...mem.map((s) => s[3] || 0), ...(r.as || []).map((s) => s[1]));
   if (mem.length || (r.as || []).length) {
@@ -215,7 +219,8 @@ function showRow(k) {
       '<i style="background:#a5d6a7"></i>memory holds the gold answer<i style="background:var(--ev)"></i>evidence chunk' +
       '<i style="background:#e53935"></i>gold answer in the text</div><div class="bar">';
     mem.forEach((s, j) => {
-      const c = ["seg", held[j] === "1" ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.f ? "found" : "", s[0] === r.l ? "lost" : ""].join(" ");
+      const c = ["seg", held[j] === "1" ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.f ? "found" : "",
+        s[0] === r.l ? "lost" : ""].join(" ");
       h += '<a class="' + c + '" href="#step-' + s[0] + '" data-step="' + s[0] + '" style="left:' + pct(s[2], total) + ";width:" +
         pct(s[3] - s[2], total) + '" title="step ' + s[0] + ": chars " + s[2] + "–" + s[3] + '">' + s[0] + "</a>";
     });
@@ -224,9 +229,15 @@ function showRow(k) {
   }
   if ((r.sn || []).length) {
     h += "<h3>Source text</h3>";
-    for (const s of r.sn) h += '<div class="mut">' + esc(s[0]) + ' (chars ' + s[1] + "–" + (s[1] + s[2].length) + ')</div><div class="snip">' + marked(s[2], s[3]) + "</div>";
+    for (const s of r.sn) {
+      h += '<div class="mut">' + esc(s[0]) + " (chars " + s[1] + "–" + (s[1] + s[2].length) + ")</div>" +
+        '<div class="snip">' + marked(s[2], s[3]) + "</div>";
+    }
   }
-  if ((r.st || []).length) h += "<h3>Memory after each step</h3><div class=\"legend\"><ins>added</ins> and <del>removed</del> words against the previous memory; <mark class=gold>gold answer</mark>, <mark class=pred>prediction</mark></div>";
+  if ((r.st || []).length) {
+    h += '<h3>Memory after each step</h3><div class="legend"><ins>added</ins> and <del>removed</del> words against ' +
+      "the previous memory; <mark class=gold>gold answer</mark>, <mark class=pred>prediction</mark></div>";
+  }
   let j = 0, prev = "";
   for (const s of r.st || []) {
     const isMem = s[1] === "m", hj = isMem ? held[j++] === "1" : false;
@@ -247,7 +258,11 @@ function showRow(k) {
   if (r.rs != null) h += "<h3>Final response</h3><pre>" + hl(r.rs, nd) + "</pre>";
   el.innerHTML = h;
   for (const a of el.querySelectorAll(".seg")) {
-    a.addEventListener("click", (e) => { e.preventDefault(); const t = document.getElementById("step-" + a.dataset.step); if (t) t.scrollIntoView(); });
+    a.addEventListener("click", (e) => {
+      e.preventDefault();
+      const t = document.getElementById("step-" + a.dataset.step);
+      if (t) t.scrollIntoView();
+    });
   }
   el.scrollTop = 0;
 }

@@ -206,8 +206,8 @@ def accuracy(views: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
 def attribution_counts(views: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     c = Counter()
     for v in views:
-        if v.get("e"):
-            continue
+        if v.get("e") or not any(s[1] == "m" for s in v.get("st") or []):
+            continue  # error rows, and rows without memory steps (the full-context baseline)
         if v.get("a"):
             c["lost" if v.get("l") is not None else "never" if v.get("f") is None else "kept"] += 1
         if v.get("p"):

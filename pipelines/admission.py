@@ -57,6 +57,10 @@ class AdmissionPlan:
     max_in_flight: int
     rows_per_call: int = 1
     calls_per_actor: int = 0  # 0: derive (max_in_flight / rows_per_call, so the gate is always fed)
+    # Calls Ray Data may queue at an actor beyond those running (its default is as many again):
+    # a few hide the dispatch latency; many strand rows behind one actor's long documents at the
+    # end of the job while the other actors idle. None: a quarter of the running calls, at least 1.
+    queued_per_actor: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.rows_per_call < 1 or self.calls_per_actor < 0:
@@ -66,10 +70,16 @@ class AdmissionPlan:
     def calls(self) -> int:
         return self.calls_per_actor or max(1, -(-self.max_in_flight // self.rows_per_call))
 
+    @property
+    def tasks_in_flight(self) -> int:
+        """``ActorPoolStrategy(max_tasks_in_flight_per_actor=...)``: running plus queued calls."""
+        queued = self.queued_per_actor if self.queued_per_actor is not None else max(1, self.calls // 4)
+        return self.calls + queued
+
     @classmethod
     def barrier(cls, batch_size: int) -> AdmissionPlan:
         """The old behaviour (admission off): one call per actor, a whole batch, all rows at once."""
-        return cls(max_in_flight=batch_size, rows_per_call=batch_size, calls_per_actor=1)
+        return cls(max_in_flight=batch_size, rows_per_call=batch_size, calls_per_actor=1, queued_per_actor=1)
 
 
 @dataclass

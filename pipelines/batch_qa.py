@@ -123,6 +123,7 @@ class BatchSummary:
     actor_occupancy: dict[str, float] = field(default_factory=dict)  # per actor, over its own window
     peak_in_flight: int | None = None
     reading_seconds: float | None = None  # first document admitted to last document done, all actors
+    actor_windows: dict[str, tuple[float, float]] = field(default_factory=dict)  # (first start, last done) s
 
     @property
     def tokens_per_second(self) -> float:
@@ -157,20 +158,29 @@ class BatchSummary:
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
-    """Validate the input before any work: columns, id type/nulls/duplicates; find done ids."""
-    in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
-    files = storage.parquet_files(in_fs, in_path)
-    if not files:
-        raise ValueError(f"input {cfg.input}: no Parquet files found")
-    import pyarrow.parquet as pq
+    """Validate input and output before any work; find done ids.
 
-    with in_fs.open_input_file(files[0]) as f:
-        schema = pq.read_schema(f)
-    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
-    if "question" not in schema.names and cfg.question is None:
-        missing.append("question (or a job-level --question)")
-    if missing:
-        raise ValueError(f"input {cfg.input}: missing column(s) {', '.join(missing)}; have {', '.join(schema.names)}")
+    Input: every file readable (a corrupt one is named), the required columns in *every* file
+    (a file lacking one is named), the files' schemas unified (columns of every file kept, nulls
+    where a file lacks an optional one; compatible types widened; incompatible types name the
+    column and both files), ids strings, non-null, unique. Output: a directory or prefix (never
+    a file), writable (a probe object is written and deleted), holding only batch outputs.
+    """
+    endpoint = storage.s3_endpoint(cfg.s3)
+    in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
+    with storage.io_errors("input", cfg.input, endpoint):
+        files = storage.parquet_files(in_fs, in_path)
+        if not files:
+            raise ValueError(f"input {cfg.input}: no Parquet files found")
+        schemas = storage.read_schemas(in_fs, files, cfg.input)
+    required = [*REQUIRED_COLUMNS, *(["question"] if cfg.question is None else [])]
+    for file, file_schema in schemas:
+        missing = [c for c in required if c not in file_schema.names]
+        if missing:
+            named = [c if c != "question" else "question (or a job-level --question)" for c in missing]
+            where = f"input {cfg.input}" if len(files) == 1 else f"input file {file}"
+            raise ValueError(f"{where}: missing column(s) {', '.join(named)}; have {', '.join(file_schema.names)}")
+    schema = storage.unify_schemas(schemas, cfg.input)
     if "question" in schema.names and cfg.question is not None:
         raise ValueError("input has a question column and a job-level question was given: drop one of them")
     if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
@@ -178,7 +188,8 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
     clash = [c for c in [*RESULT_SCHEMA.names, "node_id"] if c in schema.names]
     if clash:
         raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
-    ids = storage.read_column(in_fs, files, "id")
+    with storage.io_errors("input", cfg.input, endpoint):
+        ids = storage.read_column(in_fs, files, "id")
     if ids.null_count:
         raise ValueError(f"input column id has {ids.null_count} null value(s); every row needs an id")
     dup = storage.duplicates(ids)
@@ -186,9 +197,11 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
         raise ValueError(f"input column id has duplicates, e.g. {', '.join(dup)}; ids must be unique")
 
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
-    done_files = storage.complete_parquet_files(out_fs, out_path)
-    # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
-    done, retry = storage.output_ids(out_fs, done_files)
+    storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)
+    with storage.io_errors("output", cfg.output, endpoint):
+        done_files = storage.complete_parquet_files(out_fs, out_path)
+        # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
+        done, retry = storage.output_ids(out_fs, done_files)
     retry = retry.filter(pc.is_in(retry, value_set=ids.combine_chunks())) if len(retry) else retry
     extra = [f for f in RESULT_SCHEMA if f.name not in schema.names] + [pa.field("node_id", pa.string())]
     output_schema = pa.schema(list(schema) + extra)
@@ -367,7 +380,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     fault_env = {k: os.environ[k] for k in (CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV) if k in os.environ}
     actor_env = {**fault_env, **endpoint_env(cfg.engine)}  # never secrets: Ray logs runtime envs
-    ds = ray.data.read_parquet(in_path, filesystem=in_fs)
+    ds = ray.data.read_parquet(in_path, filesystem=in_fs, schema=plan.schema)  # the unified schema of all files
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
                             batch_size=None, num_cpus=0.25)
@@ -391,7 +404,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
                                    engine_factory=engine_factory[0] if engine_factory else None,
                                    engine_factory_config=engine_factory[1] if engine_factory else None,
                                    breaker=breaker_options(cfg.job)),
-        compute=ActorPoolStrategy(size=cfg.job.concurrency, max_concurrent_calls_per_actor=adm.calls),
+        compute=ActorPoolStrategy(size=cfg.job.concurrency, max_concurrent_calls_per_actor=adm.calls,
+                                  max_tasks_in_flight_per_actor=adm.tasks_in_flight),
         batch_size=adm.rows_per_call,
         batch_format="pyarrow",
         num_gpus=cfg.job.num_gpus,
@@ -423,6 +437,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     starts = [s["first_start"] for s in snapshots.values() if s["first_start"] is not None]
     ends = [s["last_done"] for s in snapshots.values() if s["last_done"] is not None]
     summary.reading_seconds = max(ends) - min(starts) if starts and ends else None
+    summary.actor_windows = {k: (round(s["first_start"] - min(starts), 3), round(s["last_done"] - min(starts), 3))
+                             for k, s in snapshots.items() if s["first_start"] is not None and s["last_done"]}
     return summary
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -102,6 +103,13 @@ def output_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Arra
     if not files:
         empty = pa.array([], pa.string())
         return empty, empty
+    for file in files:
+        with fs.open_input_file(file) as f:
+            names = pq.read_schema(f).names
+        lacking = [c for c in ("id", "error") if c not in names]
+        if lacking:
+            raise ValueError(f"output holds {file}, which is not a batch output (no {lacking[0]!r} column); give "
+                             "a new output directory")
     table = read_columns(fs, files, ["id", "error"])
     ids, error = table.column("id").combine_chunks(), table.column("error").combine_chunks()
     if pa.types.is_null(error.type):
@@ -142,3 +150,124 @@ def remove_rows(fs: pafs.FileSystem, path: str, files: list[str], ids: pa.Array)
         removed += n
         log.info("output file %s: %d row(s) taken out to be redone", file, n)
     return removed
+
+
+# -- checks before any work (issue 18) ---------------------------------------------------------
+
+
+def _short_reason(exc: BaseException) -> str:
+    """pyarrow/AWS error text in a few words (the SDK's multi-line advice dropped)."""
+    text = " ".join(str(exc).split("\n")[0].split())
+    text = re.sub(r"(Detail: )?\[[Ee]rrno \d+\] ", "", text)
+    for marker, reason in (("NETWORK_CONNECTION", "cannot reach the S3 endpoint"),
+                           ("NO_SUCH_BUCKET", "the bucket does not exist"),
+                           ("ACCESS_DENIED", "access denied (check the credentials and their permissions)"),
+                           ("INVALID_ACCESS_KEY_ID", "the access key id is not valid"),
+                           ("SIGNATURE_DOES_NOT_MATCH", "the secret key does not match")):
+        if marker in text:
+            detail = text.split("operation:", 1)[-1].strip() if "operation:" in text else ""
+            return f"{reason}{f' ({detail})' if detail and marker == 'NETWORK_CONNECTION' else ''}"
+    return text
+
+
+class io_errors:
+    """Turn a filesystem error into one line naming what and where: ``input s3://x: cannot reach ...``."""
+
+    def __init__(self, what: str, uri: str, endpoint: str | None = None):
+        self.what, self.uri, self.endpoint = what, uri, endpoint
+
+    def __enter__(self) -> io_errors:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None or not isinstance(exc, OSError) or getattr(exc, "_memagent_checked", False):
+            return False
+        where = f" at {self.endpoint}" if self.endpoint and is_s3(self.uri) else ""
+        raise _checked(OSError(f"{self.what} {self.uri}{where}: {_short_reason(exc)}")) from None
+
+
+def _checked(exc: OSError) -> OSError:
+    exc._memagent_checked = True  # type: ignore[attr-defined]  # already one line naming the path
+    return exc
+
+
+def s3_endpoint(s3: S3Options | None) -> str | None:
+    return (s3.endpoint_url if s3 else None) or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def read_schemas(fs: pafs.FileSystem, files: list[str], uri: str) -> list[tuple[str, pa.Schema]]:
+    """Each input file's schema; a file that is not Parquet (or is cut short) is named."""
+    out = []
+    for file in files:
+        try:
+            with fs.open_input_file(file) as f:
+                out.append((file, pq.read_schema(f)))
+        except (pa.ArrowInvalid, OSError) as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, pa.ArrowInvalid) and "Parquet" not in str(exc):
+                raise
+            shown = file if not is_s3(uri) else "s3://" + file
+            raise ValueError(f"input file {shown} is not a readable Parquet file "
+                             f"({' '.join(str(exc).split()).replace(chr(39) + '<Buffer>' + chr(39), 'it')})") from None
+    return out
+
+
+def unify_schemas(schemas: list[tuple[str, pa.Schema]], uri: str) -> pa.Schema:
+    """One schema for all input files: columns of every file kept (nulls where a file lacks one),
+    compatible types widened (int32 + int64 -> int64, int + float -> double, string + large_string);
+    incompatible types are an error naming the column and both files."""
+    fields: dict[str, tuple[pa.DataType, str]] = {}
+    for file, schema in schemas:
+        for f in schema:
+            if f.name not in fields:
+                fields[f.name] = (f.type, file)
+                continue
+            have, first = fields[f.name]
+            if have == f.type:
+                continue
+            try:
+                merged = pa.unify_schemas([pa.schema([(f.name, have)]), pa.schema([(f.name, f.type)])],
+                                          promote_options="permissive").field(f.name).type
+            except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                s3 = "s3://" if is_s3(uri) else ""
+                raise ValueError(f"input column {f.name!r} is {have} in {s3}{first} but {f.type} in {s3}{file}: the "
+                                 "files disagree; cast the column to one type in every file") from None
+            fields[f.name] = (merged, first)
+    return pa.schema([(name, t) for name, (t, _) in fields.items()])
+
+
+def _looks_like_parquet(fs: pafs.FileSystem, path: str) -> bool:
+    try:
+        with fs.open_input_file(path) as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return path.endswith(".parquet")
+
+
+def check_output_location(fs: pafs.FileSystem, path: str, uri: str, s3: S3Options | None = None) -> None:
+    """Before any work: the output is a directory (or a prefix) that exists or can be made, and is writable."""
+    import uuid
+
+    with io_errors("output", uri, s3_endpoint(s3)):
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            kind = "a Parquet file" if _looks_like_parquet(fs, path) else "a regular file"
+            raise ValueError(f"output {uri} is {kind}; give a directory (new, or an earlier output to resume into)")
+        if is_s3(uri):
+            bucket = path.split("/", 1)[0]
+            if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise _checked(OSError(f"output {uri}: bucket {bucket!r} does not exist"
+                                       + (f" at {s3_endpoint(s3)}" if s3_endpoint(s3) else "")))
+        else:
+            parent = Path(path)
+            while not parent.exists():
+                parent = parent.parent
+            if not parent.is_dir():
+                raise ValueError(f"output {uri}: {parent} is a file, not a directory")
+            fs.create_dir(path, recursive=True)
+        probe = f"{path.rstrip('/')}/_memagent-write-check-{uuid.uuid4().hex[:8]}"
+        try:
+            with fs.open_output_stream(probe) as f:
+                f.write(b"ok")
+        except PermissionError:
+            raise _checked(OSError(f"output {uri} is not writable (permission denied)")) from None
+        fs.delete_file(probe)

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 # (batch QA's MEMAGENT_FAULT_MARKER) records that it happened.
 KILL_AT_STEP_ENV = "MEMAGENT_FAULT_TRAIN_KILL_AT"
 KILL_MARKER_ENV = "MEMAGENT_FAULT_MARKER"
+# In the run directory, written by rank 0 of each worker-group start (first launch and restarts).
+LAUNCHES = "launches.jsonl"
 
 
 class TrainJob(BaseModel):
@@ -272,6 +274,13 @@ def _train_worker(cfg: dict[str, Any]) -> None:
     def on_step(record: dict[str, Any]) -> None:
         state["step"] = int(record["step"]) + 1
 
+    if rank == 0:  # one line per start of the worker group: where it began, how wide
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / LAUNCHES).open("a") as f:
+            f.write(json.dumps({"start_step": start or 0, "resumed": start is not None,
+                                "workers": int(os.environ["WORLD_SIZE"]),
+                                "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                "time": time.time()}) + "\n")
     if start is not None:
         log.info("rank %d: resuming %s from step %d", rank, out, start)
     train(config=cfg["config"], agent_config=cfg["agent_config"], data=cfg["data"],

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.slow
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from infra.local_s3 import CREDENTIALS
+
+    # The job ships no credentials (issue 18): workers use their own environment, and this Ray
+    # starts before the S3 test sets moto's (fake) ones, so its workers get them here.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": dict(CREDENTIALS)})
     yield
     ray.shutdown()
 

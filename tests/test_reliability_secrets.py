@@ -98,6 +98,8 @@ def test_openai_s3_batch_job_leaks_no_canary(tiny_llama_dir, tmp_path, monkeypat
             session = Path(ray._private.worker._global_node.get_session_dir_path())
         finally:
             ray.shutdown()
+        job_log = caplog.text  # what the job logged at DEBUG (the test's own boto3 client below logs its token)
+        leaking = [r.name for r in caplog.records if any(c in r.getMessage() for c in canaries)]
         out = read_output("lake/out", filesystem=fs)
         client = boto3.client("s3", endpoint_url=s3_endpoint)
         objects = {o["Key"]: client.get_object(Bucket="lake", Key=o["Key"])["Body"].read()
@@ -111,6 +113,6 @@ def test_openai_s3_batch_job_leaks_no_canary(tiny_llama_dir, tmp_path, monkeypat
     assert (session / "logs").is_dir() and any((session / "logs").iterdir())
     assert files_containing(session, canaries) == []
     assert [k for k, body in objects.items() if any(c.encode() in body for c in canaries)] == []
-    text = captured.out + captured.err + caplog.text
-    assert [c for c in canaries if c in text] == []
+    text = captured.out + captured.err + job_log
+    assert [c for c in canaries if c in text] == [], leaking
     assert files_containing(tmp_path, canaries) == []

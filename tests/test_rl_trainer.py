@@ -53,7 +53,7 @@ def test_deepspeed_config_from_train_config():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([1.0, 2.0, 3.0, 3.0])
-    ds2 = TrainConfig().deepspeed_config()  # the package's ZeRO settings, no file outside it
+    ds2 = TrainConfig().deepspeed_config(world_size=2)  # the package's ZeRO settings, no file outside it
     assert ds2["zero_optimization"]["contiguous_gradients"] is True and ds2["zero_optimization"]["stage"] == 2
 
 

@@ -77,13 +77,19 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
             "targets": targets, "response_mask": response_mask, "advantages": advantages}
 
 
+ENTROPY_CHUNK_ELEMENTS = 2**24
+"""Logits elements (64 MiB in fp32) per slice of the entropy statistic: it takes four [rows, T, V]
+temporaries, the largest transient of a micro-batch if computed for all rows at once."""
+
+
 def response_log_probs(
     model: torch.nn.Module, batch: Mapping[str, torch.Tensor], *, temperature: float = 1.0, entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` of the response tokens (and their entropies ``[B, T]`` if asked).
 
     Logits at position p predict token p+1: the last ``T + 1`` positions' logits, minus the
-    final one, line up with the right-aligned ``targets``.
+    final one, line up with the right-aligned ``targets``. Only those positions get logits
+    (``logits_to_keep``): ``[B, T + 1, V]``, never ``[B, L, V]``.
     """
     device = next(model.parameters()).device
     T = batch["targets"].shape[1]
@@ -97,9 +103,10 @@ def response_log_probs(
     logits = out.logits[:, -(T + 1):-1, :]  # [B, T, V]
     logp = token_log_probs(logits, batch["targets"].to(device), temperature)  # [B, T]
     ent = None
-    if entropy:
+    if entropy:  # logged only: no graph, a few rows at a time
+        rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
         with torch.no_grad():
-            ent = entropy_from_logits(logits.detach() / temperature)
+            ent = torch.cat([entropy_from_logits(part / temperature) for part in logits.detach().split(rows)])
     return logp, ent
 
 

@@ -13,13 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # The ZeRO settings not derived from TrainConfig fields (the stage is). Bucket sizes are in
-# elements; each ZeRO-2 bucket is a buffer of that many gradient elements.
+# elements: each is a gradient buffer of that many elements (DeepSpeed's default 5e8 is 2 GB in
+# fp32); 5e7 (200 MB) keeps NCCL/gloo messages large while fitting beside a small model on CPU.
 ZERO_OPTIMIZATION: dict[str, Any] = {
     "contiguous_gradients": True,
     "overlap_comm": False,
     "reduce_scatter": True,
-    "allgather_bucket_size": 200_000_000,
-    "reduce_bucket_size": 200_000_000,
+    "allgather_bucket_size": 50_000_000,
+    "reduce_bucket_size": 50_000_000,
 }
 
 OverlongMode = Literal["none", "mask", "penalize"]
@@ -83,9 +84,15 @@ class TrainConfig(BaseModel):
     micro_batch_tokens: int = Field(
         8192, gt=0, description="Padded tokens per forward/backward (dynamic batch size; paper: 16384 per GPU)."
     )
-    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
+    zero_stage: int | None = Field(
+        None, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3); default: 0 on one process (partitioning over "
+        "one rank only adds a full fp32 copy of the weights and a gradient bucket), 2 on several."
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="'auto': bf16 on CUDA, fp32 on CPU.")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (long contexts).")
+    gradient_checkpointing: bool = Field(
+        True, description="Recompute each layer's activations in backward: keeps one hidden state per layer and "
+        "token (the activations of a micro-batch otherwise dwarf the model)."
+    )
 
     # -- output ----------------------------------------------------------------------------
     save_every: int = Field(10, gt=0, description="Checkpoint (DeepSpeed + HF export) every N steps and at the end.")
@@ -117,6 +124,12 @@ class TrainConfig(BaseModel):
             raise ValueError("rollout_engine='vllm' needs a CUDA GPU (the gpu extra's vLLM is a CUDA build); "
                              "use rollout_engine='hf' (--engine hf) on CPU")
 
+    def zero_stage_for(self, world_size: int) -> int:
+        """The ZeRO stage in force: the configured one, else 0 on one process and 2 on several."""
+        if self.zero_stage is not None:
+            return self.zero_stage
+        return 0 if world_size == 1 else 2
+
     def deepspeed_config(self, *, world_size: int = 1, bf16: bool = False) -> dict:
         """The dict given to ``deepspeed.initialize``: :data:`ZERO_OPTIMIZATION` plus this config's fields.
 
@@ -124,10 +137,11 @@ class TrainConfig(BaseModel):
         off): a mini-batch holds as many token-budgeted micro-batches as it needs and
         ``engine.step()`` is the boundary. The learning-rate schedule is :meth:`lr_scheduler`.
         """
-        zero = dict(ZERO_OPTIMIZATION, stage=self.zero_stage)
-        if self.zero_stage == 3:
+        stage = self.zero_stage_for(world_size)
+        zero = dict(ZERO_OPTIMIZATION, stage=stage)
+        if stage == 3:
             zero["stage3_gather_16bit_weights_on_model_save"] = True
-        if self.zero_stage != 2:
+        if stage != 2:
             zero.pop("overlap_comm", None)  # unmanaged accumulation allows overlap_comm only at stage 2
         return {
             "train_micro_batch_size_per_gpu": 1,

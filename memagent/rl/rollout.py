@@ -36,7 +36,8 @@ Draw = Callable[[int], list[Mapping[str, Any]]]
 
 
 # What a rollout engine can do beyond :class:`Engine`, as checkable protocols: the trainer
-# needs WeightSync; SleepMode (vLLM) frees the GPU during updates; Shutdown stops a subprocess.
+# needs WeightSync or InProcessModel; SleepMode (vLLM) frees the GPU during updates; Shutdown
+# stops a subprocess.
 @runtime_checkable
 class WeightSync(Protocol):
     """Takes the policy's full state dict (name -> tensor) and generates with it from then on."""
@@ -51,6 +52,14 @@ class SleepMode(Protocol):
     def sleep(self, level: int = 1) -> None: ...
 
     def wake_up(self, tags: list[str] | None = None) -> None: ...
+
+
+@runtime_checkable
+class InProcessModel(Protocol):
+    """Generates with ``model``, a torch module in this process: the trainer can train that very module,
+    so the weights are held once and every update is in the engine at once (no sync)."""
+
+    model: torch.nn.Module
 
 
 @runtime_checkable

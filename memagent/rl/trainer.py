@@ -47,8 +47,9 @@ from memagent.rl.config import TrainConfig
 from memagent.rl.data import DataStream, load_examples, seed_everything
 from memagent.rl.distributed import all_gather_ints, all_gather_objects, all_reduce, merge_rank_metrics, setup_distributed
 from memagent.rl.loss import policy_loss
-from memagent.rl.rollout import (Conversation, RewardFn, RolloutBatch, Shutdown, SleepMode, WeightSync,
-                                 collect_rollouts, default_reward)
+from memagent.rl.memory import guard_memory, release_memory
+from memagent.rl.rollout import (Conversation, InProcessModel, RewardFn, RolloutBatch, Shutdown, SleepMode,
+                                 WeightSync, collect_rollouts, default_reward)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ def train(
     """
     rank, world = setup_distributed()
     out, resume_tag, model_dir = open_run(Path(out_dir), model, resume)
+    guard_memory(config, agent_config, model_dir, world=world, engine_max_batch_size=engine_max_batch_size,
+                 force=force)
     run = build_run(config, agent_config, model_dir, rank=rank, world=world, out=out,
                     engine_max_batch_size=engine_max_batch_size)
     examples = load_examples(data)
@@ -114,7 +117,7 @@ def train(
         done = step + 1
         if done % config.save_every == 0 or done == config.steps:
             save_checkpoint(run.engine, run.rollout_engine.tokenizer, run.ckpt_dir, done,
-                            all_gather_ints(stream.cursor), zero_stage=config.zero_stage,
+                            all_gather_ints(stream.cursor), zero_stage=run.zero_stage,
                             keep=config.keep_checkpoints, rank=rank)
     close(run)
     return records
@@ -136,9 +139,11 @@ class Run:
     out: Path
     model_dir: Path
     engine: Any  # deepspeed.DeepSpeedEngine around the policy
+    zero_stage: int  # in force (config.zero_stage_for(world))
     reference: torch.nn.Module | None  # the frozen initial policy (kl_coef > 0)
     tokenizer: Any
-    rollout_engine: Any  # memagent.engines.Engine + WeightSync (+ SleepMode with vLLM sleep mode)
+    rollout_engine: Any  # memagent.engines.Engine + WeightSync or InProcessModel (+ SleepMode: vLLM sleep mode)
+    shared_weights: bool  # the rollout engine generates with the trained module itself: nothing to sync
     pad_id: int
     ds_config: dict[str, Any]
 
@@ -174,10 +179,20 @@ def build_run(config: TrainConfig, agent_config: AgentConfig, model_dir: Path, *
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
     bf16 = config.precision == "bf16" or (config.precision == "auto" and cuda)
     dtype = torch.bfloat16 if bf16 else torch.float32
+    zero_stage = config.zero_stage_for(world)
 
-    policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    rollout_engine = make_engine(rollout_engine_config(config, model_dir, device, bf16, engine_max_batch_size))
+    # A transformers engine in this process generates with the module DeepSpeed trains (ZeRO <= 2
+    # keeps full weights on every rank): one copy of the weights, no state dict per step.
+    shared = (zero_stage < 3 and isinstance(rollout_engine, InProcessModel)
+              and isinstance(rollout_engine.model, torch.nn.Module))
+    if not (shared or isinstance(rollout_engine, WeightSync)):
+        raise TypeError(f"{type(rollout_engine).__name__} cannot take new weights (update_weights): no RL rollouts")
+    if config.rollout_sleep_mode and not isinstance(rollout_engine, SleepMode):
+        raise TypeError(f"rollout_sleep_mode: {type(rollout_engine).__name__} has no sleep/wake_up")
+    policy = rollout_engine.model if shared else AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     if config.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        enable_gradient_checkpointing(policy)
     reference = None
     if config.kl_coef > 0:  # the initial policy, frozen
         reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
@@ -188,18 +203,30 @@ def build_run(config: TrainConfig, agent_config: AgentConfig, model_dir: Path, *
         model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad], config=ds_config,
         lr_scheduler=config.lr_scheduler,
     )
-    rollout_engine = make_engine(rollout_engine_config(config, model_dir, device, bf16, engine_max_batch_size))
-    if not isinstance(rollout_engine, WeightSync):
-        raise TypeError(f"{type(rollout_engine).__name__} cannot take new weights (update_weights): no RL rollouts")
-    if config.rollout_sleep_mode and not isinstance(rollout_engine, SleepMode):
-        raise TypeError(f"rollout_sleep_mode: {type(rollout_engine).__name__} has no sleep/wake_up")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollout_config = agent_config.with_overrides(temperature=config.temperature, top_p=config.top_p,
                                                  answer_style="boxed")
     check_config(rollout_engine, rollout_config)
     return Run(config=config, rollout_config=rollout_config, rank=rank, world=world, out=out, model_dir=model_dir,
-               engine=engine, reference=reference, tokenizer=tokenizer, rollout_engine=rollout_engine,
-               pad_id=pad_id, ds_config=ds_config)
+               engine=engine, zero_stage=zero_stage, reference=reference, tokenizer=tokenizer,
+               rollout_engine=rollout_engine, shared_weights=shared, pad_id=pad_id, ds_config=ds_config)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer in backward instead of keeping its activations.
+
+    transformers checkpoints a layer only while that layer is in training mode. The policy stays
+    in eval mode (no dropout: the update's log-probs must be those of the policy that sampled),
+    so only the layers' own flag is set; their dropout submodules keep eval mode. Forwards
+    without grad (generation, scoring) are never checkpointed.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()  # the first name since transformers 5.x, the second before
+    for m in model.modules():
+        if isinstance(m, GradientCheckpointingLayer):
+            m.training = True
 
 
 def rollout_engine_config(config: TrainConfig, model_dir: Path, device: str, bf16: bool, max_batch_size: int) -> Any:
@@ -223,7 +250,7 @@ def restore(run: Run, examples: list[dict[str, Any]], resume_tag: str | None) ->
     if resume_tag:
         _, client = run.engine.load_checkpoint(str(run.ckpt_dir), tag=resume_tag)
         start_step, cursor = int(client["step"]), int(client["cursors"][run.rank])
-        push_weights(run.engine.module, run.rollout_engine, run.config.zero_stage)
+        sync_weights(run)
         log.info("resumed from %s at step %d", resume_tag, start_step)
     stream = DataStream(examples[run.rank::run.world], seed=run.config.seed, shuffle=run.config.shuffle, cursor=cursor)
     return stream, start_step
@@ -266,6 +293,7 @@ def rollout(run: Run, stream: DataStream, step: int, reward_fn: RewardFn) -> Rol
     ))
     if config.rollout_sleep_mode:
         run.rollout_engine.sleep(1)  # free the GPU for the update; weights wait in CPU memory
+    release_memory()  # the generation's KV caches and logits, before the update allocates
     return batch
 
 
@@ -340,11 +368,13 @@ def update_policy(run: Run, samples: list[Sample], *, on_policy: bool) -> Update
                 engine.backward(loss, scale_wrt_gas=False)
                 m["behaviour_logp_gap"] = behaviour_gap(mb, old, mask)  # rollout engine vs trainer
                 upd.stats.append(m)
+            gn = _grad_norm(engine.module) if run.zero_stage == 0 else None  # DeepSpeed tracks it at ZeRO >= 1
             engine.step()  # the accumulation boundary: reduce, clip, AdamW, LR schedule
             upd.optimizer_steps += 1
-            gn = engine.get_global_grad_norm()
-            if gn is not None:  # not tracked at ZeRO stage 0
+            gn = engine.get_global_grad_norm() if gn is None else gn
+            if gn is not None:
                 upd.grad_norms.append(float(gn))
+    release_memory()
     return upd
 
 
@@ -352,7 +382,8 @@ def sync_weights(run: Run) -> None:
     """5. The rollout engine generates with the updated policy from the next step on."""
     if run.config.rollout_sleep_mode:
         run.rollout_engine.wake_up()
-    push_weights(run.engine.module, run.rollout_engine, run.config.zero_stage)
+    if not run.shared_weights:
+        push_weights(run.engine.module, run.rollout_engine, run.zero_stage)
 
 
 def step_metrics(step: int, batch: RolloutBatch, samples: list[Sample], upd: Update, *, rollout_s: float,
@@ -428,6 +459,12 @@ def _dummy_sample(pad_id: int) -> Sample:
     conv = Conversation(traj_index=-1, group_id=-1, conv_index=0, prompt_ids=[pad_id], response_ids=[pad_id],
                         behaviour_logprobs=None, is_final=False, truncated=False, trainable=False)
     return Sample(conv, 0.0, old_logp=torch.zeros(1), ref_logp=torch.zeros(1))
+
+
+def _grad_norm(model: torch.nn.Module) -> float:
+    """Global 2-norm of the gradients (before clipping), as DeepSpeed reports it at ZeRO >= 1."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
 
 
 def _mean(values: Iterable[float]) -> float:

@@ -1,0 +1,193 @@
+"""How much host memory one training step needs, estimated from the configs, and a guard.
+
+The estimate adds what lives through the whole run (weights, gradients, AdamW's moments, the
+reference, DeepSpeed's copies) to the largest transient of a step (the rollout's KV caches and
+logits, or one micro-batch's activations and logits, or the checkpoint's copy of the weights).
+Per-token coefficients come from the model's shapes; the two measured constants are below.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memagent.config import AgentConfig
+from memagent.rl.config import ZERO_OPTIMIZATION, TrainConfig
+
+log = logging.getLogger(__name__)
+
+MB = 2**20
+RUNTIME_MB = 900
+"""Resident memory of a trainer process before its models: torch, transformers, DeepSpeed,
+tokenizer, allocator slack. Measured: ~850 MB RSS after imports and tokenizer (CPU, torch 2.13)."""
+PROMPT_OVERHEAD_TOKENS = 120
+"""Chat template and instruction tokens around question, memory and chunk (the agent's prompts)."""
+ACTIVATION_FACTOR = 1.0
+"""Measured RSS of a micro-batch's update / the shape-based count below (calibration)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs to know of the policy."""
+
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_dim: int  # key/value heads x head dim
+    vocab: int
+
+    @classmethod
+    def of(cls, model_dir: str | Path) -> ModelShape:
+        """Read from an HF model directory (no weights loaded: the model is built on the meta device)."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.from_pretrained(str(model_dir))
+        with torch.device("meta"):
+            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+        text = cfg.get_text_config(decoder=True)
+        heads = int(text.num_attention_heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        kv = int(getattr(text, "num_key_value_heads", None) or heads)
+        return cls(params=params, layers=int(text.num_hidden_layers), hidden=int(text.hidden_size),
+                   intermediate=int(getattr(text, "intermediate_size", 4 * text.hidden_size)),
+                   kv_dim=kv * head_dim, vocab=int(text.vocab_size))
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Megabytes per part; ``peak_mb`` = the resident parts + the largest transient."""
+
+    resident: dict[str, float]
+    transient: dict[str, float]
+
+    @property
+    def peak_mb(self) -> float:
+        return sum(self.resident.values()) + max(self.transient.values(), default=0.0)
+
+    @property
+    def largest_transient(self) -> str:
+        return max(self.transient, key=self.transient.__getitem__)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"peak_mb": round(self.peak_mb), "resident_mb": {k: round(v) for k, v in self.resident.items()},
+                "transient_mb": {k: round(v) for k, v in self.transient.items()}}
+
+
+def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelShape, *, world_size: int = 1,
+                         bf16: bool = False, engine_max_batch_size: int = 64) -> MemoryEstimate:
+    """Peak resident memory of one training process (CPU, transformers rollout engine), in MB.
+
+    Resident, with ``P`` parameters and ``w`` bytes per weight (4 fp32, 2 bf16), ``N`` ranks:
+      - policy ``P*w`` (the rollout engine generates with it at ZeRO <= 2; a second copy at ZeRO-3);
+      - reference ``P*w`` when ``kl_coef > 0``;
+      - gradients ``4P`` (ZeRO-2/3: ``4P/N`` + one reduce bucket of ``4 * reduce_bucket_size``);
+      - AdamW moments ``8P`` (ZeRO >= 1: ``8P/N``) and at ZeRO >= 1 an fp32 master copy ``4P/N``.
+    Transient, the largest of:
+      - rollout: KV caches ``2 * layers * kv_dim * w`` per token of every concurrent conversation
+        (``batch/N * group`` of them, at most ``engine_max_batch_size``), and the behaviour
+        log-probs' logits, three ``[rows, new tokens, vocab]`` fp32 arrays;
+      - update: one micro-batch of ``micro_batch_tokens`` padded tokens. With gradient
+        checkpointing each layer keeps its input (``hidden * 4`` bytes per token per layer) and one
+        layer is recomputed at a time (``(9 hidden + 4 intermediate + 4 kv_dim) * 4`` bytes per
+        token); without it every layer keeps the latter. Plus the logits of the response positions,
+        three ``[rows, T + 1, vocab]`` fp32 arrays (logits, log-softmax, gradient);
+      - checkpoint: a CPU copy of the weights ``4P`` and DeepSpeed's serialisation buffers ``4P``.
+    Plus :data:`RUNTIME_MB`.
+    """
+    P, w = shape.params, 2 if bf16 else 4
+    stage = config.zero_stage_for(world_size)
+    shard = world_size if stage >= 1 else 1
+    resident = {"runtime": RUNTIME_MB * MB, "policy": P * w}
+    if stage == 3:
+        resident["rollout_weights"] = P * w
+    if config.kl_coef > 0:
+        resident["reference"] = P * w
+    resident["gradients"] = 4 * P / (world_size if stage >= 2 else 1)
+    if stage >= 2:
+        resident["reduce_bucket"] = 4 * ZERO_OPTIMIZATION["reduce_bucket_size"]
+    resident["adam_moments"] = 8 * P / shard
+    if stage >= 1:
+        resident["fp32_master"] = 4 * P / shard
+
+    convs = min(config.batch_size // max(world_size, 1) * config.group_size, engine_max_batch_size)
+    update_row = agent.chunk_tokens + agent.memory_tokens + agent.query_tokens + PROMPT_OVERHEAD_TOKENS
+    answer_row = agent.memory_tokens + agent.query_tokens + PROMPT_OVERHEAD_TOKENS
+    kv = 2 * shape.layers * shape.kv_dim * w * (update_row + agent.memory_tokens) * convs
+    rollout_logits = 3 * convs * max(agent.memory_tokens, agent.answer_tokens) * shape.vocab * 4
+
+    tokens = config.micro_batch_tokens
+    per_layer = (9 * shape.hidden + 4 * shape.intermediate + 4 * shape.kv_dim) * 4
+    if config.gradient_checkpointing:
+        acts = tokens * (shape.layers * shape.hidden * 4 + per_layer)
+    else:
+        acts = tokens * shape.layers * per_layer
+    response_positions = max(  # rows x (T + 1) of the memory-update and the answer micro-batches
+        max(1, tokens // update_row) * (agent.memory_tokens + 1),
+        max(1, tokens // answer_row) * (agent.answer_tokens + 1),
+    )
+    logits = 3 * response_positions * shape.vocab * 4
+    transient = {"rollout": kv + rollout_logits, "update": ACTIVATION_FACTOR * acts + logits, "checkpoint": 8 * P}
+    return MemoryEstimate({k: v / MB for k, v in resident.items()}, {k: v / MB for k, v in transient.items()})
+
+
+class MemoryBudgetError(ValueError):
+    """The estimated peak of a training step exceeds the memory available."""
+
+
+def check_memory(estimate: MemoryEstimate, available_mb: float, *, processes: int = 1, force: bool = False) -> None:
+    """Raise :class:`MemoryBudgetError` (a one-paragraph message) when ``processes`` trainers of
+    this ``estimate`` do not fit in ``available_mb``; a no-op with ``force``."""
+    need = estimate.peak_mb * processes
+    if force or need <= available_mb:
+        return
+    knob = {
+        "update": "lower micro_batch_tokens (--config) or turn gradient_checkpointing on",
+        "rollout": "lower batch_size (--batch-size) or group_size (--group-size), or the agent's chunk/memory tokens",
+        "checkpoint": "use a machine with more memory (the checkpoint copies the weights twice)",
+    }[estimate.largest_transient]
+    parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(estimate.resident.items(), key=lambda kv: -kv[1]))
+    raise MemoryBudgetError(
+        f"a training step needs about {need / 1024:.1f} GB ({processes} process(es) x {estimate.peak_mb:.0f} MB: "
+        f"{parts} MB resident, plus {estimate.transient[estimate.largest_transient]:.0f} MB for the "
+        f"{estimate.largest_transient}), but only {available_mb / 1024:.1f} GB of memory is available. To fit, "
+        f"{knob}; or lower kl_coef to 0 (no reference copy). Pass force=True (--force) to try anyway."
+    )
+
+
+def guard_memory(config: TrainConfig, agent_config: AgentConfig, model_dir: Path, *, world: int,
+                 engine_max_batch_size: int, force: bool) -> None:
+    """Refuse to start when a step's estimated peak exceeds the host's available memory (CPU runs;
+    on GPUs the limit is the device's, which this estimate does not model)."""
+    import os
+
+    import psutil
+    import torch
+
+    if force or torch.cuda.is_available():
+        return
+    estimate = estimate_peak_memory(config, agent_config, ModelShape.of(model_dir), world_size=world,
+                                    bf16=config.precision == "bf16", engine_max_batch_size=engine_max_batch_size)
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks sharing this host's memory
+    log.info("estimated peak memory per process: %.0f MB", estimate.peak_mb)
+    check_memory(estimate, psutil.virtual_memory().available / 2**20, processes=processes)
+
+
+def release_memory() -> None:
+    """Hand freed memory back: Python's cycles, CUDA's cache, and glibc's heap (CPU tensors are
+    malloc'ed; without a trim, freed rollout buffers stay in the process's resident set)."""
+    import ctypes
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
