@@ -12,7 +12,8 @@ serving an 8B model each; its steps sleep, so eight cost almost no CPU).
 
 Modes: ``admission`` (the job's default: one row per call, ``max_in_flight`` calls per actor,
 the actor's gate), ``barrier`` (admission off: one call per actor of ``max_in_flight`` rows,
-the job before issue 14), and for the design choice ``sched4`` (4 rows per call,
+the job before issue 14), ``admission_lpt`` (admission, rows sorted longest first by
+``run_batch_qa(longest_first=True)``), and for the design choice ``sched4`` (4 rows per call,
 ``max_in_flight`` calls, the gate binding: a scheduler inside the actor) and ``calls4`` (4 rows
 per call, ``max_in_flight / 4`` calls: several calls over small batches, no gate binding).
 
@@ -88,7 +89,11 @@ def make_lake(path: Path, n: int, seed: int, fact_every: int, files: int, tokeni
     from memagent.bpe_offsets import tiktoken_bpe_for
 
     lengths = lake_lengths(n, seed)
-    text = corpus(seed, 400_000, fact_every)
+    if (path / "lake.json").exists():  # --keep: the same lake again
+        import json
+
+        return json.loads((path / "lake.json").read_text())
+    text = corpus(seed, min(400_000, 200 + sum(lengths) // 12), fact_every)
     enc = tiktoken_bpe_for(tokenizer).encoding
     sample = text[:400_000]
     chars_per_token = len(sample) / len(enc.encode_ordinary(sample))
@@ -97,8 +102,9 @@ def make_lake(path: Path, n: int, seed: int, fact_every: int, files: int, tokeni
     for i, tokens in enumerate(lengths):
         chars = int(tokens * chars_per_token)
         start = rng.randrange(0, len(text))
-        body = (text[start:] + " " + text) * (1 + chars // len(text))
-        body = body[:chars]
+        body = text[start:start + chars]
+        while len(body) < chars:  # wrap around the corpus
+            body += " " + text[:chars - len(body) - 1]
         key, value = f"{rng.choice(WORDS)}-{rng.choice(WORDS)}-{i}", str(rng.randint(1_000_000, 9_999_999))
         at = rng.randrange(0, max(1, len(body)))
         at = body.rfind(". ", 0, at) + 2 if body.rfind(". ", 0, at) > 0 else 0
@@ -111,10 +117,14 @@ def make_lake(path: Path, n: int, seed: int, fact_every: int, files: int, tokeni
         part = rows[f * per:(f + 1) * per]
         if part:
             pq.write_table(pa.Table.from_pylist(part), path / f"part-{f:03d}.parquet")
-    return {"docs": n, "seed": seed, "median_tokens": 8_000, "sigma": 1.2, "cap_tokens": 1_000_000,
+    info = {"docs": n, "seed": seed, "median_tokens": 8_000, "sigma": 1.2, "cap_tokens": 1_000_000,
             "tokens_total": sum(lengths), "tokens_max": max(lengths), "tokens_median": sorted(lengths)[n // 2],
             "tokens_mean": round(sum(lengths) / n), "chars_per_token": round(chars_per_token, 3),
             "fact_sentence_every": fact_every, "files": files, "histogram": histogram(lengths)}
+    import json
+
+    (path / "lake.json").write_text(json.dumps(info))
+    return info
 
 
 class Scraper:
@@ -154,6 +164,7 @@ def plan_for(mode: str, m: int):
     from pipelines.admission import AdmissionPlan
 
     return {"admission": AdmissionPlan(m, rows_per_call=1), "barrier": AdmissionPlan.barrier(m),
+            "admission_lpt": AdmissionPlan(m, rows_per_call=1),
             "sched4": AdmissionPlan(m, rows_per_call=4, calls_per_actor=m),
             "calls4": AdmissionPlan(m, rows_per_call=4)}[mode]
 
@@ -173,8 +184,8 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
                                       ray_address=args.address))
     load0 = loadavg()
     t0 = time.perf_counter()
-    summary = run_batch_qa(cfg, admission=plan, engine_factory=("benchmarks.latency_engine:from_config",
-                                                                model_dict(model)))
+    summary = run_batch_qa(cfg, admission=plan, longest_first=mode.endswith("_lpt"),
+                           engine_factory=("benchmarks.latency_engine:from_config", model_dict(model)))
     wall = time.perf_counter() - t0
     table = pads.dataset(str(out), format="parquet").to_table(
         columns=["id", "error", "steps", "context_tokens", "n_chunks", "seconds", "node_id"]).to_pylist()
@@ -208,6 +219,49 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     }
 
 
+def run_hf(args) -> dict:
+    """The real hf engine (packaged model, CPU): short and long documents, admission on vs off, one run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.config import AgentConfig
+    from memagent.data.demo import niah_row
+    from memagent.engines import EngineConfig
+    from pipelines.batch_qa import BatchQAConfig, run_batch_qa
+    from pipelines.job import JobConfig
+
+    short, long_ = args.hf_short_tokens, args.hf_short_tokens * 8
+    rows = [niah_row(i, short, 0.5, args.seed) for i in range(28)] + \
+        [niah_row(28 + i, long_, 0.5, args.seed) for i in range(4)]
+    random.Random(args.seed).shuffle(rows)
+    rows = [{"id": f"hf-{i:02d}", "question": r["question"], "context": r["context"], "answers": r["answers"]}
+            for i, r in enumerate(rows)]
+    work = Path(args.keep or tempfile.mkdtemp(prefix="scale-hf-"))
+    (work / "lake").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), work / "lake" / "part-0.parquet")
+    agent = AgentConfig(chunk_tokens=args.hf_chunk_tokens, memory_tokens=32, answer_tokens=16, query_tokens=64)
+    out = {"docs": {"short": 28, "long": 4, "short_tokens": short, "long_tokens": long_},
+           "order": [r["id"] for r in rows], "agent": agent.model_dump(mode="json")}
+    for mode in ("admission", "barrier"):
+        cfg = BatchQAConfig(input=str(work / "lake"), output=str(work / f"out-{mode}"), agent=agent,
+                            engine=EngineConfig(), job=JobConfig(concurrency=1, batch_size=16, torch_threads=1,
+                                                                 progress=False))
+        m = 16  # hf's default max_in_flight (its max_batch_size)
+        plan = plan_for(mode, m)
+        load0 = loadavg()
+        summary = run_batch_qa(cfg, admission=plan)
+        out[mode] = {"wall_s": round(summary.seconds, 2), "reading_s": round(summary.reading_seconds or 0, 2),
+                     "occupancy": round(summary.occupancy or 0, 4), "rows_out": summary.rows_out,
+                     "error_rows": summary.error_rows, "accuracy": summary.accuracy, "loadavg_start": load0,
+                     "loadavg_end": loadavg(), "summary": summary.lines()}
+        print(mode, out[mode], flush=True)
+    out["speedup_reading"] = round(out["barrier"]["reading_s"] / out["admission"]["reading_s"], 3)
+    out["speedup_wall"] = round(out["barrier"]["wall_s"] / out["admission"]["wall_s"], 3)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -226,6 +280,9 @@ def main() -> None:
     parser.add_argument("--cluster", action="store_true", help="2-node loopback cluster (infra/ray_cluster.py)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Ray metrics export port (curl it)")
     parser.add_argument("--scrape-out", default=None, help="save the memagent_* lines of the metrics endpoint here")
+    parser.add_argument("--hf", action="store_true", help="only the real-hf comparison (28 short + 4 long docs)")
+    parser.add_argument("--hf-short-tokens", type=int, default=1000)
+    parser.add_argument("--hf-chunk-tokens", type=int, default=1024)
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temp dir, removed)")
     args = parser.parse_args()
     args.address, args.pin_workers = None, False
@@ -237,6 +294,15 @@ def main() -> None:
     from memagent.config import AgentConfig
     from memagent.data.io import load_tokenizer
 
+    if args.hf:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            result = run_hf(args)
+        finally:
+            ray.shutdown()
+        write_json(args.out, {"benchmark": "scale_hf", **result,
+                              "peak_rss_mb_children": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)})
+        return
     agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, answer_tokens=32,
                         query_tokens=128)
     work = Path(args.keep or tempfile.mkdtemp(prefix="scale-"))
@@ -251,17 +317,20 @@ def main() -> None:
     if args.cluster:
         from infra.ray_cluster import local_cluster
 
-        args.address = stack.enter_context(local_cluster(workers=1, head_cpus=2, worker_cpus=2))
+        # Logical CPUs: 8 actors of --actor-cpus 0.75 fit 5 to a node, so they spread over both.
+        args.address = stack.enter_context(local_cluster(workers=1, head_cpus=4, worker_cpus=4))
         ray.init(address=args.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, log_to_driver=False)
     else:
         kw = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+        # The metrics endpoint needs Ray's dashboard agent (ray[default]'s packages).
+        ray.init(address="local", num_cpus=4, include_dashboard=bool(args.metrics_port), log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
     results = {}
     scraper = Scraper(args.metrics_port, args.scrape_out) if args.metrics_port and args.scrape_out else None
     try:
         for mode in args.modes.split(","):
             print(f"mode {mode} ...", flush=True)
+            shutil.rmtree(work / f"out-{mode}", ignore_errors=True)  # a fresh output: no resume across runs
             results[mode] = run_mode(mode, work / "lake", work / f"out-{mode}", args, model, agent)
             print({k: v for k, v in results[mode].items() if k != "actor_occupancy"}, flush=True)
     finally:

@@ -63,10 +63,8 @@ def child(spec_path: Path) -> None:
 
     from benchmarks.common import set_threads
     from memagent.config import preset
-    from memagent.models import resolve_model
     from memagent.rl import trainer
     from memagent.rl.config import TrainConfig
-    from memagent.rl.memory import ModelShape, estimate_peak_memory
 
     spec = json.loads(spec_path.read_text())
     set_threads(spec.get("threads"))
@@ -76,9 +74,13 @@ def child(spec_path: Path) -> None:
     stop = threading.Event()
 
     def sample() -> None:
+        last = time.perf_counter()
         while not stop.is_set():
             key = f"{phase['step']}:{phase['name']}"
             peaks[key] = max(peaks.get(key, 0), me.memory_info().rss)
+            if time.perf_counter() - last > 20:  # a run stopped early still reports its phases
+                dump(False)
+                last = time.perf_counter()
             time.sleep(0.01)
 
     def wrap(name: str) -> None:
@@ -98,13 +100,23 @@ def child(spec_path: Path) -> None:
 
     for name in PHASES:
         wrap(name)
-    threading.Thread(target=sample, daemon=True).start()
 
     config = TrainConfig(**spec["train"])
     agent = preset(spec["preset"]).with_overrides(**spec["agent"])
 
+    records: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+
+    def dump(done: bool) -> None:  # after every step, so a run stopped early still reports
+        Path(spec["result"]).write_text(json.dumps({
+            "done": done, "seconds": round(time.perf_counter() - t0, 1),
+            "phase_peak_rss_mb": {k: round(v / 2**20) for k, v in sorted(peaks.items())},
+            "steps": records}, default=str))
+
     def on_step(rec: dict[str, Any]) -> None:
         phase["step"] = rec["step"] + 1  # the checkpoint after the last step counts to the next one
+        records.append(rec)
+        dump(False)
 
     first = trainer.rollout
 
@@ -113,17 +125,11 @@ def child(spec_path: Path) -> None:
         return first(run, stream, step, reward_fn)
 
     trainer.rollout = rollout
-    t0 = time.perf_counter()
-    records = trainer.train(config=config, agent_config=agent, data=spec["data"], out_dir=spec["run_dir"],
-                            model=spec["model"], on_step=on_step, force=True)
+    threading.Thread(target=sample, daemon=True).start()
+    trainer.train(config=config, agent_config=agent, data=spec["data"], out_dir=spec["run_dir"],
+                  model=spec["model"], on_step=on_step, force=True)
     stop.set()
-    est = estimate_peak_memory(config, agent, ModelShape.of(resolve_model(spec["model"])))
-    Path(spec["result"]).write_text(json.dumps({
-        "seconds": round(time.perf_counter() - t0, 1),
-        "phase_peak_rss_mb": {k: round(v / 2**20) for k, v in sorted(peaks.items())},
-        "estimate": est.as_dict(),
-        "steps": records,
-    }, default=str))
+    dump(True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +145,18 @@ def make_data(path: Path, length: int, samples: int, model: str) -> None:
     write_parquet(rows, str(path), RULER_SCHEMA)
 
 
-def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int) -> dict[str, Any]:
+def estimate(spec: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's own estimate (memagent.rl.memory) for this configuration, without running it."""
+    from memagent.config import preset
+    from memagent.models import resolve_model
+    from memagent.rl.config import TrainConfig
+    from memagent.rl.memory import ModelShape, estimate_peak_memory
+
+    agent = preset(spec["preset"]).with_overrides(**spec["agent"])
+    return estimate_peak_memory(TrainConfig(**spec["train"]), agent, ModelShape.of(resolve_model(spec["model"]))).as_dict()
+
+
+def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int, timeout_s: float) -> dict[str, Any]:
     import psutil
 
     from benchmarks.common import loadavg
@@ -154,10 +171,13 @@ def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int) -> dict[s
     load_before = loadavg()
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(spec_path)], env=os.environ.copy())
-    ps, peak, killed = psutil.Process(proc.pid), 0, False
+    ps, peak, killed, loads, last = psutil.Process(proc.pid), 0, False, [], 0.0
     while proc.poll() is None:
         peak = max(peak, tree_rss(ps))
-        if peak > max_rss:
+        if time.perf_counter() - last > 10:  # the machine is shared: how busy it was during the run
+            loads.append(os.getloadavg()[0])
+            last = time.perf_counter()
+        if peak > max_rss or time.perf_counter() - t0 > timeout_s:
             for p in [*ps.children(recursive=True), ps]:
                 p.kill()
             killed = True
@@ -166,17 +186,21 @@ def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int) -> dict[s
     rc = proc.wait()
     out: dict[str, Any] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train")},
                            "peak_rss_mb": round(peak / 2**20), "wall_s": round(time.perf_counter() - t0, 1),
-                           "loadavg_before": load_before, "loadavg_after": loadavg(), "returncode": rc}
+                           "loadavg_before": load_before, "loadavg_after": loadavg(),
+                           "loadavg_1min_mean_during": round(sum(loads) / len(loads), 2) if loads else None,
+                           "returncode": rc}
+    result_file = Path(spec["result"])
+    result = json.loads(result_file.read_text()) if result_file.exists() else {"steps": [], "done": False}
     if killed:
-        out["killed_above_mb"] = round(max_rss / 2**20)
+        out["killed"] = f"above {round(max_rss / 2**20)} MB" if peak > max_rss else f"after {timeout_s:.0f} s"
+        out["partial"] = result  # per-phase peaks and the steps finished before the kill
         return out
-    result = json.loads(Path(spec["result"]).read_text())
     measured = result["steps"][-1]  # the step after the warm-up
     out.update(
         trained_tokens_per_s=round(measured["train_tokens_per_s"], 1),
         update_s=measured["update_s"], rollout_s=measured["rollout_s"], step_s=measured["step_s"],
         trained_convs=measured["trained_convs"], response_tokens=measured["response_tokens"],
-        phase_peak_rss_mb=result["phase_peak_rss_mb"], estimate=result["estimate"],
+        phase_peak_rss_mb=result["phase_peak_rss_mb"],
         steps=[{k: s[k] for k in ("step", "trained_convs", "response_tokens", "update_s", "rollout_s",
                                   "train_tokens_per_s", "peak_rss_mb")} for s in result["steps"]],
     )
@@ -194,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
                    help="override a TrainConfig field in every configuration, e.g. gradient_checkpointing=false")
+    p.add_argument("--estimate-only", action="store_true", help="record the memory guard's estimates, run nothing")
     p.add_argument("--max-rss-gb", type=float, default=9.0, help="kill a run whose process tree exceeds this")
+    p.add_argument("--timeout-s", type=float, default=3600, help="stop a run after this long (partial results kept)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
     p.add_argument("--work", type=Path, help="directory for data and runs (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_memory.json"))
@@ -213,10 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(json.dumps(CONFIGS[name]))
         spec["train"].update(overrides)
         spec.update(model=args.model, threads=args.threads)
-        r = measure(name, spec, work, int(args.max_rss_gb * 2**30))
+        if args.estimate_only:
+            results["runs"][name] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train")},
+                                     "estimate": estimate(spec)}
+            print(f"({name}) estimated peak {results['runs'][name]['estimate']['peak_mb']} MB", flush=True)
+            continue
+        r = measure(name, spec, work, int(args.max_rss_gb * 2**30), args.timeout_s)
+        r["estimate"] = estimate(spec)
         results["runs"][name] = r
-        print(f"({name}) peak {r['peak_rss_mb']} MB, {r.get('trained_tokens_per_s')} trained tokens/s, "
-              f"load {r['loadavg_before']}", flush=True)
+        print(f"({name}) peak {r['peak_rss_mb']} MB (estimate {r['estimate']['peak_mb']} MB), "
+              f"{r.get('trained_tokens_per_s')} trained tokens/s, load {r['loadavg_before']}", flush=True)
     write_json(args.out, results)
     print(f"wrote {args.out}")
     return 0

@@ -78,6 +78,7 @@ class InfraBreaker:
     _recent: collections.deque = field(default_factory=collections.deque)
     last_error: str | None = None
     infra_errors: int = 0
+    tripped: bool = False
 
     def record(self, error: str | None) -> str | None:
         """Count one finished row (its ``error`` value); returns why the breaker tripped, or None."""
@@ -103,8 +104,13 @@ class InfraBreaker:
                 "and run the same command again: it resumes and redoes the failed rows")
 
     def check(self, record: dict) -> dict:
-        """Count a finished row's record and return it; raises :class:`InfrastructureFailure` when tripped."""
+        """Count a finished row's record and return it; raises :class:`InfrastructureFailure` when it trips.
+
+        It raises once: that one failure stops the job, and rows still in flight return normally
+        (an error raised by each would be logged by Ray as an unhandled error, traceback and all).
+        """
         reason = self.record(record.get("error"))
-        if reason:
+        if reason and not self.tripped:
+            self.tripped = True
             raise InfrastructureFailure(self.message(reason))
         return record

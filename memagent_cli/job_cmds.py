@@ -60,6 +60,7 @@ def print_table(output: str, title: str) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from memagent.data.demo import DemoCorpus, write_demo_corpus
     from pipelines.batch_qa import run_batch_qa
+    from pipelines.report import build_report
 
     corpus = build(DemoCorpus, args._demo_flags.values(args), "demo options")
     run_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
@@ -75,11 +76,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print_table(cfg.output, title=f"MemAgent demo ({cfg.engine.model}, preset {a.preset})")
     print("\n".join(summary.lines()))
     print(f"traces (steps column, char spans into the input context): {cfg.output}")
-    try:
-        from pipelines.report import build_report
-    except ImportError:  # the report module is optional for the demo's own work
-        return 0
-    print(f"report: {build_report(cfg.output, None, cfg.s3)}")
+    print(f"report: {build_report(cfg.output, None, cfg.s3, job_summary=vars(summary))}")
     return 0
 
 

@@ -16,6 +16,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -36,7 +37,7 @@ from memagent.config import AgentConfig, preset
 from memagent.verify import Metric
 from memagent.engines import EngineConfig
 from memagent.error_kinds import INFRA_PREFIX, InfraBreaker, InfrastructureFailure
-from pipelines import storage
+from pipelines import fingerprint, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, occupancy, resolve_max_in_flight
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
@@ -73,6 +74,9 @@ class BatchQAConfig(BaseModel):
         "memagent", description="'memagent' reads chunk by chunk; 'full-context' is the one-prompt baseline."
     )
     job: JobConfig = Field(default_factory=JobConfig, description="Actors, batching, resources and timeouts.")
+    redo_changed: bool = Field(
+        False, description="On a rerun into the same output, redo (and replace) the rows whose input (question, "
+        "context) or answer-changing settings differ from what they were answered from, instead of refusing.")
 
     @model_validator(mode="after")
     def _check(self) -> BatchQAConfig:
@@ -185,7 +189,7 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
         raise ValueError("input has a question column and a job-level question was given: drop one of them")
     if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
         raise ValueError(f"input column id must be strings, got {schema.field('id').type}; cast the ids to strings")
-    clash = [c for c in [*RESULT_SCHEMA.names, "node_id"] if c in schema.names]
+    clash = [c for c in [*RESULT_SCHEMA.names, "node_id", fingerprint.COLUMN] if c in schema.names]
     if clash:
         raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
     with storage.io_errors("input", cfg.input, endpoint):
@@ -202,8 +206,20 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
         done_files = storage.complete_parquet_files(out_fs, out_path)
         # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
         done, retry = storage.output_ids(out_fs, done_files)
+        if len(done):  # resume checks what it skips: same question, context and answer-changing settings?
+            changed = fingerprint.changed_ids(in_fs, files, out_fs, done_files, done, cfg.question,
+                                              fingerprint.answer_key(cfg))
+            if len(changed) and not cfg.redo_changed:
+                raise ValueError(f"{len(changed)} id(s) already in {cfg.output} were answered from a different input "
+                                 f"(question, context or answer-changing settings), e.g. {changed[0].as_py()!r}; "
+                                 "use a new output, or --redo-changed to answer them again")
+            if len(changed):
+                log.warning("%d id(s) in %s changed since they were answered: redoing them", len(changed), cfg.output)
+                done = done.filter(pc.invert(pc.is_in(done, value_set=changed)))
+                retry = pa.concat_arrays([retry.cast(pa.string()), changed])
     retry = retry.filter(pc.is_in(retry, value_set=ids.combine_chunks())) if len(retry) else retry
-    extra = [f for f in RESULT_SCHEMA if f.name not in schema.names] + [pa.field("node_id", pa.string())]
+    extra = [f for f in RESULT_SCHEMA if f.name not in schema.names] + [pa.field("node_id", pa.string()),
+                                                                        pa.field(fingerprint.COLUMN, pa.string())]
     output_schema = pa.schema(list(schema) + extra)
     skipped = int(pc.sum(pc.is_in(ids, value_set=done)).as_py() or 0) if len(done) else 0
     return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, skipped=skipped, output_schema=output_schema,
@@ -300,6 +316,17 @@ class AgentWorker:
         return pa.Table.from_pylist(records, schema=self.schema)
 
 
+_LENGTH_COLUMN = "__memagent_context_chars"
+
+
+def _with_context_chars(batch: pa.Table) -> pa.Table:
+    """``batch`` plus the length of each context in characters (0 for a null or non-string one)."""
+    ctx = batch.column("context")
+    n = pc.utf8_length(ctx).fill_null(0) if pa.types.is_string(ctx.type) or pa.types.is_large_string(ctx.type) \
+        else pa.array([0] * len(batch), pa.int64())
+    return batch.append_column(_LENGTH_COLUMN, pc.cast(n, pa.int64()))
+
+
 def endpoint_env(engine: EngineConfig) -> dict[str, str]:
     """Environment the actors need for the engine: nothing secret, ever (issue 18).
 
@@ -360,12 +387,14 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
 
 
 def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
-                 engine_factory: tuple[str, dict] | None = None) -> BatchSummary:
+                 engine_factory: tuple[str, dict] | None = None, longest_first: bool = False) -> BatchSummary:
     """Run the job to completion and summarise what this run wrote.
 
     ``admission`` overrides how rows reach the actors (benchmarks compare
     ``AdmissionPlan.barrier(batch_size)``, the old batch barrier); ``engine_factory``
     ("module:function", config) builds the engine instead of ``make_engine`` (benchmarks, tests).
+    ``longest_first`` sorts the rows by context length, longest first, before the actors (a global
+    sort: it reads the whole input before the first row starts; benchmarks/scale.py measures it).
     """
     t0 = time.perf_counter()
     plan = plan_input(cfg)
@@ -384,6 +413,10 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
                             batch_size=None, num_cpus=0.25)
+    # What each row is answered from, kept in the output so that a rerun can check what it skips.
+    ds = ds.map_batches(fingerprint.add_fingerprints, fn_kwargs=dict(question=cfg.question,
+                                                                     key=fingerprint.answer_key(cfg)),
+                        batch_format="pyarrow", batch_size=None, num_cpus=0.25)
     # Blocks of one batch each: an actor's output block (and so its Parquet file) is written when
     # its batch is done. Whole-file blocks would hold every answer of a file until the file is
     # read to the end, so a job stopped after hours would have written nothing to resume from.
@@ -394,6 +427,9 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
                                      rows_per_call=ROWS_PER_CALL)
     ledger_name = f"memagent-occupancy-{uuid.uuid4().hex[:12]}"
     ledger = ray.remote(OccupancyLedger).options(name=ledger_name, num_cpus=0).remote()
+    if longest_first:
+        ds = ds.map_batches(_with_context_chars, batch_format="pyarrow", batch_size=None, num_cpus=0.25)
+        ds = ds.sort(_LENGTH_COLUMN, descending=True).drop_columns([_LENGTH_COLUMN])
     ds = ds.repartition(target_num_rows_per_block=adm.rows_per_call)
     ds = ds.map_batches(
         AgentWorker,
@@ -415,6 +451,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         # Actors are restarted and their tasks retried by Ray on process death (defaults:
         # max_restarts=-1, max_task_retries=-1); row errors never raise, so only those retry.
     )
+    stopped = None
     try:
         ds.write_parquet(out_path, filesystem=out_fs,
                          min_rows_per_file=cfg.job.batch_size if adm.rows_per_call < cfg.job.batch_size else None)
@@ -422,10 +459,15 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         stopped = breaker_message(exc)
         if stopped is None:
             raise
+    if stopped is not None:
+        # Raised outside the except block: the Ray error's traceback would keep the dataset, and
+        # so its actors and their CPUs, alive in a process that goes on (tests, flows).
+        del ds
+        gc.collect()
         ray.kill(ledger)
         written = summarise(cfg, plan, time.perf_counter() - t0)
         raise InfrastructureFailure(f"{stopped} ({written.rows_out} row(s) written this run, "
-                                    f"{written.infra_errors} of them infrastructure errors)") from None
+                                    f"{written.infra_errors} of them infrastructure errors)")
     summary = summarise(cfg, plan, time.perf_counter() - t0)
     try:
         snapshots = ray.get(ledger.read.remote())

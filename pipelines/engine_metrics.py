@@ -2,7 +2,9 @@
 
 Every series carries an ``actor`` tag (the Ray actor id, 8 characters). Ray prefixes the names
 with ``ray_`` on its metrics endpoint (``ray.init(_metrics_export_port=P)`` then
-``curl 127.0.0.1:P/metrics``, or the dashboard's Metrics tab with Prometheus/Grafana):
+``curl 127.0.0.1:P/metrics``, or the dashboard's Metrics tab with Prometheus/Grafana; the
+endpoint is served by Ray's dashboard agent, so it needs ``ray[default]``'s packages, not only
+``ray[data]``):
 
 =================================== ========= ===================================================
 memagent_docs_in_flight             gauge     documents reading now (the admission gate's count)
@@ -14,8 +16,8 @@ memagent_prefill_tokens_per_s       gauge     prompt tokens the engine answered,
 memagent_decode_tokens_per_s        gauge     completion tokens, last interval
 memagent_memory_steps_per_s         gauge     memory-update conversations finished, last interval
 memagent_step_latency_s             histogram seconds of one conversation (request to reply)
-memagent_docs_done                  counter   documents finished (error rows included)
-memagent_prefill_tokens / _decode_  counter   token totals (Prometheus ``rate()`` works on them)
+memagent_docs_done_total            counter   documents finished (error rows included)
+memagent_{prefill,decode}_tokens_total counter token totals (Prometheus ``rate()`` works on them)
 =================================== ========= ===================================================
 """
 

@@ -2,8 +2,8 @@
 
 ``TorchTrainer`` starts ``workers`` processes (one per GPU, or CPU processes), sets ``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` and opens the process group
-(gloo without GPUs, NCCL with them) before the loop runs; ``setup_distributed`` then finds the
-group and DeepSpeed wraps it. Every worker runs the same ``train()``: it rolls out its share
+(gloo without GPUs; with them NCCL for CUDA tensors and gloo for CPU ones) before the loop runs;
+``setup_distributed`` then finds the group and DeepSpeed wraps it. Every worker runs the same ``train()``: it rolls out its share
 (``batch_size / workers`` questions, rank r reading examples r, r + workers, ...), gradients are
 averaged over ranks, and rank 0 writes ``metrics.jsonl`` (each step's records of all ranks
 merged), ``run.json`` and the HF exports. DeepSpeed's checkpoints are written by all ranks into
@@ -17,6 +17,11 @@ latest DeepSpeed checkpoint in ``out_dir`` (metric records past it are dropped f
 is counted twice). Survivors blocked in a collective are torn down by Ray Train, not left hanging.
 
 Resume across a change of worker count is refused (:func:`check_resume_world`): see its doc.
+Rank 0 appends one line per start of the worker group to ``<out_dir>/launches.jsonl`` (start
+step, resumed or not, workers, nodes).
+
+With one worker and no ``ray_address`` :func:`run_training` calls ``train()`` in the calling
+process: Ray's start-up (half a minute on a busy 2-core machine) buys nothing there.
 
     from pipelines.train_job import TrainJob, run_training
     run_training(TrainJob(workers=2), config=TrainConfig(steps=30), agent_config=preset("tiny"),
@@ -197,9 +202,14 @@ def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfi
         train(config=config, agent_config=agent_config, data=str(data) if isinstance(data, Path) else data,
               out_dir=out, model=model, resume=step is not None, force=force)
         return read_metrics(out)
-    _fit(job, {"config": config, "agent_config": agent_config,
-               "data": str(data) if isinstance(data, (str, Path)) else [dict(r) for r in data],
-               "out_dir": str(out), "model": model, "force": force, "fault": _fault_spec()}, out)
+    if isinstance(data, (str, Path)):  # workers need not share this process's working directory
+        data = str(data) if "://" in str(data) else str(Path(data).resolve())
+    else:
+        data = [dict(r) for r in data]
+    if Path(model).exists():
+        model = str(Path(model).resolve())
+    _fit(job, {"config": config, "agent_config": agent_config, "data": data, "out_dir": str(out), "model": model,
+               "force": force, "fault": _fault_spec()}, out)
     return read_metrics(out)
 
 
@@ -227,7 +237,9 @@ def _fit(job: TrainJob, loop_config: dict[str, Any], out: Path) -> None:
         trainer = TorchTrainer(
             _train_worker,
             train_loop_config=loop_config,
-            torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+            # With GPUs, NCCL for the tensors DeepSpeed reduces on the device and gloo for the
+            # trainer's scalar and object collectives, which use CPU tensors.
+            torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if gpu else "gloo"),
             scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=gpu, resources_per_worker=resources),
             run_config=RunConfig(
                 name=f"train-{out.name}-{int(time.time())}",
@@ -274,12 +286,18 @@ def _train_worker(cfg: dict[str, Any]) -> None:
     def on_step(record: dict[str, Any]) -> None:
         state["step"] = int(record["step"]) + 1
 
-    if rank == 0:  # one line per start of the worker group: where it began, how wide
+    import ray
+    import torch.distributed as dist
+
+    nodes = [ray.get_runtime_context().get_node_id()] * int(os.environ["WORLD_SIZE"])
+    if dist.is_initialized():  # Ray Train opened the group; ranks group by IP, so ask Ray for the node
+        dist.all_gather_object(nodes, nodes[0])
+    if rank == 0:  # one line per start of the worker group: where it began, how wide, on which nodes
         out.mkdir(parents=True, exist_ok=True)
         with (out / LAUNCHES).open("a") as f:
             f.write(json.dumps({"start_step": start or 0, "resumed": start is not None,
                                 "workers": int(os.environ["WORLD_SIZE"]),
-                                "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                "nodes": len(set(nodes)), "node_ids": nodes,
                                 "time": time.time()}) + "\n")
     if start is not None:
         log.info("rank %d: resuming %s from step %d", rank, out, start)

@@ -71,7 +71,8 @@ def test_one_default_per_engine():
     assert default_max_in_flight(openai) == 40
     assert resolve_max_in_flight(3, openai) == 3
     assert AdmissionPlan(16).calls == 16 and AdmissionPlan(16, rows_per_call=4).calls == 4
-    assert AdmissionPlan.barrier(8) == AdmissionPlan(8, 8, 1)
+    assert AdmissionPlan.barrier(8) == AdmissionPlan(8, 8, 1, queued_per_actor=1)
+    assert AdmissionPlan(16).tasks_in_flight == 20 and AdmissionPlan.barrier(8).tasks_in_flight == 2
     with pytest.raises(ValueError):
         AdmissionPlan(0)
 
@@ -83,7 +84,7 @@ def ray_local():
     import ray
 
     # The actors import this module for the scripted engine.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield
     ray.shutdown()

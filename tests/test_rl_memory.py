@@ -19,11 +19,13 @@ def test_resident_parts_follow_the_model_and_the_zero_stage():
     weights = SMOLLM2.params * 4 / MB  # 513 MB in fp32
     r = est.resident
     assert r["policy"] == r["reference"] == pytest.approx(weights)
-    assert r["gradients"] == pytest.approx(weights) and r["adam_moments"] == pytest.approx(2 * weights)
-    assert "fp32_master" not in r and "rollout_weights" not in r  # one process: ZeRO-0, rollout shares the policy
+    assert r["adam_moments"] == pytest.approx(2 * weights)
+    # One process: ZeRO-0 (no master copy; gradients only during the update), rollout shares the policy.
+    assert "fp32_master" not in r and "rollout_weights" not in r and "gradients" not in r
     # ZeRO-2 asked for on one process: a master copy and a bucket on top.
     z2 = estimate_peak_memory(TrainConfig(zero_stage=2), AGENT_A, SMOLLM2).resident
-    assert z2["fp32_master"] == pytest.approx(weights) and z2["reduce_bucket"] == pytest.approx(200_000_000 / MB)
+    assert z2["fp32_master"] == z2["gradients"] == pytest.approx(weights)
+    assert z2["reduce_bucket"] == pytest.approx(200_000_000 / MB)
     # Two ranks at the default (ZeRO-2): moments and master copy halved per rank.
     two = estimate_peak_memory(TrainConfig(), AGENT_A, SMOLLM2, world_size=2).resident
     assert two["adam_moments"] == pytest.approx(weights) and two["fp32_master"] == pytest.approx(weights / 2)

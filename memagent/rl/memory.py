@@ -84,13 +84,14 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
     Resident, with ``P`` parameters and ``w`` bytes per weight (4 fp32, 2 bf16), ``N`` ranks:
       - policy ``P*w`` (the rollout engine generates with it at ZeRO <= 2; a second copy at ZeRO-3);
       - reference ``P*w`` when ``kl_coef > 0``;
-      - gradients ``4P`` (ZeRO-2/3: ``4P/N`` + one reduce bucket of ``4 * reduce_bucket_size``);
+      - at ZeRO >= 1 gradients ``4P`` (ZeRO-2/3: ``4P/N`` + a reduce bucket of ``4 * reduce_bucket_size``);
       - AdamW moments ``8P`` (ZeRO >= 1: ``8P/N``) and at ZeRO >= 1 an fp32 master copy ``4P/N``.
     Transient, the largest of:
       - rollout: KV caches ``2 * layers * kv_dim * w`` per token of every concurrent conversation
         (``batch/N * group`` of them, at most ``engine_max_batch_size``), and the behaviour
         log-probs' logits, three ``[rows, new tokens, vocab]`` fp32 arrays;
-      - update: one micro-batch of ``micro_batch_tokens`` padded tokens. With gradient
+      - update: at ZeRO-0 the gradients ``4P`` (freed after each optimizer step), and one
+        micro-batch of ``micro_batch_tokens`` padded tokens. With gradient
         checkpointing each layer keeps its input (``hidden * 4`` bytes per token per layer) and one
         layer is recomputed at a time (``(9 hidden + 4 intermediate + 4 kv_dim) * 4`` bytes per
         token); without it every layer keeps the latter. Plus the logits of the response positions,
@@ -106,7 +107,8 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
         resident["rollout_weights"] = P * w
     if config.kl_coef > 0:
         resident["reference"] = P * w
-    resident["gradients"] = 4 * P / (world_size if stage >= 2 else 1)
+    if stage >= 1:
+        resident["gradients"] = 4 * P / (world_size if stage >= 2 else 1)
     if stage >= 2:
         resident["reduce_bucket"] = 4 * ZERO_OPTIMIZATION["reduce_bucket_size"]
     resident["adam_moments"] = 8 * P / shard
@@ -130,7 +132,9 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
         max(1, tokens // answer_row) * (agent.answer_tokens + 1),
     )
     logits = 3 * response_positions * shape.vocab * 4
-    transient = {"rollout": kv + rollout_logits, "update": ACTIVATION_FACTOR * acts + logits, "checkpoint": 8 * P}
+    grads = 4 * P if stage == 0 else 0
+    transient = {"rollout": kv + rollout_logits, "update": grads + ACTIVATION_FACTOR * acts + logits,
+                 "checkpoint": 8 * P}
     return MemoryEstimate({k: v / MB for k, v in resident.items()}, {k: v / MB for k, v in transient.items()})
 
 

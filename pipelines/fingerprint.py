@@ -1,0 +1,82 @@
+"""Resume checks what it skips: each output row carries a fingerprint of what it was answered from.
+
+``input_fingerprint`` = a hash of the row's question (or the job-level one), its context and the
+job settings that change answers (method, engine and model, the agent config with its prompts;
+not the metric, which only changes the score). A rerun into the same output compares the
+fingerprints of the ids it would skip with its own input: if any differ, it refuses, naming how
+many and one example, unless ``redo_changed`` (``--redo-changed``), which takes those rows out
+of the output and answers them again (still exactly once). Outputs written before this column
+existed are not checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from pipelines.batch_qa import BatchQAConfig
+
+COLUMN = "input_fingerprint"
+
+
+def answer_key(cfg: BatchQAConfig) -> str:
+    """The job settings that change answers, as one string."""
+    e = cfg.engine
+    return json.dumps({"method": cfg.method, "engine": e.engine, "model": e.served_model or e.model,
+                       "agent": json.loads(cfg.agent.model_dump_json())}, sort_keys=True)
+
+
+def fingerprint(question: Any, context: Any, key: str) -> str:
+    data = json.dumps([question, context, key], default=str, ensure_ascii=False).encode()
+    return hashlib.sha256(data).hexdigest()[:24]
+
+
+def _fingerprints(table: pa.Table, question: str | None, key: str) -> pa.Array:
+    questions = [question] * len(table) if question is not None else table.column("question").to_pylist()
+    contexts = table.column("context").to_pylist()
+    return pa.array([fingerprint(q, c, key) for q, c in zip(questions, contexts)], pa.string())
+
+
+def add_fingerprints(batch: pa.Table, question: str | None, key: str) -> pa.Table:
+    """Ray Data stage: append the ``input_fingerprint`` column (it passes through to the output)."""
+    return batch.append_column(COLUMN, _fingerprints(batch, question, key))
+
+
+def changed_ids(in_fs: pafs.FileSystem, files: list[str], out_fs: pafs.FileSystem, done_files: list[str],
+                done: pa.Array, question: str | None, key: str) -> pa.Array:
+    """Ids done in the output whose recorded fingerprint differs from this input's (streamed, file by file)."""
+    recorded: dict[str, str] = {}
+    for file in done_files:
+        with out_fs.open_input_file(file) as f:
+            pf = pq.ParquetFile(f)
+            if COLUMN not in pf.schema_arrow.names:
+                continue
+            t = pf.read(columns=["id", COLUMN])
+        recorded.update({i: fp for i, fp in zip(t.column("id").to_pylist(), t.column(COLUMN).to_pylist())
+                         if fp is not None})
+    done_set = set(done.to_pylist())
+    recorded = {i: fp for i, fp in recorded.items() if i in done_set}  # retryable rows are redone anyway
+    if not recorded:
+        return pa.array([], pa.string())
+    wanted = pa.array(list(recorded), pa.string())
+    changed: list[str] = []
+    columns = ["id", "context", *([] if question is not None else ["question"])]
+    for file in files:
+        with in_fs.open_input_file(file) as f:
+            pf = pq.ParquetFile(f)
+            for batch in pf.iter_batches(columns=[c for c in columns if c in pf.schema_arrow.names], batch_size=1024):
+                t = pa.Table.from_batches([batch])
+                t = t.filter(pc.is_in(t.column("id").cast(pa.string()), value_set=wanted))
+                if not len(t) or "context" not in t.column_names:
+                    continue
+                for i, fp in zip(t.column("id").to_pylist(), _fingerprints(t, question, key).to_pylist()):
+                    if recorded.get(i) != fp:
+                        changed.append(i)
+    return pa.array(changed, pa.string())
