@@ -69,7 +69,7 @@ def child(spec_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
     set_threads(spec.get("threads"))
     me = psutil.Process()
-    phase = {"name": "import", "step": -1}
+    phase = {"name": "setup", "step": -1}  # imports, data, restore: outside the wrapped phases
     peaks: dict[str, int] = {}
     stop = threading.Event()
 

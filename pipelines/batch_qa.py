@@ -369,8 +369,10 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     scores = table.column("score").drop_null() if len(table) else pa.array([])
     errors = table.column("error").drop_null().cast(pa.string()) if len(table) else pa.array([], pa.string())
     # Rows that should have been scored: those with answers (error rows among them count as wrong).
-    scored = len(scores) + (int(pc.sum(pc.and_(pc.is_valid(table.column("answers")), pc.is_valid(table.column("error"))))
-                                .as_py() or 0) if has_answers and len(table) else 0)
+    scored = len(scores)
+    if has_answers and len(table):
+        errored_with_answers = pc.and_(pc.is_valid(table.column("answers")), pc.is_valid(table.column("error")))
+        scored += int(pc.sum(errored_with_answers).as_py() or 0)
     return BatchSummary(
         rows_in=plan.total_rows,
         skipped=plan.skipped,

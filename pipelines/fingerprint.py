@@ -30,7 +30,7 @@ def answer_key(cfg: BatchQAConfig) -> str:
     """The job settings that change answers, as one string."""
     e = cfg.engine
     return json.dumps({"method": cfg.method, "engine": e.engine, "model": e.served_model or e.model,
-                       "agent": json.loads(cfg.agent.model_dump_json())}, sort_keys=True)
+                       "agent": cfg.agent.model_dump(mode="json", exclude={"preset"})}, sort_keys=True)  # a label
 
 
 def fingerprint(question: Any, context: Any, key: str) -> str:

@@ -71,3 +71,11 @@ def files_containing(root: Path, needles: list[str]) -> list[str]:
             continue
         hits += [f"{path}: {n}" for n in needles if n.encode() in data]
     return hits
+
+
+def ray_sessions_of_this_process(since: float) -> list[Path]:
+    """Ray session directories that this process started after ``since`` (their names end in our pid)."""
+    import os
+
+    root = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray"
+    return [p for p in root.glob(f"session_*_{os.getpid()}") if p.is_dir() and p.stat().st_mtime >= since - 1]

@@ -9,13 +9,16 @@ carries only the variable's name, and what is logged or stored is redacted.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
 
 from memagent.redact import MASK, is_secret_key, redact, redact_text, redact_url
 from tests.pipeline_helpers import good_rows, read_output, write_rows
-from tests.reliability_helpers import SERVED, files_containing, free_port, served_app, serving
+from tests.reliability_helpers import (
+    SERVED, files_containing, free_port, ray_sessions_of_this_process, served_app, serving,
+)
 
 OPENAI_CANARY = "sk-canary-openai-5e1f0c7d9b"
 AWS_CANARY = "canary-aws-secret-0b9d2e4f7a"
@@ -25,14 +28,16 @@ TOKEN_CANARY = "canary-aws-session-token-3c8a1d"
 def test_redaction_rules():
     assert is_secret_key("api_key") and is_secret_key("AWS_SECRET_ACCESS_KEY") and is_secret_key("session_token")
     assert not is_secret_key("api_key_env") and not is_secret_key("memory_tokens") and not is_secret_key("endpoint")
-    assert redact_url("http://bob:hunter22@h:8000/v1?api_key=abc&x=1") == f"http://bob:{MASK}@h:8000/v1?api_key={MASK}&x=1"
+    url = "http://bob:hunter22@h:8000/v1?api_key=abc&x=1"
+    assert redact_url(url) == f"http://bob:{MASK}@h:8000/v1?api_key={MASK}&x=1"
     assert redact_url("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
     cfg = {"engine": {"api_key_env": "OPENAI_API_KEY", "endpoint": "https://u:p4ss@h/v1", "api_key": "sk-1"},
            "agent": {"memory_tokens": 8}}
     out = redact(cfg)
     assert out["engine"]["api_key_env"] == "OPENAI_API_KEY" and out["engine"]["api_key"] == MASK
     assert "p4ss" not in str(out) and out["agent"]["memory_tokens"] == 8
-    assert redact_text(f"failed with key {OPENAI_CANARY}", {"OPENAI_API_KEY": OPENAI_CANARY}) == f"failed with key {MASK}"
+    masked = redact_text(f"failed with key {OPENAI_CANARY}", {"OPENAI_API_KEY": OPENAI_CANARY})
+    assert masked == f"failed with key {MASK}"
 
 
 def test_nothing_secret_travels_to_actors(monkeypatch):
@@ -116,3 +121,40 @@ def test_openai_s3_batch_job_leaks_no_canary(tiny_llama_dir, tmp_path, monkeypat
     text = captured.out + captured.err + job_log
     assert [c for c in canaries if c in text] == [], leaking
     assert files_containing(tmp_path, canaries) == []
+
+
+@pytest.mark.slow
+def test_prefect_batch_flow_leaks_no_canary(tiny_llama_dir, tmp_path, monkeypatch):
+    """The same through the Prefect flow: its database (runs, parameters, logs, artifacts) holds no canary."""
+    import ray
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, PREFECT_HOME
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.batch_qa import batch_qa
+    from tests.flows_helpers import TINY_AGENT
+
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_CANARY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_CANARY)
+    write_rows(tmp_path / "in" / "part-0.parquet", good_rows(2))
+    seen_auth: list[str] = []
+    assert not ray.is_initialized()
+    with prefect_test_harness(server_startup_timeout=120), serving(served_app(tiny_llama_dir, seen_auth),
+                                                                   free_port()) as url:
+        database = Path(PREFECT_API_DATABASE_CONNECTION_URL.value().split("///", 1)[-1]).parent
+        t0 = time.time()
+        try:
+            state = batch_qa(input=str(tmp_path / "in"), output=str(tmp_path / "out"), agent=TINY_AGENT,
+                             engine={"engine": "openai", "endpoint": url, "model": str(tiny_llama_dir),
+                                     "served_model": SERVED}, job={"batch_size": 2}, examples=1, return_state=True)
+        finally:
+            ray.shutdown()  # the flow's task started Ray and shut it down again
+        sessions = ray_sessions_of_this_process(t0)
+        assert state.is_completed(), state.message
+        hits = files_containing(database, [OPENAI_CANARY, AWS_CANARY])
+        assert files_containing(database, [url]), "the grep must see the stored flow parameters"
+    assert seen_auth and all(a == f"Bearer {OPENAI_CANARY}" for a in seen_auth)
+    assert sessions and hits == []
+    assert [h for session in sessions for h in files_containing(session, [OPENAI_CANARY, AWS_CANARY])] == []
+    assert files_containing(tmp_path, [OPENAI_CANARY, AWS_CANARY]) == []
+    home = Path(PREFECT_HOME.value())
+    assert not home.exists() or files_containing(home, [OPENAI_CANARY, AWS_CANARY]) == []

@@ -122,3 +122,20 @@ def test_invalid_examples_are_skipped_and_counted(tiny_engine):
     data[0]["question"] = "why " * 100  # over query_tokens=32
     batch, _ = run(tiny_engine, data, batch_size=2, group_size=2)
     assert batch.groups_failed == 1 and {t.example_id for t in batch.trajectories} == {"q1"}
+
+
+def test_per_row_log_probs_equal_the_padded_batch(tiny_llama_dir):
+    """CPU scoring runs each row unpadded (no attention mask); the numbers must not change."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+    conv = __import__("memagent.rl.rollout", fromlist=["Conversation"]).Conversation
+    rows = [([5, 6, 7, 8, 9, 10], [11, 12]), ([5, 6], [13, 14, 15, 16]), ([7] * 9, [17])]
+    samples = [Sample(conv(0, 0, 0, p, r, None, False, False), 1.0) for p, r in rows]
+    b = collate(samples, pad_id=0)
+    padded, ent_padded = response_log_probs(model, b, entropy=True, per_row=False)
+    unpadded, ent_unpadded = response_log_probs(model, b, entropy=True, per_row=True)
+    mask = b["response_mask"].bool()
+    torch.testing.assert_close(unpadded[mask], padded[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_unpadded[mask], ent_padded[mask], atol=1e-5, rtol=1e-5)
+    assert unpadded.shape == padded.shape == (3, 4)

@@ -18,6 +18,8 @@ from typing import Annotated, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from memagent.models import DEFAULT_MODEL
+
 FILLER = [
     "The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.",
     "Rivers run toward the sea.", "The market opens at dawn.", "Old bridges creak in the wind.",
@@ -145,7 +147,7 @@ def demo_corpus(
 
 def write_demo_corpus(
     directory: str | Path,
-    model: str = "smollm2-135m",
+    model: str = DEFAULT_MODEL,
     lengths: tuple[int, ...] = (1000, 2500, 5000),
     qa_items: int = 3,
     seed: int = 0,

@@ -18,6 +18,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from memagent.models import DEFAULT_MODEL
+
 
 class S3Options(BaseModel):
     """S3 connection settings; credentials come from the AWS chain, never from here."""
@@ -156,7 +158,7 @@ def read_parquet_table(path: str) -> pa.Table:
     return pq.read_table(inner, filesystem=fs)
 
 
-def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
     """The HF tokenizer of a registered model name, model directory or GGUF file (no downloads)."""
     from transformers import AutoTokenizer
 

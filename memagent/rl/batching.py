@@ -83,15 +83,23 @@ temporaries, the largest transient of a micro-batch if computed for all rows at 
 
 
 def response_log_probs(
-    model: torch.nn.Module, batch: Mapping[str, torch.Tensor], *, temperature: float = 1.0, entropy: bool = False
+    model: torch.nn.Module, batch: Mapping[str, torch.Tensor], *, temperature: float = 1.0, entropy: bool = False,
+    per_row: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` of the response tokens (and their entropies ``[B, T]`` if asked).
 
     Logits at position p predict token p+1: the last ``T + 1`` positions' logits, minus the
     final one, line up with the right-aligned ``targets``. Only those positions get logits
     (``logits_to_keep``): ``[B, T + 1, V]``, never ``[B, L, V]``.
+
+    ``per_row`` (default: on CPU) runs each row alone without its padding: a padding mask sends
+    CPU attention down a path that materialises ``[B, heads, L, L]`` scores per layer (the largest
+    activation of a micro-batch, and ~2x slower), while an unpadded causal row takes the fused
+    kernel. The values are the same; padding positions get log-prob 0.
     """
     device = next(model.parameters()).device
+    if per_row if per_row is not None else device.type == "cpu":
+        return _per_row_log_probs(model, batch, device, temperature=temperature, entropy=entropy)
     T = batch["targets"].shape[1]
     out = model(
         input_ids=batch["input_ids"].to(device),
@@ -102,12 +110,30 @@ def response_log_probs(
     )
     logits = out.logits[:, -(T + 1):-1, :]  # [B, T, V]
     logp = token_log_probs(logits, batch["targets"].to(device), temperature)  # [B, T]
-    ent = None
-    if entropy:  # logged only: no graph, a few rows at a time
-        rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
-        with torch.no_grad():
-            ent = torch.cat([entropy_from_logits(part / temperature) for part in logits.detach().split(rows)])
-    return logp, ent
+    return logp, (_entropy(logits, temperature) if entropy else None)
+
+
+def _per_row_log_probs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], device: torch.device, *,
+                       temperature: float, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`response_log_probs` one unpadded row at a time; rows are left-padded to ``[B, T]`` again."""
+    L, T = batch["input_ids"].shape[1], batch["targets"].shape[1]
+    logps, ents = [], []
+    for i, n in enumerate(batch["attention_mask"].sum(-1).tolist()):
+        keep = min(T + 1, n)  # a row shorter than T + 1 has fewer positions (the rest is padding)
+        out = model(input_ids=batch["input_ids"][i:i + 1, L - n:].to(device), logits_to_keep=keep, use_cache=False)
+        logits = out.logits[:, :-1, :]  # [1, keep - 1, V]
+        targets = batch["targets"][i:i + 1, T - (keep - 1):].to(device)
+        logps.append(torch.nn.functional.pad(token_log_probs(logits, targets, temperature), (T - (keep - 1), 0)))
+        if entropy:
+            ents.append(torch.nn.functional.pad(_entropy(logits, temperature), (T - (keep - 1), 0)))
+    return torch.cat(logps), (torch.cat(ents) if entropy else None)
+
+
+def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per-position entropy ``[B, T]`` of ``logits [B, T, V]``; logged only, so no graph, a few rows at a time."""
+    rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
+    with torch.no_grad():
+        return torch.cat([entropy_from_logits(part / temperature) for part in logits.detach().split(rows)])
 
 
 @torch.no_grad()

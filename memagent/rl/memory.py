@@ -91,11 +91,12 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
         (``batch/N * group`` of them, at most ``engine_max_batch_size``), and the behaviour
         log-probs' logits, three ``[rows, new tokens, vocab]`` fp32 arrays;
       - update: at ZeRO-0 the gradients ``4P`` (freed after each optimizer step), and one
-        micro-batch of ``micro_batch_tokens`` padded tokens. With gradient
-        checkpointing each layer keeps its input (``hidden * 4`` bytes per token per layer) and one
-        layer is recomputed at a time (``(9 hidden + 4 intermediate + 4 kv_dim) * 4`` bytes per
-        token); without it every layer keeps the latter. Plus the logits of the response positions,
-        three ``[rows, T + 1, vocab]`` fp32 arrays (logits, log-softmax, gradient);
+        micro-batch of ``micro_batch_tokens`` tokens, its rows run one at a time (CPU). With
+        gradient checkpointing each layer keeps its input (``hidden * 4`` bytes per token per
+        layer) and one layer of one row is recomputed at a time (``(9 hidden + 4 intermediate +
+        4 kv_dim) * 4`` bytes per token); without it every layer keeps the latter for every token.
+        Plus the logits of the response positions, three ``[rows, T + 1, vocab]`` fp32 arrays
+        (logits, log-softmax, gradient);
       - checkpoint: a CPU copy of the weights ``4P`` and DeepSpeed's serialisation buffers ``4P``.
     Plus :data:`RUNTIME_MB`.
     """
@@ -124,7 +125,7 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
     tokens = config.micro_batch_tokens
     per_layer = (9 * shape.hidden + 4 * shape.intermediate + 4 * shape.kv_dim) * 4
     if config.gradient_checkpointing:
-        acts = tokens * (shape.layers * shape.hidden * 4 + per_layer)
+        acts = tokens * shape.layers * shape.hidden * 4 + min(tokens, update_row) * per_layer
     else:
         acts = tokens * shape.layers * per_layer
     response_positions = max(  # rows x (T + 1) of the memory-update and the answer micro-batches
