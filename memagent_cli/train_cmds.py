@@ -30,7 +30,7 @@ def train_configs(args: argparse.Namespace) -> tuple[Any, Any]:
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from memagent.rl.trainer import train
+    from pipelines.train_job import TrainJob, run_training
 
     config, agent = train_configs(args)
     print(f"agent budgets: chunk {agent.chunk_tokens}, memory {agent.memory_tokens}, answer {agent.answer_tokens}",
@@ -46,10 +46,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         bar.set_postfix(reward=f"{rec['reward_generated_mean']:.3f}", acc=f"{rec['accuracy_generated']:.3f}",
                         trained=f"{rec['reward_mean']:.3f}", kl=f"{rec['kl']:.2e}", s=f"{rec['step_s']:.1f}")
 
-    extra = {"force": True} if args.force else {}
+    job = build(TrainJob, args._train_job_flags.values(args), "scaling options")
     try:
-        train(config=config, agent_config=agent, data=args.data, out_dir=args.out, model=args.model,
-              resume=args.resume, on_step=on_step, **extra)
+        run_training(job, config=config, agent_config=agent, data=args.data, out_dir=args.out, model=args.model,
+                     resume=args.resume, force=args.force, on_step=on_step)
     finally:
         bar.close()
     if rank == 0:
@@ -66,6 +66,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     from memagent.rl.config import TrainConfig
+    from pipelines.train_job import TrainJob
 
     p = sub.add_parser(
         "train", parents=[common],
@@ -82,7 +83,8 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     g.add_argument("--config", type=Path, help="JSON file of training fields; the flags override it")
     g.add_argument("--force", action="store_true", help="start even when the step's estimated peak memory "
                    "exceeds what the machine has free")
-    p.set_defaults(func=cmd_train, _train_flags=add_model_flags(p, TrainConfig, "training"))
+    p.set_defaults(func=cmd_train, _train_flags=add_model_flags(p, TrainConfig, "training"),
+                   _train_job_flags=add_model_flags(p, TrainJob, "scaling (more than one worker: Ray Train)"))
     # Rollouts sample with the training temperature/top_p; the agent contributes its budgets.
     add_agent_flags(p, exclude=("temperature", "top_p"))
 

@@ -25,7 +25,7 @@ process: Ray's start-up (half a minute on a busy 2-core machine) buys nothing th
 
     from pipelines.train_job import TrainJob, run_training
     run_training(TrainJob(workers=2), config=TrainConfig(steps=30), agent_config=preset("tiny"),
-                 data="train.parquet", out_dir="runs/niah", model="smollm2-135m")
+                 data="train.parquet", out_dir="runs/niah")
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.config import AgentConfig
+from memagent.engines import DEFAULT_MODEL
 from memagent.rl.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,8 @@ class TrainJob(BaseModel):
                                    "per rank over NCCL).")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker (its torch threads).")
     resources: dict[str, float] = Field(
-        default_factory=dict, description="Custom Ray resources per worker, e.g. worker_node=1 to pin the group "
-        "to a node group.")
+        default_factory=dict, description="Custom Ray resource per worker, e.g. worker_node=1 to pin the group "
+        "to a node group (repeatable).", json_schema_extra={"flag": "resource"})
     ray_address: str | None = Field(None, description="Ray cluster address; given (or workers > 1), training runs "
                                     "through Ray Train (default: a local Ray on 127.0.0.1).")
     max_failures: int = Field(2, ge=-1, description="Worker-group restarts from the latest checkpoint after a "
@@ -177,8 +178,9 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfig,
-                 data: str | Path | Sequence[Mapping[str, Any]], out_dir: str | Path, model: str = "smollm2-135m",
-                 resume: bool = False, force: bool = False) -> list[dict[str, Any]]:
+                 data: str | Path | Sequence[Mapping[str, Any]], out_dir: str | Path, model: str = DEFAULT_MODEL,
+                 resume: bool = False, force: bool = False,
+                 on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train with ``job.workers`` ranks; returns the run's per-step metric records (``metrics.jsonl``).
 
     ``job.uses_ray`` false: ``train()`` in this process. Otherwise a Ray Train ``TorchTrainer``
@@ -186,6 +188,7 @@ def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfi
     as is). ``resume``: continue from ``out_dir``'s latest checkpoint (refused when it was
     written by another worker count, :func:`check_resume_world`); without it an ``out_dir``
     holding checkpoints is refused. After a worker failure the restarted group always resumes.
+    ``on_step`` sees each step's metrics in this process (progress bars; in-process runs only).
     """
     out = Path(out_dir).resolve()
     if config.batch_size % job.workers:
@@ -200,7 +203,7 @@ def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfi
 
         trim_metrics(out, step or 0)
         train(config=config, agent_config=agent_config, data=str(data) if isinstance(data, Path) else data,
-              out_dir=out, model=model, resume=step is not None, force=force)
+              out_dir=out, model=model, resume=step is not None, force=force, on_step=on_step)
         return read_metrics(out)
     if isinstance(data, (str, Path)):  # workers need not share this process's working directory
         data = str(data) if "://" in str(data) else str(Path(data).resolve())
@@ -247,7 +250,7 @@ def _fit(job: TrainJob, loop_config: dict[str, Any], out: Path) -> None:
                 failure_config=FailureConfig(max_failures=job.max_failures),
             ),
         )
-        trainer.fit()  # raises TrainingFailedError once max_failures restarts are spent
+        trainer.fit()  # raises (WorkerGroupError, a TrainingFailedError) once max_failures restarts are spent
     finally:
         if owns_ray and ray.is_initialized():
             ray.shutdown()
