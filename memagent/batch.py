@@ -139,8 +139,9 @@ async def answer_row(
     except InputError as exc:
         return error_record(row, f"input: {exc}", config, engine.name, method)
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
-        log.warning("row %s failed: %s", row.get("id"), exc, exc_info=True)
-        return error_record(row, f"{error_prefix(exc)}: {type(exc).__name__}: {exc}", config, engine.name, method)
+        kind = error_prefix(exc)  # "infra" (redone by a rerun; its message says it all) or "agent"
+        log.warning("row %s failed: %s", row.get("id"), exc, exc_info=kind == "agent")
+        return error_record(row, f"{kind}: {type(exc).__name__}: {exc}", config, engine.name, method)
     return result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
 
 

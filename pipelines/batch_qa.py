@@ -352,10 +352,14 @@ def configure_data_context(cfg: BatchQAConfig) -> None:
 
 def ensure_ray(cfg: BatchQAConfig) -> None:
     if not ray.is_initialized():
-        # No runtime env: Ray logs it in clear text (runtime_env_agent.log). A local Ray's workers
-        # inherit this process's environment, credentials included; a remote cluster's nodes
-        # hold their own, and the endpoint/region travel inside the pickled filesystem.
-        ray.init(address=cfg.job.ray_address, include_dashboard=False, log_to_driver=True)
+        # No runtime env: Ray logs it in clear text (runtime_env_agent.log). A Ray that this call
+        # starts has workers that inherit this process's environment, credentials included; a
+        # cluster already running (`ray start`, --ray-address) has its nodes' own environment
+        # (infra/kuberay: a Kubernetes Secret). Endpoint/region travel inside the pickled filesystem.
+        # No address: a fresh local Ray (as JobConfig.ray_address documents), not whatever cluster
+        # `ray start` left in /tmp/ray/ray_current_cluster; RAY_ADDRESS (`ray job submit`) still wins.
+        address = cfg.job.ray_address or (None if os.environ.get("RAY_ADDRESS") else "local")
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
 
 
 def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSummary:

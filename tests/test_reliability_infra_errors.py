@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from memagent.engines import EngineConfig
 from memagent.engines.openai import EndpointError
 from memagent.error_kinds import InfraBreaker, InfrastructureFailure, error_kind, error_prefix, is_infra_error
-from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
+from tests.pipeline_helpers import good_rows, read_output, write_rows
 from tests.reliability_helpers import SERVED, free_port, served_app, serving
 
 
@@ -54,24 +53,14 @@ def test_breaker_consecutive_and_rate():
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
-def openai_job(tiny_llama_dir, tmp_path, url, **job):
-    from pipelines.batch_qa import BatchQAConfig
-    from pipelines.job import JobConfig
-
-    return BatchQAConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), agent=FAST_AGENT,
-                         engine=EngineConfig(engine="openai", endpoint=url, model=str(tiny_llama_dir),
-                                             served_model=SERVED, max_retries=1),
-                         job=JobConfig(batch_size=2, progress=False, **job))
-
-
 @pytest.mark.slow
-def test_outage_rows_are_redone_by_a_plain_rerun(ray_local, tiny_llama_dir, tmp_path):
-    from pipelines.batch_qa import run_batch_qa
+def test_outage_rows_are_redone_by_a_plain_rerun(ray_local, tiny_llama_dir, tmp_path, capsys):
+    from memagent_cli.main import main
 
     rows = good_rows(4)
     rows[3]["context"] = None  # a row error: done for good
@@ -79,47 +68,56 @@ def test_outage_rows_are_redone_by_a_plain_rerun(ray_local, tiny_llama_dir, tmp_
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     # Breaker off: every row is written, the outage rows as retryable infrastructure errors.
-    cfg = openai_job(tiny_llama_dir, tmp_path, url, max_consecutive_infra_errors=0, infra_error_window=0)
-    down = run_batch_qa(cfg)
+    cmd = ["batch", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--engine", "openai",
+           "--endpoint", url, "--model", str(tiny_llama_dir), "--served-model", SERVED, "--max-retries", "1",
+           "--chunk-tokens", "64", "--memory-tokens", "8", "--answer-tokens", "6", "--batch-size", "2",
+           "--max-consecutive-infra-errors", "0", "--infra-error-window", "0", "--no-progress"]
+    rc = main(cmd)
+    std = capsys.readouterr()
+    assert rc == 1  # the output is not complete: not a success
+    assert "error rows:     4 (1 row errors, done; 3 infrastructure errors, redone by a rerun" in std.out
+    assert std.err.strip().endswith("error: 3 row(s) failed on the infrastructure (endpoint or engine); run the "
+                                    "same command again to redo them")
     out = {r["id"]: r["error"] for r in read_output(tmp_path / "out")}
     assert sorted(out) == [r["id"] for r in rows]
     assert all(out[f"doc-00{i}"].startswith("infra: EndpointError: POST") and "connection failed" in out[f"doc-00{i}"]
                for i in range(3)), out
     assert out["doc-003"].startswith("input: context must be a string")
-    assert down.error_rows == 4 and down.infra_errors == 3
-    assert "3 infrastructure errors, redone by a rerun" in "\n".join(down.lines())
     with serving(served_app(tiny_llama_dir), port):
-        up = run_batch_qa(cfg)
-    assert up.skipped == 1 and up.rows_out == 3 and up.error_rows == 0 and up.infra_errors == 0
+        assert main(cmd) == 0  # the same command, once the endpoint is back
+    up = capsys.readouterr().out
+    assert "(1 already done, skipped)" in up and "rows out:       3 this run" in up and "error rows:     0" in up
     again = read_output(tmp_path / "out")
     assert sorted(r["id"] for r in again) == [r["id"] for r in rows]  # every id exactly once
     assert {r["id"]: r["error"] for r in again if r["error"]} == {"doc-003": out["doc-003"]}
 
 
 @pytest.mark.slow
-def test_breaker_stops_the_job_and_a_rerun_finishes_it(ray_local, tiny_llama_dir, tmp_path, capsys):
-    """`memagent batch` against an endpoint that is down: one line, non-zero exit; then it comes back."""
-    from memagent_cli.main import main
+def test_breaker_stops_the_job_and_a_rerun_finishes_it(tiny_llama_dir, tmp_path):
+    """`memagent batch` (a real process, its own local Ray) against an endpoint that is down: it stops
+    early with one line and exit 2, no traceback; the same command once the endpoint is back finishes."""
+    import subprocess
+    import sys
 
     rows = good_rows(8)
     write_rows(tmp_path / "in" / "part-0.parquet", rows)
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    cmd = ["batch", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--engine", "openai",
-           "--endpoint", url, "--model", str(tiny_llama_dir), "--served-model", SERVED, "--max-retries", "1",
-           "--chunk-tokens", "64", "--memory-tokens", "8", "--answer-tokens", "6", "--batch-size", "2",
-           "--max-consecutive-infra-errors", "2", "--no-progress"]
-    assert main(cmd) == 2
-    stderr = capsys.readouterr().err
-    err = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and err[0].startswith("error: stopped early: "), stderr[-3000:]
+    cmd = [sys.executable, "-m", "memagent_cli", "batch", "--input", str(tmp_path / "in"), "--output",
+           str(tmp_path / "out"), "--engine", "openai", "--endpoint", url, "--model", str(tiny_llama_dir),
+           "--served-model", SERVED, "--max-retries", "1", "--chunk-tokens", "64", "--memory-tokens", "8",
+           "--answer-tokens", "6", "--batch-size", "2", "--max-consecutive-infra-errors", "2", "--no-progress"]
+    down = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert down.returncode == 2, down.stderr[-3000:]
+    err = [line for line in down.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and err[0].startswith("error: stopped early: "), down.stderr[-3000:]
     assert "infrastructure errors in a row (last: EndpointError: POST " in err[0]
-    assert "run the same command again" in err[0] and stderr.strip().endswith(err[0])
-    assert "Traceback" not in stderr and "Unhandled error" not in stderr, stderr[-3000:]
+    assert "run the same command again" in err[0] and down.stderr.strip().endswith(err[0])
+    assert "Traceback" not in down.stderr and "Unhandled error" not in down.stderr, down.stderr[-3000:]
     with serving(served_app(tiny_llama_dir), port):
-        assert main(cmd) == 0
-    out = capsys.readouterr().out
-    assert "error rows:     0" in out, out
+        up = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert "error rows:     0" in up.stdout, up.stdout
     final = read_output(tmp_path / "out")
     assert sorted(r["id"] for r in final) == [r["id"] for r in rows]
     assert all(r["error"] is None for r in final)

@@ -151,7 +151,7 @@ def test_schema_drift_job_keeps_every_column(tiny_llama_dir, tmp_path):
                schema=pa.schema([("id", pa.string()), ("question", pa.string()), ("context", pa.string()),
                                  ("answers", pa.list_(pa.string())), ("source", pa.string()), ("n", pa.int32())]))
     write_rows(tmp_path / "in" / "b.parquet", [{**r, "n": 7, "late": "x"} for r in rows[2:]])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         summary = run_batch_qa(job(tmp_path, engine=EngineConfig(model=str(tiny_llama_dir))))
     finally:

@@ -68,7 +68,7 @@ def test_changed_input_for_written_ids_refused_then_redone(tiny_llama_dir, tmp_p
     changed[2]["question"] = "Another question?"
     write_rows(tmp_path / "in2" / "a.parquet", changed)
     engine = EngineConfig(model=str(tiny_llama_dir))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         first = run_batch_qa(job(tmp_path, engine=engine))
         assert first.rows_out == 4
