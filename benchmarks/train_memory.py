@@ -153,7 +153,8 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
     from memagent.rl.memory import ModelShape, estimate_peak_memory
 
     agent = preset(spec["preset"]).with_overrides(**spec["agent"])
-    return estimate_peak_memory(TrainConfig(**spec["train"]), agent, ModelShape.of(resolve_model(spec["model"]))).as_dict()
+    shape = ModelShape.of(resolve_model(spec["model"]))
+    return estimate_peak_memory(TrainConfig(**spec["train"]), agent, shape).as_dict()
 
 
 def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int, timeout_s: float) -> dict[str, Any]:

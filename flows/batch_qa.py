@@ -58,7 +58,8 @@ def run_job(config: dict[str, Any]) -> dict[str, Any]:
         get_run_logger().info(line)
     return {
         "rows_in": summary.rows_in, "skipped": summary.skipped, "rows_out": summary.rows_out,
-        "error_rows": summary.error_rows, "accuracy": summary.accuracy, "context_tokens": summary.context_tokens,
+        "error_rows": summary.error_rows, "infra_errors": summary.infra_errors, "accuracy": summary.accuracy,
+        "accuracy_answered": summary.accuracy_answered, "context_tokens": summary.context_tokens,
         "seconds": round(summary.seconds, 2), "tokens_per_second": round(summary.tokens_per_second, 1),
         "output": summary.output,
     }

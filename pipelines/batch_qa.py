@@ -350,16 +350,19 @@ def configure_data_context(cfg: BatchQAConfig) -> None:
     ctx.print_on_execution_start = cfg.job.progress
 
 
-def ensure_ray(cfg: BatchQAConfig) -> None:
-    if not ray.is_initialized():
-        # No runtime env: Ray logs it in clear text (runtime_env_agent.log). A Ray that this call
-        # starts has workers that inherit this process's environment, credentials included; a
-        # cluster already running (`ray start`, --ray-address) has its nodes' own environment
-        # (infra/kuberay: a Kubernetes Secret). Endpoint/region travel inside the pickled filesystem.
-        # No address: a fresh local Ray (as JobConfig.ray_address documents), not whatever cluster
-        # `ray start` left in /tmp/ray/ray_current_cluster; RAY_ADDRESS (`ray job submit`) still wins.
-        address = cfg.job.ray_address or (None if os.environ.get("RAY_ADDRESS") else "local")
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+def ensure_ray(cfg: BatchQAConfig) -> bool:
+    """Start (or connect to) Ray unless the caller already did; True when this call did it."""
+    if ray.is_initialized():
+        return False
+    # No runtime env: Ray logs it in clear text (runtime_env_agent.log). A Ray that this call
+    # starts has workers that inherit this process's environment, credentials included; a
+    # cluster already running (`ray start`, --ray-address) has its nodes' own environment
+    # (infra/kuberay: a Kubernetes Secret). Endpoint/region travel inside the pickled filesystem.
+    # No address: a fresh local Ray (as JobConfig.ray_address documents), not whatever cluster
+    # `ray start` left in /tmp/ray/ray_current_cluster; RAY_ADDRESS (`ray job submit`) still wins.
+    address = cfg.job.ray_address or (None if os.environ.get("RAY_ADDRESS") else "local")
+    ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    return True
 
 
 def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSummary:
@@ -405,7 +408,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     t0 = time.perf_counter()
     plan = plan_input(cfg)
     take_out_redo_rows(cfg, plan)
-    ensure_ray(cfg)
+    started_ray = ensure_ray(cfg)
     configure_data_context(cfg)
     if plan.skipped >= plan.total_rows:
         log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
@@ -471,6 +474,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         del ds
         gc.collect()
         ray.kill(ledger)
+        if started_ray:  # stop the actors now: no worker log lines after the one-line message
+            ray.shutdown()
         written = summarise(cfg, plan, time.perf_counter() - t0)
         raise InfrastructureFailure(f"{stopped} ({written.rows_out} row(s) written this run, "
                                     f"{written.infra_errors} of them infrastructure errors)")

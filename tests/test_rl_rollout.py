@@ -12,7 +12,7 @@ import torch
 from memagent.config import AgentConfig
 from memagent.rl.batching import Sample, collate, response_log_probs
 from memagent.rl.data import DataStream
-from memagent.rl.rollout import collect_rollouts
+from memagent.rl.rollout import Conversation, collect_rollouts
 
 CONFIG = AgentConfig(chunk_tokens=64, memory_tokens=16, answer_tokens=8, query_tokens=32,
                      temperature=1.0, answer_style="boxed")
@@ -129,9 +129,8 @@ def test_per_row_log_probs_equal_the_padded_batch(tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
-    conv = __import__("memagent.rl.rollout", fromlist=["Conversation"]).Conversation
     rows = [([5, 6, 7, 8, 9, 10], [11, 12]), ([5, 6], [13, 14, 15, 16]), ([7] * 9, [17])]
-    samples = [Sample(conv(0, 0, 0, p, r, None, False, False), 1.0) for p, r in rows]
+    samples = [Sample(Conversation(0, 0, 0, p, r, None, False, False), 1.0) for p, r in rows]
     b = collate(samples, pad_id=0)
     padded, ent_padded = response_log_probs(model, b, entropy=True, per_row=False)
     unpadded, ent_unpadded = response_log_probs(model, b, entropy=True, per_row=True)

@@ -52,9 +52,9 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     """Left-padded ``prompt + response`` rows; response tokens right-aligned in ``[B, T]``.
 
     Returns ``input_ids, attention_mask, position_ids [B, L]``, ``targets, response_mask
-    [B, T]`` (T = longest response) and ``advantages [B]``. Left padding puts every response
-    at the end of its row, so the policy needs logits only for the last ``T + 1`` positions.
-    Position ids count real tokens only, as during generation.
+    [B, T]`` (T = longest response), ``response_lengths`` and ``advantages [B]``. Left padding
+    puts every response at the end of its row, so the policy needs logits only for the last
+    ``T + 1`` positions. Position ids count real tokens only, as during generation.
     """
     L = max(s.length for s in samples)
     T = max(len(s.conv.response_ids) for s in samples)
@@ -73,8 +73,10 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
             response_mask[i, T - r:] = 1.0 if s.conv.trainable else 0.0
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    lengths = torch.tensor([len(s.conv.response_ids) for s in samples], dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-            "targets": targets, "response_mask": response_mask, "advantages": advantages}
+            "targets": targets, "response_mask": response_mask, "response_lengths": lengths,
+            "advantages": advantages}
 
 
 ENTROPY_CHUNK_ELEMENTS = 2**24
@@ -95,7 +97,8 @@ def response_log_probs(
     ``per_row`` (default: on CPU) runs each row alone without its padding: a padding mask sends
     CPU attention down a path that materialises ``[B, heads, L, L]`` scores per layer (the largest
     activation of a micro-batch, and ~2x slower), while an unpadded causal row takes the fused
-    kernel. The values are the same; padding positions get log-prob 0.
+    kernel; each row also gets logits for its own response only (``[r_i + 1, V]``, not
+    ``[T + 1, V]``). The response positions' values are the same; the others are 0.
     """
     device = next(model.parameters()).device
     if per_row if per_row is not None else device.type == "cpu":
@@ -118,8 +121,9 @@ def _per_row_log_probs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]
     """:func:`response_log_probs` one unpadded row at a time; rows are left-padded to ``[B, T]`` again."""
     L, T = batch["input_ids"].shape[1], batch["targets"].shape[1]
     logps, ents = [], []
-    for i, n in enumerate(batch["attention_mask"].sum(-1).tolist()):
-        keep = min(T + 1, n)  # a row shorter than T + 1 has fewer positions (the rest is padding)
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    for i, (n, r) in enumerate(zip(lengths, batch["response_lengths"].tolist())):
+        keep = r + 1  # the prediction of each response token, from the position before it
         out = model(input_ids=batch["input_ids"][i:i + 1, L - n:].to(device), logits_to_keep=keep, use_cache=False)
         logits = out.logits[:, :-1, :]  # [1, keep - 1, V]
         targets = batch["targets"][i:i + 1, T - (keep - 1):].to(device)

@@ -46,7 +46,8 @@ def all_reduce(value: float, op: str = "sum") -> float:
     if _single():
         return float(value)
     t = torch.tensor([float(value)], dtype=torch.float64)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM)
+    reduce_op = torch.distributed.ReduceOp
+    torch.distributed.all_reduce(t, op=reduce_op.MAX if op == "max" else reduce_op.SUM)
     return float(t.item())
 
 

@@ -41,11 +41,13 @@ import torch
 from memagent.agent import check_config
 from memagent.config import AgentConfig
 from memagent.rl.advantages import expand_to_conversations, group_advantages
-from memagent.rl.batching import Sample, behaviour_gap, collate, micro_batches, response_log_probs, score_samples, stack_right
+from memagent.rl.batching import (Sample, behaviour_gap, collate, micro_batches, response_log_probs, score_samples,
+                                  stack_right)
 from memagent.rl.checkpoint import latest_tag, push_weights, save_checkpoint, write_jsonl
 from memagent.rl.config import TrainConfig
 from memagent.rl.data import DataStream, load_examples, seed_everything
-from memagent.rl.distributed import all_gather_ints, all_gather_objects, all_reduce, merge_rank_metrics, setup_distributed
+from memagent.rl.distributed import (all_gather_ints, all_gather_objects, all_reduce, merge_rank_metrics,
+                                     setup_distributed)
 from memagent.rl.loss import policy_loss
 from memagent.rl.memory import guard_memory, release_memory
 from memagent.rl.rollout import (Conversation, InProcessModel, RewardFn, RolloutBatch, Shutdown, SleepMode,
@@ -464,7 +466,9 @@ def _dummy_sample(pad_id: int) -> Sample:
 def _grad_norm(model: torch.nn.Module) -> float:
     """Global 2-norm of the gradients (before clipping), as DeepSpeed reports it at ZeRO >= 1."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
 
 
 def _mean(values: Iterable[float]) -> float:
