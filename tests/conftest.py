@@ -1,4 +1,9 @@
-"""Shared fixtures: the packaged model, a tiny Llama built from a config, engines on both."""
+"""Shared fixtures: the packaged model, a tiny Llama built from a config, engines on both.
+
+Marking rule: a test is ``slow`` when it starts a service or a process (Ray, Prefect, DeepSpeed,
+a server, a browser, a subprocess of the command) or reads with the packaged model; everything
+else runs in ``make test-fast`` (pytest -m "not slow"). pytest prints the slowest tests.
+"""
 
 from __future__ import annotations
 

@@ -112,6 +112,7 @@ def long_and_short_rows() -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_short_documents_finish_while_the_long_one_reads(ray_local, tiny_llama_dir, tmp_path):
     rows = long_and_short_rows()
     log = tmp_path / "calls.jsonl"
@@ -127,8 +128,10 @@ def test_short_documents_finish_while_the_long_one_reads(ray_local, tiny_llama_d
     long_start, long_end = spans.pop(long_q)
     assert len(spans) == 20
     assert out and next(r for r in out if r["id"] == rows[0]["id"])["n_chunks"] >= 80
-    # Every short document started and finished while the long one was still reading.
-    assert all(long_start < t0 and t1 < long_end for t0, t1 in spans.values()), (long_start, long_end, spans)
+    # Every short document finished while the long one was still reading; those beyond the
+    # first admitted ones started while it read (no batch barrier held them back).
+    assert all(t1 < long_end for _, t1 in spans.values()), (long_start, long_end, spans)
+    assert sum(long_start < t0 for t0, _ in spans.values()) >= 20 - 3, (long_start, spans)
     # Never more than 4 documents reading at once (the gate's own count, and the engine's view).
     assert summary.max_in_flight == 4 and summary.peak_in_flight == 4
     events = sorted([(t0, 1) for t0, _ in spans.values()] + [(t1, -1) for _, t1 in spans.values()])
@@ -141,6 +144,7 @@ def test_short_documents_finish_while_the_long_one_reads(ray_local, tiny_llama_d
     assert any(line.startswith("occupancy:") for line in summary.lines())
 
 
+@pytest.mark.slow
 def test_crash_mid_job_and_rerun_give_every_id_once(ray_local, tiny_llama_dir, tmp_path, monkeypatch):
     from pipelines.batch_qa import CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV
 
@@ -156,6 +160,7 @@ def test_crash_mid_job_and_rerun_give_every_id_once(ray_local, tiny_llama_dir, t
     assert sorted(r["id"] for r in out) == [r["id"] for r in rows]
 
 
+@pytest.mark.slow
 def test_error_rows_unchanged_under_admission(ray_local, tiny_llama_dir, tmp_path):
     rows = good_rows(5)
     rows[1]["context"] = None

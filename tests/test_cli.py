@@ -1,4 +1,7 @@
-"""`memagent ask`: files, stdin, traces and clear errors for bad input; engine flags -> EngineConfig."""
+"""`memagent ask`: files, stdin, traces and clear errors for bad input; engine flags -> EngineConfig.
+
+The `ask` runs are real subprocesses of the command (a model load each): marked slow.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ def doc(tmp_path_factory):
     return path, row
 
 
+@pytest.mark.slow
 def test_ask_file_writes_trace_covering_document(tiny_llama_dir, doc, tmp_path):
     path, row = doc
     trace_path = tmp_path / "trace.json"
@@ -43,12 +47,14 @@ def test_ask_file_writes_trace_covering_document(tiny_llama_dir, doc, tmp_path):
     assert trace["config"]["chunk_tokens"] == 96 and trace["n_chunks"] == len(spans)
 
 
+@pytest.mark.slow
 def test_ask_reads_stdin(tiny_llama_dir, doc):
     path, row = doc
     out = ask(["--question", "What?", "--model", str(tiny_llama_dir), *FAST], stdin=path.read_bytes())
     assert out.returncode == 0, out.stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("content", "message"),
     [(b"\xff\xfe caf\xe9", "not valid UTF-8"), (b"   \n ", "context is empty")],
@@ -61,6 +67,7 @@ def test_bad_documents_fail_clearly(tiny_llama_dir, tmp_path, content, message):
     assert "Traceback" not in out.stderr.decode()
 
 
+@pytest.mark.slow
 def test_missing_question_and_file(tiny_llama_dir, tmp_path):
     out = ask(["--context-file", str(tmp_path / "nope.txt"), "--question", "Q?", "--model", str(tiny_llama_dir)])
     assert out.returncode != 0 and "no such file" in out.stderr.decode()
@@ -68,6 +75,7 @@ def test_missing_question_and_file(tiny_llama_dir, tmp_path):
     assert out.returncode != 0 and "--question" in out.stderr.decode()
 
 
+@pytest.mark.slow
 def test_invalid_budget_is_a_message(tiny_llama_dir, doc):
     path, _ = doc
     out = ask(["--context-file", str(path), "--question", "Q?", "--model", str(tiny_llama_dir), "--chunk-tokens", "-3"])
@@ -75,6 +83,7 @@ def test_invalid_budget_is_a_message(tiny_llama_dir, doc):
     assert "Traceback" not in out.stderr.decode()
 
 
+@pytest.mark.slow
 def test_unknown_model_says_how_to_install(doc):
     path, _ = doc
     out = ask(["--context-file", str(path), "--question", "Q?", "--model", "no-such-model"])

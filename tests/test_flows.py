@@ -70,6 +70,7 @@ def test_a_bad_parameter_fails_the_run_before_the_body(tmp_path):
 # -- batch-qa end to end -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_batch_qa_generates_demo_lake_retries_and_publishes_artifacts(tiny_llama_dir, tmp_path, monkeypatch):
     marker = tmp_path / "failed-once"
     monkeypatch.setenv(FAIL_ONCE_ENV, f"batch-qa:{marker}")
@@ -105,6 +106,7 @@ def test_batch_qa_generates_demo_lake_retries_and_publishes_artifacts(tiny_llama
 # -- train-memagent: stages, retry, skip on re-run, evaluation of the checkpoint ---------------
 
 
+@pytest.mark.slow
 def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama_dir, shared_data, tmp_path,
                                                                       monkeypatch):
     marker = tmp_path / "filter-failed-once"
@@ -147,6 +149,7 @@ def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama
     assert again["train"]["dir"] != first["train"]["dir"]
 
 
+@pytest.mark.slow
 def test_evaluate_flow_writes_the_matrix_and_an_artifact(tiny_llama_dir, tmp_path):
     out = tmp_path / "eval"
     state = evaluate_memagent(model=str(tiny_llama_dir), out=str(out), agent=TINY_AGENT,

@@ -196,6 +196,7 @@ def check_page(page: Path, row_id: str, shot: Path) -> str:
     return detail
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_eval_page_in_chromium(tmp_path):
     run = make_eval_run(tmp_path / "eval")
