@@ -130,7 +130,7 @@ class TrainConfig(BaseModel):
             return self.zero_stage
         return 0 if world_size == 1 else 2
 
-    def deepspeed_config(self, *, world_size: int = 1, bf16: bool = False) -> dict:
+    def deepspeed_config(self, *, world_size: int = 1, bf16: bool = False, cuda: bool = False) -> dict:
         """The dict given to ``deepspeed.initialize``: :data:`ZERO_OPTIMIZATION` plus this config's fields.
 
         Gradient accumulation is driven by the trainer (``managed_gradient_accumulation``
@@ -159,6 +159,9 @@ class TrainConfig(BaseModel):
                     "eps": 1e-8,
                     "weight_decay": self.weight_decay,
                     "torch_adam": True,  # no fused CUDA op to JIT-compile on CPU
+                    # foreach AdamW holds whole-model temporaries during the step (+490 MB at 135M
+                    # params on CPU, measured; the loop: +215 MB, as fast); on GPUs it is faster.
+                    "foreach": cuda,
                 },
             },
             # No "scheduler": warm-up comes from lr_scheduler() (DeepSpeed's WarmupLR idles 2 steps at 0).

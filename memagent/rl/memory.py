@@ -4,9 +4,10 @@ The estimate adds what lives through the whole run (weights, gradients, AdamW's 
 reference, DeepSpeed's copies) to the largest transient of a step (the rollout's KV caches and
 logits, or one micro-batch's activations and logits, or the checkpoint's copy of the weights).
 Per-token coefficients come from the model's shapes; the two measured constants are below.
-Measured peak of issue 15's configuration (a) (SmolLM2-135M, fp32, CPU, one process): 5.8 GB,
-against ~21 GB before gradient checkpointing took effect, rows ran unpadded, the rollout engine
-shared the policy's weights and one process stopped using ZeRO-2.
+Measured peak of issue 15's configuration (a) (SmolLM2-135M, fp32, CPU, one process): 7.1 GB
+(benchmarks/results/train_memory.json), against ~21 GB before gradient checkpointing took
+effect, rows ran unpadded, the rollout engine shared the policy's weights and one process
+stopped using ZeRO-2.
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ from memagent.rl.config import ZERO_OPTIMIZATION, TrainConfig
 log = logging.getLogger(__name__)
 
 MB = 2**20
-RUNTIME_MB = 500
+RUNTIME_MB = 700
 """Resident memory of a trainer process besides its tensors: torch, transformers, DeepSpeed, the
-tokenizer. Measured (CPU, torch 2.13, SmolLM2-135M): ~420 MB RSS with the model loaded minus its
-513 MB; 1.6 GB RSS during the rollout of configuration (a) = runtime + policy + reference."""
+tokenizer, the allocator's heap. Measured on configuration (a) (CPU, torch 2.13, SmolLM2-135M):
+0.5 GB before the first step, 0.8 GB after it (2.9 GB = runtime + policy + reference + AdamW)."""
 PROMPT_OVERHEAD_TOKENS = 120
 """Chat template and instruction tokens around question, memory and chunk (the agent's prompts)."""
-UPDATE_FACTOR = 2.1
+UPDATE_FACTOR = 2.9
 """Measured / counted memory of the update (gradients + activations + logits below): autograd's
-temporaries (the gradient of the tied embedding, of each layer's recompute) and the allocator's
-slack. Measured on configuration (a): 3.1 GB for the update against 1.47 GB counted."""
+temporaries (the gradient of the tied embedding, of each layer's recompute), AdamW's step and the
+allocator's slack. Measured on configuration (a): 4.2 GB above the resident 2.9 GB in the second
+step's update, against 1.47 GB counted."""
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,7 @@ def build_run(config: TrainConfig, agent_config: AgentConfig, model_dir: Path, *
         reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
         reference.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    ds_config = config.deepspeed_config(world_size=world, bf16=bf16)
+    ds_config = config.deepspeed_config(world_size=world, bf16=bf16, cuda=cuda)
     engine, _, _, _ = deepspeed.initialize(
         model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad], config=ds_config,
         lr_scheduler=config.lr_scheduler,
