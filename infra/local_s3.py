@@ -22,7 +22,13 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AW
 
 @contextmanager
 def s3_server(port: int | None = None, buckets: tuple[str, ...] = ("lake",)) -> Iterator[str]:
-    """Start moto's threaded S3 server on 127.0.0.1, create ``buckets``, yield the endpoint URL."""
+    """Start moto's threaded S3 server on 127.0.0.1, create ``buckets``, yield the endpoint URL.
+
+    Each server starts empty: moto keeps its buckets in process-wide state, which another server
+    started earlier in the same process (the previous test) would otherwise still show.
+    """
+    import urllib.request
+
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -30,6 +36,7 @@ def s3_server(port: int | None = None, buckets: tuple[str, ...] = ("lake",)) -> 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
     try:
         client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
                               aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],

@@ -1,16 +1,19 @@
 """Batch QA over a document lake: Parquet (local or S3) in, answers + memory traces out.
 
-    read_parquet ─► skip ids already written ─► map_batches(AgentWorker, actor pool) ─► write_parquet
+    read_parquet ─► skip ids already written ─► fingerprint ─► map_batches(AgentWorker, actor pool) ─► write_parquet
 
-Each actor loads one engine and reads all rows of a batch concurrently (one coroutine per
-row; the engine batches their calls). Streaming end to end: the driver only ever holds the
-``id`` column (for the duplicate check and resume), never contexts or results.
+Each actor loads one engine and keeps up to ``max_in_flight`` documents reading at once
+(continuous admission: one row per call, the next row starts as soon as one finishes; the
+engine batches the calls of all documents in flight). Streaming end to end: the driver holds
+only ids and fingerprints (for the checks and resume), never contexts or results.
 
 Guarantees:
 - every input id is written exactly once across runs: a rerun on the same output skips ids
   already present in complete output files (partial files are quarantined, their rows redone);
+  a rerun whose input changed for a written id is refused unless ``redo_changed``;
 - a bad row (null/empty/non-string context, missing question, agent exception) becomes an
-  error row, never a lost one; only infrastructure failures (a dead actor) are retried, by Ray.
+  error row, never a lost one; infrastructure errors (``infra:``) are written but not done, so
+  a rerun redoes them, and a circuit breaker stops the job when they dominate.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from ray.data import ActorPoolStrategy, DataContext
 
 from memagent.batch import RESULT_SCHEMA
 from memagent.config import AgentConfig, preset
-from memagent.verify import Metric
 from memagent.engines import EngineConfig
 from memagent.error_kinds import INFRA_PREFIX, InfraBreaker, InfrastructureFailure
+from memagent.verify import Metric
 from pipelines import fingerprint, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, occupancy, resolve_max_in_flight
 from pipelines.job import JobConfig
@@ -327,21 +330,6 @@ def _with_context_chars(batch: pa.Table) -> pa.Table:
     return batch.append_column(_LENGTH_COLUMN, pc.cast(n, pa.int64()))
 
 
-def endpoint_env(engine: EngineConfig) -> dict[str, str]:
-    """Environment the actors need for the engine: nothing secret, ever (issue 18).
-
-    The API key never travels: the config carries only the variable's *name*
-    (``engine.api_key_env``) and each actor reads the value from its own environment. A local
-    Ray's workers inherit the driver's environment; a remote cluster's nodes get it from
-    their own setup (a Kubernetes secret, infra/kuberay/raycluster.yaml).
-    """
-    return {}
-
-
-def uses_s3(cfg: BatchQAConfig) -> bool:
-    return storage.is_s3(cfg.input) or storage.is_s3(cfg.output)
-
-
 def configure_data_context(cfg: BatchQAConfig) -> None:
     ctx = DataContext.get_current()
     ctx.execution_no_progress_timeout_s = cfg.job.no_progress_timeout_s
@@ -417,7 +405,10 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     fault_env = {k: os.environ[k] for k in (CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV) if k in os.environ}
-    actor_env = {**fault_env, **endpoint_env(cfg.engine)}  # never secrets: Ray logs runtime envs
+    # Only the fault-injection hooks travel as a runtime env: Ray logs runtime envs in clear text,
+    # so the API key (named by engine.api_key_env) and AWS credentials never do; actors read
+    # them from their node's environment (a local Ray's workers inherit this process's).
+    actor_env = fault_env
     ds = ray.data.read_parquet(in_path, filesystem=in_fs, schema=plan.schema)  # the unified schema of all files
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
@@ -426,12 +417,10 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     ds = ds.map_batches(fingerprint.add_fingerprints, fn_kwargs=dict(question=cfg.question,
                                                                      key=fingerprint.answer_key(cfg)),
                         batch_format="pyarrow", batch_size=None, num_cpus=0.25)
-    # Blocks of one batch each: an actor's output block (and so its Parquet file) is written when
-    # its batch is done. Whole-file blocks would hold every answer of a file until the file is
-    # read to the end, so a job stopped after hours would have written nothing to resume from.
     # Continuous admission: small calls (``rows_per_call`` rows), many at once per actor, each row
     # gated by the actor's ``max_in_flight``; the writer gathers finished rows into files of
-    # ``batch_size`` rows, so a stopped job loses at most the rows in flight and one file's worth.
+    # ``batch_size`` rows, so a stopped job loses at most the rows in flight and one file's worth
+    # (whole-file blocks would hold every answer of a file until the file is read to the end).
     adm = admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
                                      rows_per_call=ROWS_PER_CALL)
     ledger_name = f"memagent-occupancy-{uuid.uuid4().hex[:12]}"

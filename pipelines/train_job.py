@@ -136,8 +136,8 @@ def check_resume_world(out_dir: str | Path, workers: int, zero_stage: int) -> No
 
     ckpt = Path(out_dir) / "checkpoints"
     tag = latest_tag(ckpt)
-    why = (f"ZeRO-{zero_stage} partitions the optimizer state over the {world} ranks that saved it" if zero_stage
-           else f"the optimizer state is whole at ZeRO-0, but")
+    why = (f"ZeRO-{zero_stage} partitions the optimizer state over the {world} ranks that saved it, and"
+           if zero_stage else "the optimizer state is whole at ZeRO-0, but")
     raise ValueError(
         f"{out_dir}: checkpoint {tag} was written by {world} worker(s); this run asks for {workers}. Resuming "
         f"across a change of worker count is refused: {why} each rank's data cursor walks its own shard of the "

@@ -29,6 +29,13 @@ def serving(app: FastAPI, port: int) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
+    with serve_on(app, sock) as url:
+        yield f"{url}/v1"
+
+
+@contextmanager
+def serve_on(app: FastAPI, sock: socket.socket) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread on a bound socket; yields ``http://127.0.0.1:PORT``."""
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -37,7 +44,7 @@ def serving(app: FastAPI, port: int) -> Iterator[str]:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=15)

@@ -15,14 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -56,20 +54,10 @@ def bound_socket() -> socket.socket:
 @contextmanager
 def running(app: FastAPI) -> Iterator[str]:
     """Serve ``app`` with uvicorn in a thread; yields its base URL."""
-    sock = bound_socket()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+    from tests.reliability_helpers import serve_on
+
+    with serve_on(app, bound_socket()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -370,16 +358,6 @@ def test_batch_config_gpu_rules():
         BatchQAConfig(input="/i", output="/o", engine=EngineConfig(engine="vllm"))
     BatchQAConfig(input="/i", output="/o", engine=EngineConfig(engine="vllm"), job=JobConfig(num_gpus=1))
     BatchQAConfig(input="/i", output="/o", engine=EngineConfig(engine="vllm", device="cpu"))
-
-
-def test_the_api_key_never_travels_in_a_runtime_env(monkeypatch):
-    """Issue 18: Ray logs runtime envs; actors read the key named by api_key_env from their own env."""
-    from pipelines.batch_qa import endpoint_env
-
-    remote = EngineConfig(engine="openai", endpoint="http://h/v1", api_key_env="MEMAGENT_TEST_KEY")
-    monkeypatch.setenv("MEMAGENT_TEST_KEY", "sk-123")
-    assert endpoint_env(remote) == {}
-    assert endpoint_env(EngineConfig()) == {}
 
 
 # -- end to end: the CLI ------------------------------------------------------------------------
