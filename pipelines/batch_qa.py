@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,7 +35,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray.data import ActorPoolStrategy, DataContext
 
-from memagent.batch import RESULT_SCHEMA
+from memagent.batch import RESULT_SCHEMA, Method
 from memagent.config import AgentConfig, preset
 from memagent.engines import EngineConfig
 from memagent.error_kinds import INFRA_PREFIX, InfraBreaker, InfrastructureFailure
@@ -73,7 +73,7 @@ class BatchQAConfig(BaseModel):
     metric: Metric = Field(
         "sub_em", description="Score against `answers` when the input has them; a `metric` column overrides it per row."
     )
-    method: Literal["memagent", "full-context"] = Field(
+    method: Method = Field(
         "memagent", description="'memagent' reads chunk by chunk; 'full-context' is the one-prompt baseline."
     )
     job: JobConfig = Field(default_factory=JobConfig, description="Actors, batching, resources and timeouts.")

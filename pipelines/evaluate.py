@@ -17,13 +17,14 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memagent.batch import Method
 from memagent.config import AgentConfig, preset
 from memagent.data.ruler import RulerItems
 from memagent.engines import EngineConfig
@@ -34,7 +35,6 @@ from pipelines.job import JobConfig
 
 log = logging.getLogger(__name__)
 
-Method = Literal["memagent", "full-context"]
 # The eval input keeps what the job and the report need; the generator's own `context_tokens`
 # would clash with the job's output column of that name.
 ITEM_COLUMNS = ["id", "task", "length", "question", "context", "answers", "metric"]
