@@ -8,7 +8,6 @@ are options so a loopback or on-prem S3 works the same as AWS.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -192,7 +191,7 @@ def _checked(exc: OSError) -> OSError:
 
 
 def s3_endpoint(s3: S3Options | None) -> str | None:
-    return (s3.endpoint_url if s3 else None) or os.environ.get("AWS_ENDPOINT_URL")
+    return (s3 or S3Options()).endpoint()
 
 
 def read_schemas(fs: pafs.FileSystem, files: list[str], uri: str) -> list[tuple[str, pa.Schema]]:

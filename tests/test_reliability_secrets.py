@@ -41,16 +41,12 @@ def test_redaction_rules():
 
 
 def test_nothing_secret_travels_to_actors(monkeypatch):
-    from memagent.data.io import S3Options
     from memagent.engines import EngineConfig
     from pipelines.batch_qa import BatchQAConfig, config_dict
 
     monkeypatch.setenv("OPENAI_API_KEY", OPENAI_CANARY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_CANARY)
     monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN_CANARY)
-    env = S3Options(endpoint_url="http://127.0.0.1:9", region="eu-west-1").env()
-    assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9" and env["AWS_REGION"] == "eu-west-1"
-    assert not any(is_secret_key(k) or k == "AWS_ACCESS_KEY_ID" for k in env)
     cfg = BatchQAConfig(input="s3://lake/in", output="/tmp/o", engine=EngineConfig(
         engine="openai", endpoint="http://user:pw-secret@h/v1"))
     assert "pw-secret" not in str(config_dict(cfg))

@@ -31,19 +31,9 @@ class S3Options(BaseModel):
     region: str | None = Field(None, description="S3 region (default: $AWS_REGION/$AWS_DEFAULT_REGION or us-east-1)",
                                json_schema_extra={"flag": "s3-region"})
 
-    def env(self) -> dict[str, str]:
-        """The non-secret settings (endpoint, region) for workers; never credentials.
-
-        Credentials stay where they are: local Ray workers inherit the driver's environment,
-        and nodes of a remote cluster resolve their own AWS chain (a Kubernetes secret in
-        infra/kuberay/raycluster.yaml, an instance role, ...).
-        """
-        env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION") if os.environ.get(k)}
-        if self.endpoint_url:
-            env["AWS_ENDPOINT_URL"] = self.endpoint_url
-        if self.region:
-            env["AWS_REGION"] = self.region
-        return env
+    def endpoint(self) -> str | None:
+        """The endpoint in force: this option, else ``$AWS_ENDPOINT_URL``, else AWS (None)."""
+        return self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
 
 
 def is_s3(uri: str) -> bool:
@@ -71,7 +61,7 @@ def filesystem(uri: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, 
     if not is_s3(uri):
         return pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
     s3 = s3 or S3Options()
-    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = s3.endpoint()
     region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     kwargs: dict = {"region": region}
     if endpoint:
