@@ -125,11 +125,32 @@ def child(spec_path: Path) -> None:
         return first(run, stream, step, reward_fn)
 
     trainer.rollout = rollout
+    if spec.get("optimizer_state_upfront"):
+        build = trainer.build_run
+
+        def build_run(*args: Any, **kw: Any) -> Any:
+            run = build(*args, **kw)
+            allocate_optimizer_state(run.engine.optimizer)
+            return run
+
+        trainer.build_run = build_run
     threading.Thread(target=sample, daemon=True).start()
     trainer.train(config=config, agent_config=agent, data=spec["data"], out_dir=spec["run_dir"],
                   model=spec["model"], on_step=on_step, force=True)
     stop.set()
     dump(True)
+
+
+def allocate_optimizer_state(optimizer: Any) -> None:
+    """Create AdamW's moments now, as its first step would (zeros, step 0): the first step then
+    carries the resident set of every later one, so a one-step run measures the steady state."""
+    import torch
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and not optimizer.state[p]:
+                optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +206,8 @@ def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int, timeout_s
             break
         time.sleep(0.05)
     rc = proc.wait()
-    out: dict[str, Any] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train")},
+    out: dict[str, Any] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train",
+                                                         "optimizer_state_upfront")},
                            "peak_rss_mb": round(peak / 2**20), "wall_s": round(time.perf_counter() - t0, 1),
                            "loadavg_before": load_before, "loadavg_after": loadavg(),
                            "loadavg_1min_mean_during": round(sum(loads) / len(loads), 2) if loads else None,
@@ -223,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rss-gb", type=float, default=9.0, help="kill a run whose process tree exceeds this")
     p.add_argument("--timeout-s", type=float, default=3600, help="stop a run after this long (partial results kept)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, = cores)")
+    p.add_argument("--optimizer-state-upfront", action="store_true",
+                   help="allocate AdamW's moments before the first step, so that a run stopped by --timeout-s "
+                        "within its first step (config (b) on a small CPU) still measures the steady state")
     p.add_argument("--work", type=Path, help="directory for data and runs (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_memory.json"))
     args = p.parse_args(argv)
@@ -239,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.configs.split(","):
         spec = json.loads(json.dumps(CONFIGS[name]))
         spec["train"].update(overrides)
-        spec.update(model=args.model, threads=args.threads)
+        spec.update(model=args.model, threads=args.threads, optimizer_state_upfront=args.optimizer_state_upfront)
         if args.estimate_only:
             results["runs"][name] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train")},
                                      "estimate": estimate(spec)}
@@ -250,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         results["runs"][name] = r
         print(f"({name}) peak {r['peak_rss_mb']} MB (estimate {r['estimate']['peak_mb']} MB), "
               f"{r.get('trained_tokens_per_s')} trained tokens/s, load {r['loadavg_before']}", flush=True)
+        write_json(args.out, results)  # after each configuration: a later one may be stopped
     write_json(args.out, results)
     print(f"wrote {args.out}")
     return 0

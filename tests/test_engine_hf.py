@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memagent.engines import EngineConfig, SamplingParams, make_engine
-from memagent.engines.hf import TransformersEngine, _Request, resolve_dtype
+from memagent.engines.hf import TransformersEngine, _Request, chosen_log_probs, resolve_dtype
 
 
 def msgs(text: str) -> list[dict[str, str]]:
@@ -86,6 +86,14 @@ def test_sampling_and_logprobs(tiny_engine):
     out = asyncio.run(tiny_engine.chat(msgs("sample"), p))
     assert len(out.logprobs) == len(out.token_ids)
     assert all(lp <= 0.0 for lp in out.logprobs)
+
+
+def test_chosen_log_probs_match_the_stacked_computation():
+    torch.manual_seed(0)
+    steps = [torch.randn(3, 11) for _ in range(4)]  # generate's T raw [B, V] logits
+    tokens = torch.randint(0, 11, (3, 4))
+    stacked = torch.log_softmax(torch.stack(steps, dim=1) / 0.7, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(chosen_log_probs(steps, tokens, 0.7), stacked, atol=1e-6)
 
 
 def test_prompt_over_window_is_rejected(tiny_engine):

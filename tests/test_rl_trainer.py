@@ -73,6 +73,8 @@ def test_micro_batches_respect_the_token_budget():
 
     mbs = micro_batches([s(10), s(30), s(12), s(28), s(100)], 60)
     assert [[x.length for x in mb] for mb in mbs] == [[10, 12], [28, 30], [100]]
+    one_row = micro_batches([s(10), s(30), s(12)], 60, max_rows=1)  # the trainer's CPU setting
+    assert [[x.length for x in mb] for mb in one_row] == [[10], [12], [30]]
 
 
 def test_load_examples_checks_columns(tmp_path):

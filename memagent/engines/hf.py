@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
@@ -65,6 +65,19 @@ class _PerRowTokenLimit(StoppingCriteria):
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         generated = input_ids.shape[1] - self.prompt_len
         return (generated >= self.limits).to(input_ids.device)
+
+
+def chosen_log_probs(step_logits: Sequence[torch.Tensor], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-prob ``[B, T]`` (CPU) of each generated token under ``softmax(logits / temperature)``.
+
+    ``step_logits`` are generate's ``T`` raw ``[B, V]`` logits. One step at a time: stacking them
+    first would hold four ``[B, T, V]`` fp32 copies (2 GB for 16 rows of 160 tokens at a 49K vocab).
+    """
+    cols = []
+    for t, logits in enumerate(step_logits):
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        cols.append(logp.gather(-1, tokens[:, t : t + 1].to(logp.device)).cpu())
+    return torch.cat(cols, dim=1)
 
 
 def _left_pad(rows: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -238,11 +251,7 @@ class TransformersEngine(Engine):
         new_tokens = out.sequences[:, prompt_len:].cpu()
         step_logprobs = None
         if params.logprobs:
-            logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
-            if not params.greedy:
-                logits = logits / params.temperature
-            step_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1).to(logits.device))
-            step_logprobs = step_logprobs.squeeze(-1).cpu()  # [B, T]
+            step_logprobs = chosen_log_probs(out.logits, new_tokens, 1.0 if params.greedy else params.temperature)
         self.stats.batch_sizes.append(len(batch))
         completions = []
         for i, r in enumerate(batch):

@@ -30,16 +30,17 @@ class Sample:
         return len(self.conv.prompt_ids) + len(self.conv.response_ids)
 
 
-def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
+def micro_batches(samples: Sequence[Sample], token_budget: int, *, max_rows: int | None = None) -> list[list[Sample]]:
     """Split into micro-batches whose padded size (rows x longest row) stays within the budget.
 
     Samples are sorted by length first (less padding); a sample longer than the budget gets a
-    micro-batch of its own. Example: lengths [10, 30, 12, 28], budget 60 -> [[10, 12], [28, 30]].
+    micro-batch of its own; ``max_rows`` caps the rows of one. Example: lengths [10, 30, 12, 28],
+    budget 60 -> [[10, 12], [28, 30]]; with ``max_rows=1`` -> [[10], [12], [28], [30]].
     """
     out: list[list[Sample]] = []
     cur: list[Sample] = []
     for s in sorted(samples, key=lambda s: s.length):
-        if cur and (len(cur) + 1) * s.length > token_budget:
+        if cur and ((len(cur) + 1) * s.length > token_budget or (max_rows is not None and len(cur) >= max_rows)):
             out.append(cur)
             cur = []
         cur.append(s)

@@ -82,7 +82,8 @@ class TrainConfig(BaseModel):
     ppo_mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch (paper: 16).")
     ppo_epochs: int = Field(1, gt=0, description="Passes over the rollout batch (paper: 1).")
     micro_batch_tokens: int = Field(
-        8192, gt=0, description="Padded tokens per forward/backward (dynamic batch size; paper: 16384 per GPU)."
+        8192, gt=0, description=("Padded tokens per forward/backward on a GPU (dynamic batch size; paper: 16384 "
+                                 "per GPU). On a CPU each conversation runs forward and backward alone.")
     )
     zero_stage: int | None = Field(
         None, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3); default: 0 on one process (partitioning over "

@@ -2,12 +2,13 @@
 
 The estimate adds what lives through the whole run (weights, gradients, AdamW's moments, the
 reference, DeepSpeed's copies) to the largest transient of a step (the rollout's KV caches and
-logits, or one micro-batch's activations and logits, or the checkpoint's copy of the weights).
+logits, or one row's activations and logits, or the checkpoint's copy of the weights).
 Per-token coefficients come from the model's shapes; the two measured constants are below.
-Measured peak of issue 15's configuration (a) (SmolLM2-135M, fp32, CPU, one process): 7.1 GB
-(benchmarks/results/train_memory.json), against ~21 GB before gradient checkpointing took
-effect, rows ran unpadded, the rollout engine shared the policy's weights and one process
-stopped using ZeRO-2.
+Measured peak of issue 15's configuration (a) (SmolLM2-135M, fp32, CPU, one process): see
+benchmarks/results/train_memory.json; ~21 GB before gradient checkpointing took effect, rows ran
+unpadded (and on a CPU, backward one row at a time), the rollout engine shared the policy's
+weights, one process stopped using ZeRO-2 and its gradient all-reduce, and the behaviour
+log-probs stopped stacking logits.
 """
 
 from __future__ import annotations
@@ -23,17 +24,16 @@ from memagent.rl.config import ZERO_OPTIMIZATION, TrainConfig
 log = logging.getLogger(__name__)
 
 MB = 2**20
-RUNTIME_MB = 700
+RUNTIME_MB = 600
 """Resident memory of a trainer process besides its tensors: torch, transformers, DeepSpeed, the
 tokenizer, the allocator's heap. Measured on configuration (a) (CPU, torch 2.13, SmolLM2-135M):
-0.5 GB before the first step, 0.8 GB after it (2.9 GB = runtime + policy + reference + AdamW)."""
+0.5 GB before the first step, 0.6 GB between steps (2.6 GB = runtime + policy + reference + AdamW)."""
 PROMPT_OVERHEAD_TOKENS = 120
 """Chat template and instruction tokens around question, memory and chunk (the agent's prompts)."""
-UPDATE_FACTOR = 2.9
-"""Measured / counted memory of the update (gradients + activations + logits below): autograd's
-temporaries (the gradient of the tied embedding, of each layer's recompute), AdamW's step and the
-allocator's slack. Measured on configuration (a): 4.2 GB above the resident 2.9 GB in the second
-step's update, against 1.47 GB counted."""
+UPDATE_FACTOR = 1.4
+"""Measured / counted memory of the update (gradients + one row's activations, logits and
+embedding gradients below): autograd's other temporaries and the allocator's slack. Measured on
+configuration (a): 1.18 GB above the resident set in the second step's update, 0.88 GB counted."""
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,15 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
     Transient, the largest of:
       - rollout: KV caches ``2 * layers * kv_dim * w`` per token of every concurrent conversation
         (``batch/N * group`` of them, at most ``engine_max_batch_size``), and the behaviour
-        log-probs' logits, three ``[rows, new tokens, vocab]`` fp32 arrays;
-      - update: at ZeRO-0 the gradients ``4P`` (freed after each optimizer step), and one
-        micro-batch of ``micro_batch_tokens`` tokens, its rows run one at a time (CPU). With
-        gradient checkpointing each layer keeps its input (``hidden * 4`` bytes per token per
-        layer) and one layer of one row is recomputed at a time (``(9 hidden + 4 intermediate +
-        4 kv_dim) * 4`` bytes per token); without it every layer keeps the latter for every token.
-        Plus the logits of the response positions, three ``[rows, T + 1, vocab]`` fp32 arrays
-        (logits, log-softmax, gradient);
+        log-probs' logits, the ``[rows, new tokens, vocab]`` fp32 logits generate keeps;
+      - update: at ZeRO-0 the gradients ``4P`` (freed after each optimizer step), and one row
+        (on a CPU each conversation runs forward and backward alone: the longest is a memory
+        update, chunk + memory + question + template + reply). With gradient checkpointing each
+        layer keeps its input (``hidden * 4`` bytes per token per layer) and one layer is
+        recomputed at a time (``(9 hidden + 4 intermediate + 4 kv_dim) * 4`` bytes per token);
+        without it every layer keeps the latter. Plus the logits of the reply, three
+        ``[T + 1, vocab]`` fp32 arrays (logits, log-softmax, gradient), and the two ``[vocab,
+        hidden]`` gradients of a tied embedding (as input and as output layer) before they are summed;
       - checkpoint: a CPU copy of the weights ``4P`` and DeepSpeed's serialisation buffers ``4P``.
     Plus :data:`RUNTIME_MB`; the update's count is scaled by the measured :data:`UPDATE_FACTOR`.
     """
@@ -126,23 +127,19 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
 
     convs = min(config.batch_size // max(world_size, 1) * config.group_size, engine_max_batch_size)
     update_row = agent.chunk_tokens + agent.memory_tokens + agent.query_tokens + PROMPT_OVERHEAD_TOKENS
-    answer_row = agent.memory_tokens + agent.query_tokens + PROMPT_OVERHEAD_TOKENS
     kv = 2 * shape.layers * shape.kv_dim * w * (update_row + agent.memory_tokens) * convs
-    rollout_logits = 3 * convs * max(agent.memory_tokens, agent.answer_tokens) * shape.vocab * 4
+    rollout_logits = convs * max(agent.memory_tokens, agent.answer_tokens) * shape.vocab * 4
 
-    tokens = config.micro_batch_tokens
+    row = update_row + agent.memory_tokens
     per_layer = (9 * shape.hidden + 4 * shape.intermediate + 4 * shape.kv_dim) * 4
     if config.gradient_checkpointing:
-        acts = tokens * shape.layers * shape.hidden * 4 + min(tokens, update_row) * per_layer
+        acts = row * shape.layers * shape.hidden * 4 + row * per_layer
     else:
-        acts = tokens * shape.layers * per_layer
-    response_positions = max(  # rows x (T + 1) of the memory-update and the answer micro-batches
-        max(1, tokens // update_row) * (agent.memory_tokens + 1),
-        max(1, tokens // answer_row) * (agent.answer_tokens + 1),
-    )
-    logits = 3 * response_positions * shape.vocab * 4
+        acts = row * shape.layers * per_layer
+    logits = 3 * (max(agent.memory_tokens, agent.answer_tokens) + 1) * shape.vocab * 4
+    embedding = 2 * shape.vocab * shape.hidden * 4
     grads = 4 * P if stage == 0 else 0
-    transient = {"rollout": kv + rollout_logits, "update": UPDATE_FACTOR * (grads + acts + logits),
+    transient = {"rollout": kv + rollout_logits, "update": UPDATE_FACTOR * (grads + acts + logits + embedding),
                  "checkpoint": 8 * P}
     return MemoryEstimate({k: v / MB for k, v in resident.items()}, {k: v / MB for k, v in transient.items()})
 
@@ -158,7 +155,8 @@ def check_memory(estimate: MemoryEstimate, available_mb: float, *, processes: in
     if force or need <= available_mb:
         return
     knob = {
-        "update": "lower micro_batch_tokens (--config) or turn gradient_checkpointing on",
+        "update": "turn gradient_checkpointing on, or lower the agent's chunk tokens (--chunk-tokens: one "
+                  "conversation is one row of the update)",
         "rollout": "lower batch_size (--batch-size) or group_size (--group-size), or the agent's chunk/memory tokens",
         "checkpoint": "use a machine with more memory (the checkpoint copies the weights twice)",
     }[estimate.largest_transient]
@@ -190,9 +188,7 @@ def guard_memory(config: TrainConfig, agent_config: AgentConfig, model_dir: Path
 
 
 def release_memory() -> None:
-    """Hand freed memory back: Python's cycles, CUDA's cache, and glibc's heap (CPU tensors are
-    malloc'ed; without a trim, freed rollout buffers stay in the process's resident set)."""
-    import ctypes
+    """Hand freed memory back: Python's cycles, CUDA's cache, and the host heap (:func:`trim_heap`)."""
     import gc
 
     import torch
@@ -200,7 +196,21 @@ def release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Return the free pages of glibc's heap to the OS (a no-op elsewhere).
+
+    CPU tensors are malloc'ed, and glibc keeps what a phase frees for the next one: without a
+    trim after each row's backward, the next row's activations and gradients land beside the
+    last one's leftovers (+0.4 GB at configuration (a)). Costs milliseconds. A fixed mmap
+    threshold would bound the heap too, but faulted every large tensor in afresh: 30% slower.
+    """
+    import ctypes
+
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
