@@ -67,6 +67,10 @@ class LatencyModel:
     # has already tokenised the document once to chunk it); None: exact counts. Saves the CPU that
     # eight simulated GPUs on two shared cores would otherwise spend re-tokenising every prompt.
     chars_per_token: float | None = None
+    # vLLM's scheduling_policy="priority" (the vllm engine's default): waiting sequences are admitted
+    # and running ones given prefill tokens by (priority, arrival); False: first come first served.
+    # Simplified: vLLM also preempts lower-priority running sequences when its KV cache is full.
+    priority_scheduling: bool = True
 
     def step_seconds(self, prefill_tokens: int, decode_seqs: int) -> float:
         """Modelled duration of one step (unscaled)."""
@@ -91,6 +95,7 @@ class _Seq:
     decode_left: int
     future: asyncio.Future
     completion: Completion
+    rank: tuple[int, int] = (0, 0)  # (priority, arrival): lower is served first under priority scheduling
 
 
 @dataclass
@@ -147,6 +152,7 @@ class LatencyEngine(Engine):
         # Chat-template tokens around the message contents (constant per template).
         self._template_overhead = len(super().encode_chat([{"role": "user", "content": ""}]))
         self._waiting: deque[_Seq] = deque()
+        self._arrivals = 0
         self._running: list[_Seq] = []
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -200,7 +206,10 @@ class LatencyEngine(Engine):
         n_prompt = self.count_chat_tokens(messages)
         loop = asyncio.get_running_loop()
         completion = Completion(text=text, prompt_tokens=n_prompt, completion_tokens=n_out, finish_reason=finish)
-        seq = _Seq(prefill_left=n_prompt, decode_left=n_out, future=loop.create_future(), completion=completion)
+        self._arrivals += 1
+        rank = (params.priority if self.model.priority_scheduling else 0, self._arrivals)
+        seq = _Seq(prefill_left=n_prompt, decode_left=n_out, future=loop.create_future(), completion=completion,
+                   rank=rank)
         self._ensure_worker()
         self._waiting.append(seq)
         assert self._wake is not None
@@ -220,8 +229,12 @@ class LatencyEngine(Engine):
                 self._wake.clear()
                 await self._wake.wait()
             # Admit waiting sequences while there is room (vLLM: running first, then waiting).
+            if m.priority_scheduling and len(self._waiting) > 1:
+                self._waiting = deque(sorted(self._waiting, key=lambda s: s.rank))
             while self._waiting and len(self._running) < m.max_seqs:
                 self._running.append(self._waiting.popleft())
+            if m.priority_scheduling:
+                self._running.sort(key=lambda s: s.rank)  # prefill budget in priority order
             decoding = [s for s in self._running if s.prefill_left == 0]
             budget = m.max_tokens_per_step - len(decoding)
             prefill = 0

@@ -12,8 +12,10 @@ serving an 8B model each; its steps sleep, so eight cost almost no CPU).
 
 Modes: ``admission`` (the job's default: one row per call, ``max_in_flight`` calls per actor,
 the actor's gate), ``barrier`` (admission off: one call per actor of ``max_in_flight`` rows,
-the job before issue 14), ``admission_lpt`` (admission, rows sorted longest first by
-``run_batch_qa(longest_first=True)``), and for the design choice ``sched4`` (4 rows per call,
+the job before issue 14, its engine first come first served), ``admission_lpt`` (admission, rows
+sorted longest first by ``run_batch_qa(longest_first=True)``), ``admission_fcfs`` (admission, the
+engine first come first served instead of by priority: the document with most conversations left
+first, as the vllm engine schedules by default), and for the design choice ``sched4`` (4 rows per call,
 ``max_in_flight`` calls, the gate binding: a scheduler inside the actor) and ``calls4`` (4 rows
 per call, ``max_in_flight / 4`` calls: several calls over small batches, no gate binding).
 
@@ -37,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -164,7 +167,6 @@ def plan_for(mode: str, m: int):
     from pipelines.admission import AdmissionPlan
 
     return {"admission": AdmissionPlan(m, rows_per_call=1), "barrier": AdmissionPlan.barrier(m),
-            "admission_lpt": AdmissionPlan(m, rows_per_call=1),
             "sched4": AdmissionPlan(m, rows_per_call=4, calls_per_actor=m),
             "calls4": AdmissionPlan(m, rows_per_call=4)}[mode]
 
@@ -176,7 +178,10 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
     from pipelines.job import JobConfig
 
-    plan = plan_for(mode, args.max_in_flight)
+    plan = plan_for(mode.split("_")[0], args.max_in_flight)
+    # The engine's queue: priority scheduling (the vllm engine's default since issue 14) except in
+    # "barrier" (the job before issue 14) and the "_fcfs" variants.
+    model = replace(model, priority_scheduling=not (mode == "barrier" or mode.endswith("_fcfs")))
     cfg = BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
                         job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
                                       max_in_flight=args.max_in_flight, progress=False,
@@ -203,7 +208,7 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     # planning, actor start (tokenizer load) and the last file's write are reported apart.
     job_wall = summary.reading_seconds or summary.seconds
     return {
-        "mode": mode, "rows_per_call": plan.rows_per_call, "calls_per_actor": plan.calls,
+        "mode": mode, "priority_scheduling": model.priority_scheduling, "rows_per_call": plan.rows_per_call, "calls_per_actor": plan.calls,
         "max_in_flight": plan.max_in_flight, "occupancy": round(summary.occupancy or 0.0, 4),
         "actor_occupancy": {k: round(v, 4) for k, v in summary.actor_occupancy.items()},
         "actor_windows_s": summary.actor_windows, "tasks_in_flight_per_actor": plan.tasks_in_flight,

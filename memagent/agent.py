@@ -13,7 +13,7 @@ token ids and log-probs of every conversation for training).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from memagent.chunking import Chunk, chunk_document
@@ -154,15 +154,17 @@ async def read_document(
         )
     doc = chunk_document(engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
     memory_params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs)
-    answer_params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, logprobs)
+    answer_params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, logprobs, priority=-1)
 
     memory = NO_MEMORY
     steps: list[Step] = []
     completions: list[Completion] = []
-    for chunk in doc.chunks:
+    for k, chunk in enumerate(doc.chunks):
         t0 = time.perf_counter()
         messages = memory_update_messages(question, memory, chunk.text, config.instruction, config.prompts)
-        reply = await engine.chat(messages, memory_params)
+        # A document's reads are a chain: the one with most conversations left goes first.
+        ahead = len(doc.chunks) - k + 1  # this update, the later ones and the answer
+        reply = await engine.chat(messages, replace(memory_params, priority=-ahead))
         memory = strip_thinking(reply.text).strip()  # overwrite, never append
         steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
         completions.append(reply)

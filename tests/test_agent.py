@@ -9,6 +9,7 @@ import pytest
 from memagent.agent import InputError, check_config, read_document
 from memagent.config import AgentConfig, PRESETS
 from memagent.data.demo import niah_row
+from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 from memagent.prompts import NO_MEMORY
 
 FAST = AgentConfig(chunk_tokens=96, memory_tokens=12, answer_tokens=8, query_tokens=64)
@@ -90,3 +91,24 @@ def test_real_read_with_packaged_model(smollm2_engine):
     assert all(m and m != NO_MEMORY for m in memories)
     assert all(s.prompt_tokens > 0 and s.completion_tokens > 0 and s.seconds > 0 for s in r.steps)
     assert r.response.strip() and r.prediction
+
+
+class _RecordingEngine(Engine):
+    """Replies with a fixed text and records each request's sampling parameters."""
+
+    def __init__(self, tokenizer):
+        self.name, self.context_window, self.tokenizer, self.stats = "recording", 4096, tokenizer, EngineStats()
+        self.params: list[SamplingParams] = []
+
+    async def chat(self, messages, params: SamplingParams) -> Completion:
+        self.params.append(params)
+        return Completion(text="noted", prompt_tokens=10, completion_tokens=1, finish_reason="stop")
+
+
+def test_each_request_carries_the_conversations_left_as_priority(tiny_engine):
+    engine = _RecordingEngine(tiny_engine.tokenizer)
+    row = niah_row(0, 400, depth=0.5, seed=2)
+    r = run(read_document(engine, row["question"], row["context"], FAST))
+    n = r.n_chunks
+    # Lower goes first: the first update of an n-chunk document has n + 1 conversations ahead.
+    assert [p.priority for p in engine.params] == [-(n + 1 - k) for k in range(n)] + [-1]

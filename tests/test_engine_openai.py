@@ -346,6 +346,17 @@ def test_missing_usage_is_counted_locally(faults, tokenizer):
 
 # -- batch jobs: GPUs per engine ---------------------------------------------------------------
 
+def test_priority_is_sent_only_when_the_server_schedules_by_it(tokenizer):
+    params = SamplingParams(max_tokens=4, priority=-7)
+    plain = OpenAIEngine("http://127.0.0.1:9/v1", "m", tokenizer, 512)
+    assert "priority" not in plain._request_body([{"role": "user", "content": "hi"}], params)
+    cfg = EngineConfig(engine="openai", endpoint="http://127.0.0.1:9/v1", model="m", priority_scheduling=True)
+    assert cfg.priority_scheduling and OpenAIEngine("http://127.0.0.1:9/v1", "m", tokenizer, 512,
+                                                    send_priority=True)._request_body([{"role": "user", "content": "hi"}], params)["priority"] == -7
+    with pytest.raises(ValueError, match="priority_scheduling: apply only to engine vllm or openai"):
+        EngineConfig(priority_scheduling=True)
+
+
 def test_batch_config_gpu_rules():
     from pipelines.batch_qa import BatchQAConfig
     from pipelines.job import JobConfig

@@ -53,9 +53,16 @@ def _filler(rng: random.Random, n_tokens: int, count: TokenCounter) -> str:
     # Grow in batches of sentences and measure, so sizing costs a few tokenizer calls only.
     while count(" ".join(sentences)) < n_tokens:
         sentences.extend(rng.choice(FILLER) for _ in range(max(8, (n_tokens - count(" ".join(sentences))) // 6)))
-    while sentences and count(" ".join(sentences)) > n_tokens:
-        sentences.pop()
-    return " ".join(sentences)
+    # The longest prefix within n_tokens (counts grow with the prefix): a binary search, where
+    # dropping one sentence at a time re-counted megabytes per sentence on long documents.
+    lo, hi = 0, len(sentences)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(" ".join(sentences[:mid])) <= n_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(sentences[:lo])
 
 
 def niah_row(idx: int, target_tokens: int, depth: float, seed: int, count: TokenCounter = _approx_tokens) -> dict:

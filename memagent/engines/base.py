@@ -23,6 +23,10 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     logprobs: bool = False  # return the behaviour log-prob of each generated token (RL)
+    # Scheduling order for engines that schedule by priority (lower first; ties first come first
+    # served). The agent gives the conversations still ahead of a document, negated: the longest
+    # remaining read goes first, as a makespan scheduler would; engines without a queue ignore it.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:

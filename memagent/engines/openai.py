@@ -95,6 +95,8 @@ class OpenAIEngine(Engine):
         request_timeout_s: timeout of one HTTP request (connect, read, write each).
         max_retries: retries of a transient failure (so up to ``max_retries + 1`` attempts).
         backoff_s: first backoff wait; doubled per retry, capped, with full jitter.
+        send_priority: send each request's ``priority`` (vLLM's server extension; it must run with
+            ``--scheduling-policy priority``, and other servers may reject the field).
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class OpenAIEngine(Engine):
         request_timeout_s: float = 120.0,
         max_retries: int = 5,
         backoff_s: float = 0.5,
+        send_priority: bool = False,
     ):
         self.endpoint = endpoint.rstrip("/")
         self.name = served_model
@@ -119,6 +122,7 @@ class OpenAIEngine(Engine):
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.send_priority = send_priority
         self.stats = EngineStats()
         self.retries = 0  # transient failures retried so far (monitoring, tests)
         # An httpx client and a semaphore belong to one event loop; Ray actors and asyncio.run
@@ -146,6 +150,7 @@ class OpenAIEngine(Engine):
             max_concurrency=config.max_concurrency,
             request_timeout_s=config.request_timeout_s,
             max_retries=config.max_retries,
+            send_priority=bool(config.priority_scheduling),
             **kwargs,
         )
 
@@ -187,6 +192,8 @@ class OpenAIEngine(Engine):
         }
         if params.logprobs:
             body["logprobs"] = True
+        if self.send_priority:
+            body["priority"] = params.priority
         return body
 
     def _completion(self, data: dict[str, Any], messages: Messages, params: SamplingParams) -> Completion:

@@ -88,6 +88,7 @@ def engine_args_from_config(
         "quantization": config.quantization,
         "enable_prefix_caching": config.enable_prefix_caching,
         "enable_sleep_mode": config.enable_sleep_mode,
+        "scheduling_policy": "fcfs" if config.priority_scheduling is False else "priority",
         "max_num_seqs": config.max_batch_size,
         "seed": seed,
         # Log-probs after temperature: what the trainer recomputes (TRL does the same).
@@ -285,7 +286,8 @@ class VLLMEngine(Engine):
         self.stats.batch_sizes.append(self.in_flight)
         final = None
         try:
-            async for out in self._llm.generate({"prompt_token_ids": prompt_ids}, sp, request_id):
+            priority = params.priority if self.engine_args.get("scheduling_policy") == "priority" else 0
+            async for out in self._llm.generate({"prompt_token_ids": prompt_ids}, sp, request_id, priority=priority):
                 final = out
         finally:
             self.in_flight -= 1
