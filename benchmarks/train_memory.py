@@ -11,6 +11,14 @@ the measured one, then the final checkpoint):
 
     .venv/bin/python benchmarks/train_memory.py --configs a --out benchmarks/results/train_memory.json
 
+On a 2-core CPU (b)'s first step takes over an hour (its rollout alone ~15 min). There
+``--optimizer-state-upfront --timeout-s`` records the rollout and scoring phases of the real run
+with AdamW's moments resident, and ``--update-probe ROWS`` measures the update on rows as long as
+(b)'s longest conversation (same trainer, same resident set), without the rollout:
+
+    .venv/bin/python benchmarks/train_memory.py --configs b --update-probe 4 --optimizer-state-upfront \
+        --out benchmarks/results/train_memory_update_probe.json
+
 The parent samples the resident memory of the child's whole process tree every 50 ms and kills
 it above ``--max-rss-gb`` (a shared machine must not swap or OOM). The child records the peak of
 its own RSS during each phase of the step (rollout, scoring, update, weight sync, checkpoint),
@@ -135,10 +143,45 @@ def child(spec_path: Path) -> None:
 
         trainer.build_run = build_run
     threading.Thread(target=sample, daemon=True).start()
-    trainer.train(config=config, agent_config=agent, data=spec["data"], out_dir=spec["run_dir"],
-                  model=spec["model"], on_step=on_step, force=True)
+    if spec.get("probe_rows"):
+        probe_update(spec, config, agent, phase, on_step)
+    else:
+        trainer.train(config=config, agent_config=agent, data=spec["data"], out_dir=spec["run_dir"],
+                      model=spec["model"], on_step=on_step, force=True)
     stop.set()
     dump(True)
+
+
+def probe_update(spec: dict[str, Any], config: Any, agent: Any, phase: dict[str, Any], on_step: Any) -> None:
+    """Scoring and update only, twice, on ``probe_rows`` random rows as long as the configuration's
+    longest conversation (a memory update: chunk + memory + question + template, and a reply of
+    ``memory_tokens``); the phases of a step that a CPU reaches only after a long rollout."""
+    import random
+
+    from memagent.models import resolve_model
+    from memagent.rl import trainer
+    from memagent.rl.batching import Sample
+    from memagent.rl.distributed import setup_distributed
+    from memagent.rl.memory import PROMPT_OVERHEAD_TOKENS
+    from memagent.rl.rollout import Conversation
+
+    setup_distributed()
+    run = trainer.build_run(config, agent, resolve_model(spec["model"]), rank=0, world=1, out=Path(spec["run_dir"]),
+                            engine_max_batch_size=64)
+    rng, vocab = random.Random(0), run.engine.module.config.vocab_size
+    prompt = agent.chunk_tokens + agent.memory_tokens + agent.query_tokens + PROMPT_OVERHEAD_TOKENS
+    for step in range(2):
+        phase["step"] = step
+        samples = [Sample(Conversation(traj_index=i, group_id=0, conv_index=0,
+                                       prompt_ids=[rng.randrange(100, vocab) for _ in range(prompt)],
+                                       response_ids=[rng.randrange(100, vocab) for _ in range(agent.memory_tokens)],
+                                       behaviour_logprobs=None, is_final=False, truncated=False, trainable=True),
+                          rng.choice((-1.0, 1.0))) for i in range(spec["probe_rows"])]
+        t0 = time.perf_counter()
+        trainer.score_old_and_reference(run, samples, on_policy=True)
+        trainer.update_policy(run, samples, on_policy=True)
+        on_step({"step": step, "rows": len(samples), "row_tokens": prompt + agent.memory_tokens,
+                 "update_s": round(time.perf_counter() - t0, 2)})
 
 
 def allocate_optimizer_state(optimizer: Any) -> None:
@@ -206,8 +249,8 @@ def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int, timeout_s
             break
         time.sleep(0.05)
     rc = proc.wait()
-    out: dict[str, Any] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train",
-                                                         "optimizer_state_upfront")},
+    out: dict[str, Any] = {"config": {k: spec.get(k) for k in ("length", "samples", "preset", "agent", "train",
+                                                             "optimizer_state_upfront", "probe_rows")},
                            "peak_rss_mb": round(peak / 2**20), "wall_s": round(time.perf_counter() - t0, 1),
                            "loadavg_before": load_before, "loadavg_after": loadavg(),
                            "loadavg_1min_mean_during": round(sum(loads) / len(loads), 2) if loads else None,
@@ -217,6 +260,9 @@ def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int, timeout_s
     if killed:
         out["killed"] = f"above {round(max_rss / 2**20)} MB" if peak > max_rss else f"after {timeout_s:.0f} s"
         out["partial"] = result  # per-phase peaks and the steps finished before the kill
+        return out
+    if spec.get("probe_rows"):
+        out.update(probe=result["steps"], phase_peak_rss_mb=result["phase_peak_rss_mb"])
         return out
     measured = result["steps"][-1]  # the step after the warm-up
     out.update(
@@ -248,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimizer-state-upfront", action="store_true",
                    help="allocate AdamW's moments before the first step, so that a run stopped by --timeout-s "
                         "within its first step (config (b) on a small CPU) still measures the steady state")
+    p.add_argument("--update-probe", type=int, default=0, metavar="ROWS",
+                   help="instead of training: build the trainer, then score and update ROWS random rows of the "
+                        "configuration's longest conversation, twice (the update's peak without the rollout's hour)")
     p.add_argument("--work", type=Path, help="directory for data and runs (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_memory.json"))
     args = p.parse_args(argv)
@@ -264,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.configs.split(","):
         spec = json.loads(json.dumps(CONFIGS[name]))
         spec["train"].update(overrides)
-        spec.update(model=args.model, threads=args.threads, optimizer_state_upfront=args.optimizer_state_upfront)
+        spec.update(model=args.model, threads=args.threads, optimizer_state_upfront=args.optimizer_state_upfront,
+                    probe_rows=args.update_probe)
         if args.estimate_only:
             results["runs"][name] = {"config": {k: spec[k] for k in ("length", "samples", "preset", "agent", "train")},
                                      "estimate": estimate(spec)}
