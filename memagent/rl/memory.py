@@ -3,7 +3,7 @@
 The estimate adds what lives through the whole run (weights, gradients, AdamW's moments, the
 reference, DeepSpeed's copies) to the largest transient of a step (the rollout's KV caches and
 logits, or one row's activations and logits, or the checkpoint's copy of the weights).
-Per-token coefficients come from the model's shapes; the two measured constants are below.
+Per-token coefficients come from the model's shapes; the measured constants are below.
 Measured peak of issue 15's configuration (a) (SmolLM2-135M, fp32, CPU, one process): see
 benchmarks/results/train_memory.json; ~21 GB before gradient checkpointing took effect, rows ran
 unpadded (and on a CPU, backward one row at a time), the rollout engine shared the policy's
@@ -34,6 +34,10 @@ UPDATE_FACTOR = 1.4
 """Measured / counted memory of the update (gradients + one row's activations, logits and
 embedding gradients below): autograd's other temporaries and the allocator's slack. Measured on
 configuration (a): 1.18 GB above the resident set in the second step's update, 0.88 GB counted."""
+ROLLOUT_FACTOR = 1.35
+"""Measured / counted memory of the rollout (KV caches + logits below): prefill temporaries, the
+sampler's, the allocator's slack. Measured: 2.2 GB above the resident set against 1.62 GB counted
+at configuration (b), 0.42 against 0.31 at (a)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,8 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
         ``[T + 1, vocab]`` fp32 arrays (logits, log-softmax, gradient), and the two ``[vocab,
         hidden]`` gradients of a tied embedding (as input and as output layer) before they are summed;
       - checkpoint: a CPU copy of the weights ``4P`` and DeepSpeed's serialisation buffers ``4P``.
-    Plus :data:`RUNTIME_MB`; the update's count is scaled by the measured :data:`UPDATE_FACTOR`.
+    Plus :data:`RUNTIME_MB`; the rollout's and update's counts are scaled by the measured
+    :data:`ROLLOUT_FACTOR` and :data:`UPDATE_FACTOR`.
     """
     P, w = shape.params, 2 if bf16 else 4
     stage = config.zero_stage_for(world_size)
@@ -139,7 +144,7 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
     logits = 3 * (max(agent.memory_tokens, agent.answer_tokens) + 1) * shape.vocab * 4
     embedding = 2 * shape.vocab * shape.hidden * 4
     grads = 4 * P if stage == 0 else 0
-    transient = {"rollout": kv + rollout_logits, "update": UPDATE_FACTOR * (grads + acts + logits + embedding),
+    transient = {"rollout": ROLLOUT_FACTOR * (kv + rollout_logits), "update": UPDATE_FACTOR * (grads + acts + logits + embedding),
                  "checkpoint": 8 * P}
     return MemoryEstimate({k: v / MB for k, v in resident.items()}, {k: v / MB for k, v in transient.items()})
 
