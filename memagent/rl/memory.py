@@ -144,7 +144,8 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
     logits = 3 * (max(agent.memory_tokens, agent.answer_tokens) + 1) * shape.vocab * 4
     embedding = 2 * shape.vocab * shape.hidden * 4
     grads = 4 * P if stage == 0 else 0
-    transient = {"rollout": ROLLOUT_FACTOR * (kv + rollout_logits), "update": UPDATE_FACTOR * (grads + acts + logits + embedding),
+    transient = {"rollout": ROLLOUT_FACTOR * (kv + rollout_logits),
+                 "update": UPDATE_FACTOR * (grads + acts + logits + embedding),
                  "checkpoint": 8 * P}
     return MemoryEstimate({k: v / MB for k, v in resident.items()}, {k: v / MB for k, v in transient.items()})
 
@@ -209,7 +210,7 @@ def trim_heap() -> None:
 
     CPU tensors are malloc'ed, and glibc keeps what a phase frees for the next one: without a
     trim after each row's backward, the next row's activations and gradients land beside the
-    last one's leftovers (+0.4 GB at configuration (a)). Costs milliseconds. A fixed mmap
+    last one's leftovers (+0.16 GB at configuration (a)). Costs milliseconds. A fixed mmap
     threshold would bound the heap too, but faulted every large tensor in afresh: 30% slower.
     """
     import ctypes
@@ -218,4 +219,3 @@ def trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
