@@ -67,10 +67,10 @@ class LatencyModel:
     # has already tokenised the document once to chunk it); None: exact counts. Saves the CPU that
     # eight simulated GPUs on two shared cores would otherwise spend re-tokenising every prompt.
     chars_per_token: float | None = None
-    # vLLM's scheduling_policy="priority" (the vllm engine's default): waiting sequences are admitted
-    # and running ones given prefill tokens by (priority, arrival); False: first come first served.
-    # Simplified: vLLM also preempts lower-priority running sequences when its KV cache is full.
-    priority_scheduling: bool = True
+    # vLLM's scheduling_policy="priority" (EngineConfig.priority_scheduling): waiting sequences are
+    # admitted and running ones given prefill tokens by (priority, arrival); False: first come first
+    # served. Simplified: vLLM also preempts lower-priority running sequences when its KV cache is full.
+    priority_scheduling: bool = False
 
     def step_seconds(self, prefill_tokens: int, decode_seqs: int) -> float:
         """Modelled duration of one step (unscaled)."""

@@ -12,10 +12,11 @@ serving an 8B model each; its steps sleep, so eight cost almost no CPU).
 
 Modes: ``admission`` (the job's default: one row per call, ``max_in_flight`` calls per actor,
 the actor's gate), ``barrier`` (admission off: one call per actor of ``max_in_flight`` rows,
-the job before issue 14, its engine first come first served), ``admission_lpt`` (admission, rows
-sorted longest first by ``run_batch_qa(longest_first=True)``), ``admission_fcfs`` (admission, the
-engine first come first served instead of by priority: the document with most conversations left
-first, as the vllm engine schedules by default), and for the design choice ``sched4`` (4 rows per call,
+the job before issue 14), ``admission_lpt`` (admission, rows sorted longest first by
+``run_batch_qa(longest_first=True)``); a ``_priority`` suffix makes the engine schedule by
+priority (``EngineConfig.priority_scheduling``: the document with most conversations left first)
+instead of first come first served, e.g. ``admission_priority``, ``admission_lpt_priority``;
+and for the design choice ``sched4`` (4 rows per call,
 ``max_in_flight`` calls, the gate binding: a scheduler inside the actor) and ``calls4`` (4 rows
 per call, ``max_in_flight / 4`` calls: several calls over small batches, no gate binding).
 
@@ -179,9 +180,8 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     from pipelines.job import JobConfig
 
     plan = plan_for(mode.split("_")[0], args.max_in_flight)
-    # The engine's queue: priority scheduling (the vllm engine's default since issue 14) except in
-    # "barrier" (the job before issue 14) and the "_fcfs" variants.
-    model = replace(model, priority_scheduling=not (mode == "barrier" or mode.endswith("_fcfs")))
+    # The engine's queue: first come first served, by priority in the "_priority" variants.
+    model = replace(model, priority_scheduling=mode.endswith("_priority"))
     cfg = BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
                         job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
                                       max_in_flight=args.max_in_flight, progress=False,
@@ -189,7 +189,7 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
                                       ray_address=args.address))
     load0 = loadavg()
     t0 = time.perf_counter()
-    summary = run_batch_qa(cfg, admission=plan, longest_first=mode.endswith("_lpt"),
+    summary = run_batch_qa(cfg, admission=plan, longest_first="_lpt" in mode,
                            engine_factory=("benchmarks.latency_engine:from_config", model_dict(model)))
     wall = time.perf_counter() - t0
     table = pads.dataset(str(out), format="parquet").to_table(
@@ -208,7 +208,8 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     # planning, actor start (tokenizer load) and the last file's write are reported apart.
     job_wall = summary.reading_seconds or summary.seconds
     return {
-        "mode": mode, "priority_scheduling": model.priority_scheduling, "rows_per_call": plan.rows_per_call, "calls_per_actor": plan.calls,
+        "mode": mode, "priority_scheduling": model.priority_scheduling, "rows_per_call": plan.rows_per_call,
+        "calls_per_actor": plan.calls,
         "max_in_flight": plan.max_in_flight, "occupancy": round(summary.occupancy or 0.0, 4),
         "actor_occupancy": {k: round(v, 4) for k, v in summary.actor_occupancy.items()},
         "actor_windows_s": summary.actor_windows, "tasks_in_flight_per_actor": plan.tasks_in_flight,

@@ -44,9 +44,9 @@ def test_engine_args_from_config():
     assert (args["dtype"], args["quantization"], args["max_num_seqs"], args["seed"]) == ("bfloat16", "fp8", 48, 7)
     assert args["enable_prefix_caching"] is False and args["enable_sleep_mode"] is True
     assert args["logprobs_mode"] == "processed_logprobs"  # after temperature, as the trainer computes
-    assert args["scheduling_policy"] == "priority"  # longest remaining document first, by default
-    assert engine_args_from_config(EngineConfig(engine="vllm", priority_scheduling=False), "m")[
-        "scheduling_policy"] == "fcfs"
+    assert args["scheduling_policy"] == "fcfs"  # vLLM's default unless asked
+    assert engine_args_from_config(EngineConfig(engine="vllm", priority_scheduling=True), "m")[
+        "scheduling_policy"] == "priority"
     assert args["enforce_eager"] is False  # GPUs compile; the CPU build runs eager
     assert engine_args_from_config(cfg, "m", platform="cpu")["enforce_eager"] is True
     for ours, theirs in [("auto", "auto"), ("fp16", "float16"), ("fp32", "float32")]:

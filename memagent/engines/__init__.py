@@ -55,10 +55,9 @@ class EngineConfig(BaseModel):
                                      json_schema_extra=_only("openai", flag="request-timeout"))
     max_retries: int = Field(5, ge=0, description="openai: retries on 429/5xx/connection errors, with exponential backoff.",
                              json_schema_extra=_only("openai"))
-    priority_scheduling: bool | None = Field(None, description=(
-        "vllm, openai: serve the document with the most conversations left first (vLLM's priority "
-        "scheduling; a long document's chain otherwise sets the job's wall). Default: on for vllm, off for "
-        "openai (the server must run with --scheduling-policy priority)."),
+    priority_scheduling: bool = Field(False, description=(
+        "vllm, openai: serve the document with the most conversations left first (vLLM's priority scheduling; "
+        "for openai the server must run with --scheduling-policy priority)."),
         json_schema_extra=_only("vllm", "openai", flag="priority-scheduling"))
     # -- vllm --
     tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs one engine shards the model over.",

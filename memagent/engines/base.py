@@ -25,7 +25,7 @@ class SamplingParams:
     logprobs: bool = False  # return the behaviour log-prob of each generated token (RL)
     # Scheduling order for engines that schedule by priority (lower first; ties first come first
     # served). The agent gives the conversations still ahead of a document, negated: the longest
-    # remaining read goes first, as a makespan scheduler would; engines without a queue ignore it.
+    # remaining read goes first; engines without a priority queue ignore it.
     priority: int = 0
 
     def __post_init__(self) -> None:

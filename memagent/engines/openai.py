@@ -150,7 +150,7 @@ class OpenAIEngine(Engine):
             max_concurrency=config.max_concurrency,
             request_timeout_s=config.request_timeout_s,
             max_retries=config.max_retries,
-            send_priority=bool(config.priority_scheduling),
+            send_priority=config.priority_scheduling,
             **kwargs,
         )
 

@@ -88,7 +88,7 @@ def engine_args_from_config(
         "quantization": config.quantization,
         "enable_prefix_caching": config.enable_prefix_caching,
         "enable_sleep_mode": config.enable_sleep_mode,
-        "scheduling_policy": "fcfs" if config.priority_scheduling is False else "priority",
+        "scheduling_policy": "priority" if config.priority_scheduling else "fcfs",
         "max_num_seqs": config.max_batch_size,
         "seed": seed,
         # Log-probs after temperature: what the trainer recomputes (TRL does the same).
