@@ -136,9 +136,12 @@ class FakeAsyncLLM:
         self.request_ids: list[str] = []
         self.calls: list[tuple[str, Any]] = []
         self.aborted: list[str] = []
+        self.priorities: list[int | None] = []
         self.delay = 0.05
 
-    async def generate(self, prompt: dict, sampling_params: Any, request_id: str):
+    async def generate(self, prompt: dict, sampling_params: Any, request_id: str, **kwargs: Any):
+        assert set(kwargs) <= {"priority"}, kwargs
+        self.priorities.append(kwargs.get("priority"))
         self.request_ids.append(request_id)
         try:
             await asyncio.sleep(self.delay)
@@ -195,6 +198,16 @@ def test_concurrent_requests_get_unique_ids_and_are_counted(fake_engine):
     assert fake_engine.stats.prompt_tokens == sum(o.prompt_tokens for o in outs)
     assert fake_engine.stats.completion_tokens == 8 * 3
     assert outs[0].prompt_token_ids == fake_engine.encode_chat(msgs("q0"))  # our template's ids go in
+    assert fake_engine._llm.priorities == [None] * 8  # first come first served: no priority sent
+
+
+def test_priority_is_passed_when_vllm_schedules_by_it(tiny_llama_dir):
+    engine = FakeEngine({"model": str(tiny_llama_dir), "scheduling_policy": "priority"}, name="fake")
+    try:
+        asyncio.run(engine.chat(msgs("q"), SamplingParams(max_tokens=2, priority=-9)))
+        assert engine._llm.priorities == [-9]
+    finally:
+        engine.shutdown()
 
 
 def test_cancelled_chat_aborts_its_request(fake_engine):

@@ -286,8 +286,9 @@ class VLLMEngine(Engine):
         self.stats.batch_sizes.append(self.in_flight)
         final = None
         try:
-            priority = params.priority if self.engine_args.get("scheduling_policy") == "priority" else 0
-            async for out in self._llm.generate({"prompt_token_ids": prompt_ids}, sp, request_id, priority=priority):
+            # vLLM rejects a priority unless it schedules by them.
+            extra = {"priority": params.priority} if self.engine_args.get("scheduling_policy") == "priority" else {}
+            async for out in self._llm.generate({"prompt_token_ids": prompt_ids}, sp, request_id, **extra):
                 final = out
         finally:
             self.in_flight -= 1
