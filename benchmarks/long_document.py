@@ -50,7 +50,9 @@ class TreeSampler:
         import psutil
 
         self.me, self.every_s = psutil.Process(), every_s
-        self.total_peak, self.per_pid = 0, {}
+        self.total_peak = 0
+        self.peaks: dict[int, int] = {}  # pid -> peak RSS
+        self.names: dict[int, str] = {}  # pid -> command line
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -63,19 +65,19 @@ class TreeSampler:
             for p in [self.me, *self.me.children(recursive=True)]:
                 try:
                     rss = p.memory_info().rss
-                    if "AgentWorker" not in self.per_pid.get(p.pid, [0, ""])[1]:  # Ray renames its workers
-                        self.per_pid[p.pid] = [self.per_pid.get(p.pid, [0])[0], " ".join(p.cmdline())[:120]]
+                    if "AgentWorker" not in self.names.get(p.pid, ""):  # Ray renames a worker once it holds an actor
+                        self.names[p.pid] = " ".join(p.cmdline())
                 except psutil.Error:
                     continue
                 total += rss
-                self.per_pid[p.pid][0] = max(self.per_pid[p.pid][0], rss)
+                self.peaks[p.pid] = max(self.peaks.get(p.pid, 0), rss)
             self.total_peak = max(self.total_peak, total)
 
     def stop(self) -> dict[str, Any]:
         self._stop.set()
         self._thread.join(timeout=5)
-        actors = {pid: v for pid, v in self.per_pid.items() if "AgentWorker" in v[1]}
-        actor_peak = max((v[0] for v in actors.values()), default=0)
+        actors = [pid for pid, name in self.names.items() if "AgentWorker" in name]
+        actor_peak = max((self.peaks.get(pid, 0) for pid in actors), default=0)
         return {"tree_peak_mb": round(self.total_peak / MB), "actor_peak_mb": round(actor_peak / MB),
                 "actor_processes": len(actors)}
 
