@@ -12,10 +12,12 @@ serving an 8B model each; its steps sleep, so eight cost almost no CPU).
 
 Modes: ``admission`` (the job's default: one row per call, ``max_in_flight`` calls per actor,
 the actor's gate), ``barrier`` (admission off: one call per actor of ``max_in_flight`` rows,
-the job before issue 14), ``admission_lpt`` (admission, rows sorted longest first by
-``run_batch_qa(longest_first=True)``); a ``_priority`` suffix makes the engine schedule by
-priority (``EngineConfig.priority_scheduling``: the document with most conversations left first)
-instead of first come first served, e.g. ``admission_priority``, ``admission_lpt_priority``;
+the job before issue 14). Suffixes, combinable: ``_lpt`` sorts the rows longest first
+(``JobConfig.longest_first``); ``_priority`` makes the engine schedule by priority
+(``EngineConfig.priority_scheduling``: the document with most conversations left first) instead
+of first come first served; ``_reserve`` lets a document of ``--long-tokens`` or more reserve its
+actor (``JobConfig.long_document_tokens``, ``--long-in-flight`` documents there while it reads),
+e.g. ``admission_lpt_priority``, ``admission_lpt_reserve``;
 and for the design choice ``sched4`` (4 rows per call,
 ``max_in_flight`` calls, the gate binding: a scheduler inside the actor) and ``calls4`` (4 rows
 per call, ``max_in_flight / 4`` calls: several calls over small batches, no gate binding).
@@ -27,6 +29,9 @@ engine needs for the same prefill and decode tokens: ``LatencyModel.ideal_second
 actors' work / actors, with "full" = ``min(max_in_flight, max_seqs)`` sequences per step),
 ``docs_per_s``. ``critical_path_s``: the longest document alone on an idle engine (no job can
 end sooner). Targets (issue 14): occupancy >= 0.9, wall_vs_ideal <= 1.15 with admission on.
+
+``--chain-others 0,3,15`` runs only the chain isolation (:func:`run_chain`): the lake's longest
+document on one simulated engine with 0, 3, 15 other documents reading beside it, no Ray.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ if __package__ in (None, ""):
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import psutil  # noqa: E402
 
 from benchmarks.common import loadavg, print_table, write_json  # noqa: E402
 from benchmarks.latency_engine import LatencyModel, model_dict  # noqa: E402
@@ -179,19 +186,26 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
     from pipelines.job import JobConfig
 
-    plan = plan_for(mode.split("_")[0], args.max_in_flight)
+    base, *variants = mode.split("_")
+    plan = plan_for(base, args.max_in_flight)
     # The engine's queue: first come first served, by priority in the "_priority" variants.
-    model = replace(model, priority_scheduling=mode.endswith("_priority"))
+    model = replace(model, priority_scheduling="priority" in variants)
+    reserve = "reserve" in variants
     cfg = BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
                         job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
                                       max_in_flight=args.max_in_flight, progress=False,
+                                      longest_first="lpt" in variants,
+                                      long_document_tokens=args.long_tokens if reserve else None,
+                                      long_document_in_flight=min(args.long_in_flight, args.max_in_flight),
                                       resources={"worker_node": 0.001} if args.pin_workers else {},
                                       ray_address=args.address))
     load0 = loadavg()
+    cpu0 = psutil.cpu_times()
     t0 = time.perf_counter()
-    summary = run_batch_qa(cfg, admission=plan, longest_first="_lpt" in mode,
+    summary = run_batch_qa(cfg, admission=plan,
                            engine_factory=("benchmarks.latency_engine:from_config", model_dict(model)))
     wall = time.perf_counter() - t0
+    cpu_busy = cpu_busy_fraction(cpu0, psutil.cpu_times())
     table = pads.dataset(str(out), format="parquet").to_table(
         columns=["id", "error", "steps", "context_tokens", "n_chunks", "seconds", "node_id"]).to_pylist()
     assert len({r["id"] for r in table}) == len(table) == args.docs, (len(table), args.docs)
@@ -208,7 +222,10 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     # planning, actor start (tokenizer load) and the last file's write are reported apart.
     job_wall = summary.reading_seconds or summary.seconds
     return {
-        "mode": mode, "priority_scheduling": model.priority_scheduling, "rows_per_call": plan.rows_per_call,
+        "mode": mode, "priority_scheduling": model.priority_scheduling, "longest_first": cfg.job.longest_first,
+        "long_document_tokens": cfg.job.long_document_tokens,
+        "long_document_in_flight": cfg.job.long_document_in_flight if reserve else None,
+        "rows_per_call": plan.rows_per_call,
         "calls_per_actor": plan.calls,
         "max_in_flight": plan.max_in_flight, "occupancy": round(summary.occupancy or 0.0, 4),
         "actor_occupancy": {k: round(v, 4) for k, v in summary.actor_occupancy.items()},
@@ -216,13 +233,77 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
         "peak_in_flight": summary.peak_in_flight,
         "wall_s": round(job_wall, 2), "ideal_s": round(ideal, 2), "wall_vs_ideal": round(job_wall / ideal, 4),
         "critical_path_s": round(critical, 2), "longest_doc_tokens": longest["context_tokens"],
+        # Seconds each of the five longest documents spent in its actor (its chain under load).
+        "longest_docs_s": {f'{r["id"]} ({r["context_tokens"]:,} tokens, {r["n_chunks"]} chunks)': round(r["seconds"], 1)
+                           for r in sorted(table, key=lambda r: -(r["context_tokens"] or 0))[:5]},
         "bound_s": round(max(ideal, critical), 2), "wall_vs_bound": round(job_wall / max(ideal, critical), 4),
         "docs_per_s": round(args.docs / job_wall, 3), "rows_out": summary.rows_out, "error_rows": summary.error_rows,
         "prefill_tokens": prefill, "decode_tokens": decode, "nodes": len({r["node_id"] for r in table}),
         "files_written": len(list(out.glob("*.parquet"))), "run_batch_qa_s": round(wall, 2),
         "job_seconds": round(summary.seconds, 2), "summary": summary.lines(),
         "loadavg_start": load0, "loadavg_end": loadavg(),
+        # The simulated GPUs sleep; everything else (Ray Data, the agents, tokenising) shares the
+        # machine's cores. Near 1.0 the figures above measure this machine, not the schedule.
+        "cpu_busy_fraction": round(cpu_busy, 3), "cores": psutil.cpu_count(),
+        "loop_lag_mean_ms": round(summary.loop_lag_mean_s * 1e3, 1) if summary.loop_lag_mean_s is not None else None,
+        "loop_lag_max_ms": round(summary.loop_lag_max_s * 1e3, 1) if summary.loop_lag_max_s is not None else None,
     }
+
+
+def cpu_busy_fraction(before, after) -> float:
+    """Share of all cores' time spent not idle between two ``psutil.cpu_times()``."""
+    idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
+    total = sum(after) - sum(before)
+    return 1.0 - (idle(after) - idle(before)) / total if total > 0 else 0.0
+
+
+def run_chain(lake_dir: Path, args, model: LatencyModel, agent) -> list[dict]:
+    """The lake's longest document on one simulated engine, alone and with k other documents kept reading.
+
+    No Ray, no job: ``read_document`` on one :class:`LatencyEngine`; each of ``k`` workers reads
+    the lake's documents under 40K tokens one after another until the long one is done. Times are
+    modelled seconds (wall / ``time_scale``).
+    """
+    import asyncio
+
+    import pyarrow.dataset as pads
+
+    from benchmarks.latency_engine import LatencyEngine
+    from memagent.agent import read_document
+
+    rows = pads.dataset(sorted(lake_dir.glob("*.parquet")), format="parquet").to_table(
+        columns=["id", "question", "context", "target_tokens"]).to_pylist()
+    long = max(rows, key=lambda r: r["target_tokens"])
+    others = [r for r in rows if r["target_tokens"] < 40_000]
+    out = []
+    for k in (int(x) for x in args.chain_others.split(",")):
+        engine = LatencyEngine(model)
+
+        async def main() -> dict:
+            done, finished = asyncio.Event(), [0]
+
+            async def other(i: int) -> None:
+                while not done.is_set():
+                    r = others[i % len(others)]
+                    await read_document(engine, r["question"], r["context"], agent)
+                    finished[0] += 1
+                    i += k
+
+            t0 = time.perf_counter()
+            workers = [asyncio.ensure_future(other(i)) for i in range(k)]
+            await read_document(engine, long["question"], long["context"], agent)
+            chain_s = (time.perf_counter() - t0) / model.time_scale
+            done.set()
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            return {"others_in_flight": k, "chain_s": round(chain_s, 1), "others_done": finished[0],
+                    "engine_busy_s": round(engine.sim.busy_s, 1), "steps": engine.sim.steps,
+                    "prefill_tokens": engine.sim.prefill_tokens, "decode_tokens": engine.sim.decode_tokens}
+
+        out.append({"doc": f'{long["id"]} ({long["target_tokens"]:,} tokens)', **asyncio.run(main())})
+        print(out[-1], flush=True)
+    return out
 
 
 def run_hf(args) -> dict:
@@ -282,11 +363,16 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=5000)
     parser.add_argument("--memory-tokens", type=int, default=256)
     parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--long-tokens", type=int, default=256_000, help="_reserve modes: --long-document-tokens")
+    parser.add_argument("--long-in-flight", type=int, default=4, help="_reserve modes: --long-document-in-flight")
     parser.add_argument("--actor-cpus", type=float, default=0.25)
+    parser.add_argument("--node-cpus", type=int, default=4, help="logical CPUs per node (--cluster: each node)")
     parser.add_argument("--cluster", action="store_true", help="2-node loopback cluster (infra/ray_cluster.py)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Ray metrics export port (curl it)")
     parser.add_argument("--scrape-out", default=None, help="save the memagent_* lines of the metrics endpoint here")
     parser.add_argument("--hf", action="store_true", help="only the real-hf comparison (28 short + 4 long docs)")
+    parser.add_argument("--chain-others", default=None,
+                        help="only the chain isolation: the longest document with K others reading, e.g. 0,3,15")
     parser.add_argument("--hf-short-tokens", type=int, default=1000)
     parser.add_argument("--hf-chunk-tokens", type=int, default=1024)
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temp dir, removed)")
@@ -318,18 +404,27 @@ def main() -> None:
     model = LatencyModel(time_scale=args.time_scale, chars_per_token=lake["chars_per_token"])
     print(f"lake: {args.docs} docs, {lake['tokens_total']} tokens (max {lake['tokens_max']}) in {lake['generate_s']} s",
           flush=True)
+    if args.chain_others:
+        chains = run_chain(work / "lake", args, model, agent)
+        write_json(args.out, {"benchmark": "scale_chain", "lake": lake, "time_scale": args.time_scale,
+                              "latency_model": model_dict(model), "chain": chains, "loadavg_end": loadavg()})
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        return
 
     stack = contextlib.ExitStack()
     if args.cluster:
         from infra.ray_cluster import local_cluster
 
-        # Logical CPUs: 8 actors of --actor-cpus 0.75 fit 5 to a node, so they spread over both.
-        args.address = stack.enter_context(local_cluster(workers=1, head_cpus=4, worker_cpus=4))
+        # --node-cpus logical CPUs a node (4: 8 actors of --actor-cpus 0.75 fit 5 to a node, so they spread).
+        args.address = stack.enter_context(local_cluster(workers=1, head_cpus=args.node_cpus,
+                                                                  worker_cpus=args.node_cpus))
         ray.init(address=args.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, log_to_driver=False)
     else:
         kw = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
         # The metrics endpoint needs Ray's dashboard agent (ray[default]'s packages).
-        ray.init(address="local", num_cpus=4, include_dashboard=bool(args.metrics_port), log_to_driver=False,
+        ray.init(address="local", num_cpus=args.node_cpus, include_dashboard=bool(args.metrics_port),
+                 log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
     results = {}
     scraper = Scraper(args.metrics_port, args.scrape_out) if args.metrics_port and args.scrape_out else None

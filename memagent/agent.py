@@ -158,7 +158,11 @@ async def read_document(
 
     memory = NO_MEMORY
     steps: list[Step] = []
+    # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked
+    # for, or a 3.5M-token document holds 860 prompts' ids until its answer (actor peak 795 MB
+    # against 704 MB: benchmarks/README.md, long_document).
     completions: list[Completion] = []
+    keep = completions.append if keep_completions else (lambda _: None)
     for k, chunk in enumerate(doc.chunks):
         t0 = time.perf_counter()
         messages = memory_update_messages(question, memory, chunk.text, config.instruction, config.prompts)
@@ -167,7 +171,7 @@ async def read_document(
         reply = await engine.chat(messages, replace(memory_params, priority=-ahead))
         memory = strip_thinking(reply.text).strip()  # overwrite, never append
         steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
-        completions.append(reply)
+        keep(reply)
         if on_step:
             on_step(steps[-1], len(doc.chunks) + 1)
 
@@ -175,7 +179,7 @@ async def read_document(
     messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts)
     reply = await engine.chat(messages, answer_params)
     steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
-    completions.append(reply)
+    keep(reply)
     if on_step:
         on_step(steps[-1], len(doc.chunks) + 1)
 

@@ -46,6 +46,17 @@ def resolve_max_in_flight(max_in_flight: int | None, engine: EngineConfig) -> in
     return max_in_flight if max_in_flight is not None else default_max_in_flight(engine)
 
 
+def is_long_document(tokenizer: object, context: object, min_tokens: int | None) -> bool:
+    """Whether ``context`` has at least ``min_tokens`` tokens (a long document reserves its actor's gate)."""
+    # Counting costs a tokenisation on the actor's loop: only texts of min_tokens characters or more
+    # are counted (a token spans at least one character in the scripts BPE vocabularies cover well).
+    if min_tokens is None or not isinstance(context, str) or len(context) < min_tokens:
+        return False
+    from memagent.chunking import document_offsets
+
+    return len(document_offsets(tokenizer, context)) >= min_tokens
+
+
 @dataclass(frozen=True)
 class AdmissionPlan:
     """How rows reach an actor: rows per Ray Data call, calls per actor at once, documents in flight.
@@ -86,12 +97,19 @@ class AdmissionPlan:
 class Gate:
     """An actor-wide limit of ``limit`` documents in flight, with the time integral of the count.
 
+    ``reserve_limit``: while a *long* document (``slot(long=True)``) reads, new documents are
+    admitted only while fewer than this many are reading, so that the engine's steps, which carry
+    every running sequence's prefill, stay short and the long document's chain of conversations
+    runs near its speed alone (benchmarks/README.md "Long documents"). None: no reservation.
+
     Used from one event loop (the actor's): Ray Data runs every concurrent call of an async
     callable class on the same loop.
     """
 
     limit: int
+    reserve_limit: int | None = None
     in_flight: int = 0
+    long_in_flight: int = 0
     peak: int = 0
     admitted: int = 0
     done: int = 0
@@ -99,7 +117,17 @@ class Gate:
     last_change: float | None = None
     last_done: float | None = None
     integral: float = 0.0  # document-seconds in flight
-    _sem: asyncio.Semaphore | None = field(default=None, repr=False)
+    _cond: asyncio.Condition | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.limit < 1 or (self.reserve_limit is not None and not 1 <= self.reserve_limit <= self.limit):
+            raise ValueError(f"gate limit {self.limit}, reserve_limit {self.reserve_limit}: need "
+                             "1 <= reserve_limit <= limit")
+
+    @property
+    def current_limit(self) -> int:
+        """The limit now: ``reserve_limit`` while a long document reads, else ``limit``."""
+        return self.reserve_limit if self.long_in_flight and self.reserve_limit is not None else self.limit
 
     def _tick(self, now: float) -> None:
         if self.last_change is not None:
@@ -107,32 +135,37 @@ class Gate:
         self.last_change = now
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.limit)
-        async with self._sem:
+    async def slot(self, long: bool = False) -> AsyncIterator[None]:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.in_flight < self.current_limit)
             now = time.time()
             self._tick(now)
             if self.first_start is None:
                 self.first_start = now
             self.in_flight += 1
+            self.long_in_flight += long
             self.admitted += 1
             self.peak = max(self.peak, self.in_flight)
-            try:
-                yield
-            finally:
+        try:
+            yield
+        finally:
+            async with self._cond:
                 now = time.time()
                 self._tick(now)
                 self.in_flight -= 1
+                self.long_in_flight -= long
                 self.done += 1
                 self.last_done = now
+                self._cond.notify_all()
 
     def snapshot(self) -> dict:
         now = time.time()
         integral = self.integral + (self.in_flight * (now - self.last_change) if self.last_change else 0.0)
-        return {"limit": self.limit, "in_flight": self.in_flight, "peak": self.peak, "admitted": self.admitted,
-                "done": self.done, "first_start": self.first_start, "last_done": self.last_done,
-                "integral": integral, "at": now}
+        return {"limit": self.limit, "reserve_limit": self.reserve_limit, "in_flight": self.in_flight,
+                "peak": self.peak, "admitted": self.admitted, "done": self.done, "first_start": self.first_start,
+                "last_done": self.last_done, "integral": integral, "at": now}
 
 
 def occupancy(snapshots: dict[str, dict], window: tuple[float, float] | None = None) -> tuple[float | None, dict[str, float]]:

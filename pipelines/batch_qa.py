@@ -41,7 +41,7 @@ from memagent.engines import EngineConfig
 from memagent.error_kinds import INFRA_PREFIX, InfraBreaker, InfrastructureFailure
 from memagent.verify import Metric
 from pipelines import fingerprint, storage
-from pipelines.admission import AdmissionPlan, OccupancyLedger, occupancy, resolve_max_in_flight
+from pipelines.admission import AdmissionPlan, OccupancyLedger, is_long_document, occupancy, resolve_max_in_flight
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
 
@@ -131,6 +131,10 @@ class BatchSummary:
     peak_in_flight: int | None = None
     reading_seconds: float | None = None  # first document admitted to last document done, all actors
     actor_windows: dict[str, tuple[float, float]] = field(default_factory=dict)  # (first start, last done) s
+    # How late the actors' event loops woke (mean over actors of their mean, the largest): CPU work
+    # in an actor (chunking, prompt building) stalls every document in flight there.
+    loop_lag_mean_s: float | None = None
+    loop_lag_max_s: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -160,8 +164,12 @@ class BatchSummary:
             return []
         per = ", ".join(f"{k.split(':')[0]} {v:.2f}" for k, v in sorted(self.actor_occupancy.items()))
         reading = f", reading {self.reading_seconds:.1f} s" if self.reading_seconds is not None else ""
-        return [f"occupancy:      {self.occupancy:.3f} (mean in-flight / max_in_flight={self.max_in_flight}, "
-                f"peak {self.peak_in_flight}{reading})", f"  per actor:    {per}"]
+        lines = [f"occupancy:      {self.occupancy:.3f} (mean in-flight / max_in_flight={self.max_in_flight}, "
+                 f"peak {self.peak_in_flight}{reading})", f"  per actor:    {per}"]
+        if self.loop_lag_mean_s is not None:
+            lines.append(f"  loop lag:     mean {self.loop_lag_mean_s * 1e3:.0f} ms, "
+                         f"max {(self.loop_lag_max_s or 0) * 1e3:.0f} ms (how late the actors' event loops woke)")
+        return lines
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
@@ -252,7 +260,8 @@ class AgentWorker:
                  question: str | None, metric: str, torch_threads: int | None, concurrency: int,
                  method: str = "memagent", max_in_flight: int | None = None, ledger: str | None = None,
                  engine_factory: str | None = None, engine_factory_config: dict | None = None,
-                 breaker: dict | None = None):
+                 breaker: dict | None = None, long_document_tokens: int | None = None,
+                 long_document_in_flight: int | None = None):
         from memagent.agent import check_config
         from pipelines.admission import Gate, resolve_max_in_flight
         from pipelines.engine_metrics import ActorMeter, MeteredEngine
@@ -279,7 +288,10 @@ class AgentWorker:
         self.node_id = ctx.get_node_id()
         actor_id = ctx.get_actor_id() or f"local{os.getpid()}"
         self.key = f"{actor_id[:8]}:{os.getpid()}"
-        self.gate = Gate(resolve_max_in_flight(max_in_flight, engine))
+        limit = resolve_max_in_flight(max_in_flight, engine)
+        self.long_document_tokens = long_document_tokens
+        self.gate = Gate(limit, reserve_limit=min(long_document_in_flight or limit, limit)
+                         if long_document_tokens else None)
         self.meter = ActorMeter(actor_id[:8], self.engine, self.gate)
         self.ledger_name = ledger
         self.breaker = InfraBreaker(**(breaker or {}))  # issue 18: stop when infrastructure errors dominate
@@ -297,7 +309,7 @@ class AgentWorker:
             return
         if self._ledger is None:
             self._ledger = ray.get_actor(self.ledger_name)
-        await self._ledger.report.remote(self.key, self.gate.snapshot())
+        await self._ledger.report.remote(self.key, {**self.gate.snapshot(), **self.meter.lag_snapshot()})
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         from memagent.batch import answer_row
@@ -307,7 +319,8 @@ class AgentWorker:
         self.meter.start()
 
         async def one(row: dict) -> dict:
-            async with self.gate.slot():
+            long = is_long_document(self.engine.tokenizer, row.get("context"), self.long_document_tokens)
+            async with self.gate.slot(long=long):
                 return self.breaker.check(await answer_row(self.engine, row, self.agent, question=self.question,
                                                            metric=self.metric, method=self.method))
 
@@ -384,14 +397,12 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
 
 
 def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
-                 engine_factory: tuple[str, dict] | None = None, longest_first: bool = False) -> BatchSummary:
+                 engine_factory: tuple[str, dict] | None = None) -> BatchSummary:
     """Run the job to completion and summarise what this run wrote.
 
     ``admission`` overrides how rows reach the actors (benchmarks compare
     ``AdmissionPlan.barrier(batch_size)``, the old batch barrier); ``engine_factory``
     ("module:function", config) builds the engine instead of ``make_engine`` (benchmarks, tests).
-    ``longest_first`` sorts the rows by context length, longest first, before the actors (a global
-    sort: it reads the whole input before the first row starts; benchmarks/scale.py measures it).
     """
     t0 = time.perf_counter()
     plan = plan_input(cfg)
@@ -425,7 +436,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
                                      rows_per_call=ROWS_PER_CALL)
     ledger_name = f"memagent-occupancy-{uuid.uuid4().hex[:12]}"
     ledger = ray.remote(OccupancyLedger).options(name=ledger_name, num_cpus=0).remote()
-    if longest_first:
+    if cfg.job.longest_first:  # a global sort: the whole input is read before the first row starts
         ds = ds.map_batches(_with_context_chars, batch_format="pyarrow", batch_size=None, num_cpus=0.25)
         ds = ds.sort(_LENGTH_COLUMN, descending=True).drop_columns([_LENGTH_COLUMN])
     ds = ds.repartition(target_num_rows_per_block=adm.rows_per_call)
@@ -437,7 +448,9 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
                                    max_in_flight=adm.max_in_flight, ledger=ledger_name,
                                    engine_factory=engine_factory[0] if engine_factory else None,
                                    engine_factory_config=engine_factory[1] if engine_factory else None,
-                                   breaker=breaker_options(cfg.job)),
+                                   breaker=breaker_options(cfg.job),
+                                   long_document_tokens=cfg.job.long_document_tokens,
+                                   long_document_in_flight=cfg.job.long_document_in_flight),
         compute=ActorPoolStrategy(size=cfg.job.concurrency, max_concurrent_calls_per_actor=adm.calls,
                                   max_tasks_in_flight_per_actor=adm.tasks_in_flight),
         batch_size=adm.rows_per_call,
@@ -481,6 +494,10 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     summary.reading_seconds = max(ends) - min(starts) if starts and ends else None
     summary.actor_windows = {k: (round(s["first_start"] - min(starts), 3), round(s["last_done"] - min(starts), 3))
                              for k, s in snapshots.items() if s["first_start"] is not None and s["last_done"]}
+    lags = [s for s in snapshots.values() if s.get("loop_lag_mean_s") is not None]
+    if lags:
+        summary.loop_lag_mean_s = sum(s["loop_lag_mean_s"] for s in lags) / len(lags)
+        summary.loop_lag_max_s = max(s["loop_lag_max_s"] for s in lags)
     return summary
 
 

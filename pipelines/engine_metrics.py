@@ -16,6 +16,10 @@ memagent_prefill_tokens_per_s       gauge     prompt tokens the engine answered,
 memagent_decode_tokens_per_s        gauge     completion tokens, last interval
 memagent_memory_steps_per_s         gauge     memory-update conversations finished, last interval
 memagent_step_latency_s             histogram seconds of one conversation (request to reply)
+memagent_loop_lag_s                 gauge     how late the actor's event loop woke, last interval
+                                              (CPU work in the actor: chunking, prompts; it
+                                              delays every document in flight and the engine's
+                                              own coroutines)
 memagent_docs_done_total            counter   documents finished (error rows included)
 memagent_{prefill,decode}_tokens_total counter token totals (Prometheus ``rate()`` works on them)
 =================================== ========= ===================================================
@@ -98,6 +102,8 @@ class ActorMeter:
         self.decode_total = Counter("memagent_decode_tokens", "Completion tokens generated.", tag_keys=keys)
         self._last = (time.perf_counter(), engine.stats.prompt_tokens, engine.stats.completion_tokens,
                       engine.memory_steps, gate.done)
+        self.loop_lag = g("memagent_loop_lag_s", "Seconds the actor's event loop woke late (last interval).")
+        self.lag_sum, self.lag_n, self.lag_max = 0.0, 0, 0.0
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -107,8 +113,17 @@ class ActorMeter:
 
     async def _run(self) -> None:
         while True:
+            t = time.perf_counter()
             await asyncio.sleep(self.period_s)
+            lag = max(0.0, time.perf_counter() - t - self.period_s)
+            self.lag_sum, self.lag_n, self.lag_max = self.lag_sum + lag, self.lag_n + 1, max(self.lag_max, lag)
+            self.loop_lag.set(lag, self.tags)
             self.publish()
+
+    def lag_snapshot(self) -> dict:
+        """Mean and largest event-loop lag so far, seconds (None before the first interval)."""
+        return {"loop_lag_mean_s": self.lag_sum / self.lag_n if self.lag_n else None,
+                "loop_lag_max_s": self.lag_max if self.lag_n else None}
 
     def publish(self) -> None:
         now = time.perf_counter()

@@ -7,7 +7,7 @@ default below is written once.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class JobConfig(BaseModel):
@@ -21,6 +21,19 @@ class JobConfig(BaseModel):
         None, gt=0, description="Documents each actor keeps reading at once; the next row starts as soon as one "
         "finishes, across batches (default: the engine's: hf its max_batch_size (16), vllm 256, openai its "
         "max_concurrency).")
+    longest_first: bool = Field(
+        False, description="Start the documents with the longest context first: with heavy-tailed lengths the "
+        "longest documents' chains of conversations decide when the job ends. A global sort: the whole input is "
+        "read (and shuffled by Ray Data, one CPU a task: leave CPUs beside the actors) before the first document "
+        "starts.")
+    long_document_tokens: int | None = Field(
+        None, gt=0, description="A document of at least this many tokens reserves its actor: while it reads, new "
+        "documents start there only while fewer than --long-document-in-flight are reading, so that the engine's "
+        "steps stay short and the long chain runs near its speed alone (use with --longest-first; texts shorter than "
+        "this many characters are never counted; default: off).")
+    long_document_in_flight: int = Field(
+        4, gt=0, description="Documents an actor keeps reading while a --long-document-tokens document reads "
+        "there (itself included; at most --max-in-flight).")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (0 on CPU: a GPU request on a CPU cluster hangs).")
     num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per actor.")
     torch_threads: int | None = Field(
@@ -46,3 +59,11 @@ class JobConfig(BaseModel):
     max_infra_error_rate: float = Field(
         0.5, gt=0, le=1, description="Stop the job when at least this fraction of the last --infra-error-window "
         "rows of an actor failed on the infrastructure.")
+
+    @model_validator(mode="after")
+    def _check(self) -> JobConfig:
+        if (self.long_document_tokens is not None and self.max_in_flight is not None
+                and self.long_document_in_flight > self.max_in_flight):
+            raise ValueError(f"long_document_in_flight ({self.long_document_in_flight}) must be at most max_in_flight "
+                             f"({self.max_in_flight})")
+        return self

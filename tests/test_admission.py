@@ -64,6 +64,66 @@ def test_gate_caps_in_flight_and_integrates():
     assert 0.5 < occ <= 1.0 and per["a:1"] == pytest.approx(occ)
 
 
+def test_a_long_document_reserves_the_gate():
+    gate = Gate(6, reserve_limit=2)
+    log = []  # (in_flight at admission, whether the long document was reading then)
+
+    async def doc(seconds, long=False):
+        async with gate.slot(long=long):
+            log.append((gate.in_flight, gate.long_in_flight > 0 and not long))
+            await asyncio.sleep(seconds)
+
+    async def main():
+        first = asyncio.ensure_future(doc(0.2, long=True))
+        await asyncio.sleep(0.01)
+        await asyncio.gather(first, *(doc(0.02) for _ in range(12)))
+        await asyncio.gather(*(doc(0.05) for _ in range(6)))  # after it: the full limit again
+
+    asyncio.run(main())
+    during = [n for n, reading in log if reading]
+    assert during and max(during) == 2  # only one other document beside the long one
+    assert log[-6:] and max(n for n, _ in log[-6:]) == 6 and gate.done == 19
+    with pytest.raises(ValueError, match="reserve_limit"):
+        Gate(4, reserve_limit=5)
+
+
+def test_meter_reports_a_blocked_event_loop():
+    from pipelines.engine_metrics import ActorMeter, MeteredEngine
+
+    async def main():
+        meter = ActorMeter("a", MeteredEngine(ScriptedEngine(None, 0.0, None)), Gate(2), period_s=0.05)
+        assert meter.lag_snapshot() == {"loop_lag_mean_s": None, "loop_lag_max_s": None}
+        meter.start()
+        await asyncio.sleep(0.12)
+        time.sleep(0.3)  # CPU work on the actor's loop (chunking a long document, say)
+        await asyncio.sleep(0.12)
+        return meter.lag_snapshot()
+
+    lag = asyncio.run(main())
+    assert 0.2 < lag["loop_lag_max_s"] < 1.0 and 0 < lag["loop_lag_mean_s"] < lag["loop_lag_max_s"]
+
+
+def test_long_documents_are_counted_in_tokens():
+    from memagent.data.io import load_tokenizer
+    from pipelines.admission import is_long_document
+
+    text = "The river runs past the old mill. " * 300  # ~2,400 tokens, ~10,000 characters
+    assert not is_long_document(None, text, None) and not is_long_document(None, None, 10)
+    assert not is_long_document(None, text, 20_000)  # shorter in characters: no tokenizer needed
+    tok = load_tokenizer("smollm2-135m")
+    assert is_long_document(tok, text, 2_000) and not is_long_document(tok, text, 5_000)
+
+
+def test_long_document_settings_are_checked():
+    from pipelines.job import JobConfig
+
+    with pytest.raises(ValueError, match="long_document_in_flight"):
+        JobConfig(max_in_flight=2, long_document_tokens=1000, long_document_in_flight=3)
+    assert JobConfig(max_in_flight=2).long_document_in_flight == 4  # no reservation: nothing to check
+    with pytest.raises(ValueError):
+        JobConfig(long_document_tokens=0)
+
+
 def test_one_default_per_engine():
     assert default_max_in_flight(EngineConfig()) == 16  # hf on CPU: benchmarks/results/concurrency.json
     assert default_max_in_flight(EngineConfig(engine="vllm", device="cuda")) == 256
@@ -90,7 +150,7 @@ def ray_local():
     ray.shutdown()
 
 
-def run_job(tiny_llama_dir, rows, tmp_path, name, *, log=None, sleep_s=0.03, max_in_flight=4):
+def run_job(tiny_llama_dir, rows, tmp_path, name, *, log=None, sleep_s=0.03, max_in_flight=4, **job):
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
     from pipelines.job import JobConfig
 
@@ -99,7 +159,7 @@ def run_job(tiny_llama_dir, rows, tmp_path, name, *, log=None, sleep_s=0.03, max
         write_rows(inp / "part-0.parquet", rows)
     cfg = BatchQAConfig(input=str(inp), output=str(tmp_path / f"{name}-out"), agent=FAST_AGENT,
                         engine=EngineConfig(model=str(tiny_llama_dir)),
-                        job=JobConfig(batch_size=4, max_in_flight=max_in_flight, progress=False))
+                        job=JobConfig(batch_size=4, max_in_flight=max_in_flight, progress=False, **job))
     factory = ("tests.test_admission:scripted_engine",
                {"tokenizer": str(tiny_llama_dir), "sleep_s": sleep_s, "log": str(log) if log else None})
     return run_batch_qa(cfg, engine_factory=factory), read_output(tmp_path / f"{name}-out")
@@ -142,6 +202,43 @@ def test_short_documents_finish_while_the_long_one_reads(ray_local, tiny_llama_d
     assert top <= 4
     assert summary.occupancy is not None and 0 < summary.occupancy <= 1
     assert any(line.startswith("occupancy:") for line in summary.lines())
+
+
+def call_spans(log: Path) -> dict[str, tuple[float, float]]:
+    """Per question: the times of its first and last engine call."""
+    spans: dict[str, tuple[float, float]] = {}
+    for c in (json.loads(line) for line in log.read_text().splitlines()):
+        t0, t1 = spans.get(c["q"], (c["t"], c["t"]))
+        spans[c["q"]] = (min(t0, c["t"]), max(t1, c["t"]))
+    return spans
+
+
+@pytest.mark.slow
+def test_longest_first_and_a_reserved_actor(ray_local, tiny_llama_dir, tmp_path):
+    rows = long_and_short_rows()  # the long document first in the input
+    log = tmp_path / "calls.jsonl"
+    summary, out = run_job(tiny_llama_dir, rows, tmp_path, "reserve", log=log, sleep_s=0.05,
+                           long_document_tokens=3000, long_document_in_flight=2)
+    assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows) and all(r["error"] is None for r in out)
+    spans = call_spans(log)
+    long_start, long_end = spans.pop(rows[0]["question"])
+    # A short document that started while it read had no other short one beside it (the
+    # reservation: 2 in flight), though the gate holds 4.
+    started_during = [(t0, t1) for t0, t1 in spans.values() if long_start < t0 < long_end]
+    assert len(started_during) >= 5, (long_start, long_end, sorted(spans.values()))
+    for t0, _ in started_during:
+        beside = [(a, b) for a, b in spans.values() if a < t0 < b]
+        assert not beside, (t0, beside)
+    assert summary.peak_in_flight <= 4
+
+    # Longest first: the long document last in the input still starts among the first.
+    rows = rows[1:] + rows[:1]
+    log = tmp_path / "calls-sorted.jsonl"
+    _, out = run_job(tiny_llama_dir, rows, tmp_path, "sorted", log=log, longest_first=True)
+    assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows)
+    spans = call_spans(log)
+    long_start, _ = spans.pop(rows[-1]["question"])
+    assert sum(long_start <= t0 for t0, _ in spans.values()) >= 20 - 3
 
 
 @pytest.mark.slow

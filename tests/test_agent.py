@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -99,10 +101,17 @@ class _RecordingEngine(Engine):
     def __init__(self, tokenizer):
         self.name, self.context_window, self.tokenizer, self.stats = "recording", 4096, tokenizer, EngineStats()
         self.params: list[SamplingParams] = []
+        self.replies: list[weakref.ref] = []
+        self.alive: list[int] = []  # earlier replies still referenced when each request arrives
 
     async def chat(self, messages, params: SamplingParams) -> Completion:
         self.params.append(params)
-        return Completion(text="noted", prompt_tokens=10, completion_tokens=1, finish_reason="stop")
+        gc.collect()
+        self.alive.append(sum(ref() is not None for ref in self.replies))
+        reply = Completion(text="noted", prompt_tokens=10, completion_tokens=1, finish_reason="stop",
+                           prompt_token_ids=list(range(10)))
+        self.replies.append(weakref.ref(reply))
+        return reply
 
 
 def test_each_request_carries_the_conversations_left_as_priority(tiny_engine):
@@ -112,3 +121,16 @@ def test_each_request_carries_the_conversations_left_as_priority(tiny_engine):
     n = r.n_chunks
     # Lower goes first: the first update of an n-chunk document has n + 1 conversations ahead.
     assert [p.priority for p in engine.params] == [-(n + 1 - k) for k in range(n)] + [-1]
+
+
+def test_replies_are_not_held_unless_asked_for(tiny_engine):
+    # A reply may carry its prompt's token ids; a 3.5M-token document has 860 of them.
+    row = niah_row(0, 400, depth=0.5, seed=2)
+    engine = _RecordingEngine(tiny_engine.tokenizer)
+    r = run(read_document(engine, row["question"], row["context"], FAST))
+    assert r.completions is None and r.n_chunks > 2
+    assert max(engine.alive) <= 1  # at most the reply just read, never the whole chain's
+    engine = _RecordingEngine(tiny_engine.tokenizer)
+    r = run(read_document(engine, row["question"], row["context"], FAST, keep_completions=True))
+    assert [c.prompt_token_ids for c in r.completions] == [list(range(10))] * (r.n_chunks + 1)
+    assert engine.alive == list(range(r.n_chunks + 1))
