@@ -14,6 +14,12 @@ Headline keys:
   at the fp32 matmul rate measured in the same run, plus its decode steps (forwards of one
   token per row) at the median measured step interval of that run (target >= 0.8).
 
+``--speculation both`` skips the sequential read and reads the documents
+concurrently twice on one engine, prompt-lookup speculation off then on: ``speculation.ratio``
+is wall off ÷ wall on (target ≥ 1.0), ``speculation.identical_rows`` counts rows whose every
+memory and answer match, and ``speculation.k_by_active_rows`` shows the draft length the
+adaptive rule chose per number of rows still decoding (where it switched drafting off).
+
 ``--sequential-docs N`` reads only the first N documents sequentially and scales the time to
 all documents (stated in the JSON as ``sequential_extrapolated``) when the full sequential run
 does not fit the time at hand.
@@ -83,6 +89,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="runs/bench/concurrency.json")
+    parser.add_argument("--speculation", choices=["default", "both"], default="default",
+                        help="both: concurrent reads with speculation off, then on (no sequential read)")
     add_threads_option(parser)
     args = parser.parse_args()
 
@@ -137,6 +145,9 @@ def main() -> None:
               f"{s['decode_steps']} steps); load {s['loadavg_end']}", flush=True)
         return s
 
+    if args.speculation == "both":
+        compare_speculation(engine, rows, concurrent, args, config, threads, load_start)
+        return
     n_seq = args.sequential_docs or args.docs
     seq = run("sequential", rows[:n_seq])
     conc = run("concurrent", rows)
@@ -176,6 +187,57 @@ def main() -> None:
     print(f"ratio {result['ratio']} (sequential{' extrapolated' if result['sequential_extrapolated'] else ''} "
           f"{seq_wall:.1f}s / concurrent {conc['wall_s']}s); bound {bound:.1f}s -> fraction {result['fraction_of_bound']}")
     print(f"wrote {out}")
+
+
+def compare_speculation(engine, rows, concurrent, args, config, threads, load_start) -> None:
+    """Concurrent reads with speculation off, then on (the engine's settings): wall, outputs, k chosen."""
+    from collections import Counter, defaultdict
+
+    from memagent.engines.hf_decode import Speculation
+
+    spec_on = engine.speculation
+    runs = {}
+    for label, spec in (("off", Speculation(max_draft=0)), ("on", spec_on)):
+        engine.speculation = spec
+        engine.decode_log.clear()
+        t0 = time.perf_counter()
+        results = asyncio.run(concurrent(rows))
+        wall = time.perf_counter() - t0
+        by_active: dict[int, Counter] = defaultdict(Counter)
+        for k, _b, active, _s in engine.decode_log:
+            by_active[active][k] += 1
+        runs[label] = {"wall_s": round(wall, 2), "results": results, "decode_forwards": len(engine.decode_log),
+                       "loadavg_end": loadavg(),
+                       "k_by_active_rows": {a: dict(sorted(c.items())) for a, c in sorted(by_active.items())},
+                       "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
+                       "drafted": sum(st.draft_tokens for r in results for st in r.steps),
+                       "accepted": sum(st.accepted_tokens for r in results for st in r.steps)}
+        print(f"speculation {label}: {wall:.1f}s, {len(engine.decode_log)} decode forwards; load {loadavg()}",
+              flush=True)
+    engine.speculation = spec_on
+    off, on = runs["off"], runs["on"]
+    same = sum(all(x.memory == y.memory for x, y in zip(a.steps, b.steps)) and a.response == b.response
+               for a, b in zip(off["results"], on["results"]))
+    drafting = [a for a, c in on["k_by_active_rows"].items() if any(k > 0 for k in c)]
+    result = {
+        "benchmark": "concurrency-speculation",
+        "speculation": {
+            "ratio": round(off["wall_s"] / on["wall_s"], 3), "identical_rows": same, "rows": len(rows),
+            "acceptance": on["accepted"] / on["drafted"] if on["drafted"] else None,
+            "drafted_with_active_rows_at_most": max(drafting, default=0),
+            "note": "k_by_active_rows: {rows still decoding: {k chosen: forwards}}",
+            **{label: {k: v for k, v in r.items() if k != "results"} for label, r in runs.items()},
+        },
+        "settings": {"docs": args.docs, "doc_tokens": args.tokens, "model": args.model, "preset": args.preset,
+                     "agent": config.model_dump(), "dtype": str(engine.dtype), "max_batch_size": engine.max_batch_size,
+                     "threads": threads, "speculation": vars(spec_on)},
+        "loadavg_start": load_start, "machine": machine(),
+    }
+    out = write_json(args.out, result)
+    print_table(["speculation", "wall s", "decode forwards", "completion tokens", "load end"],
+                [[k, r["wall_s"], r["decode_forwards"], r["completion_tokens"], r["loadavg_end"][0]]
+                 for k, r in runs.items()])
+    print(f"ratio {result['speculation']['ratio']}, identical rows {same}/{len(rows)}; wrote {out}")
 
 
 if __name__ == "__main__":

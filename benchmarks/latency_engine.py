@@ -14,6 +14,14 @@ model under a continuous-batching server (vLLM's scheduler, simplified):
   and the scheduler *sleeps* that long (times ``time_scale``), so eight simulated GPUs cost
   almost no CPU.
 
+- speculative decoding (prompt lookup, vLLM's n-gram method), when ``speculative_tokens`` > 0:
+  each decoding sequence drafts up to k tokens a step and the step verifies them in the same
+  forward. A drafted token takes a token of the step's budget and costs ``a`` like a prefill
+  token (the sequence's KV cache is still read once: ``b``); the sequence then advances by the
+  drafted tokens accepted plus the model's own next one. (drafted, accepted) per decode step are
+  drawn from a measured distribution (:func:`load_acceptance`) or from a fixed mean acceptance
+  rate (:class:`Acceptance`), by a seeded generator per engine.
+
 Replies are deterministic, so the agent's real loop, chunking and trace code run unchanged:
 a memory update keeps every sentence of the previous memory and of the section that holds a
 digit string (capped at the request's ``max_tokens``); the answer is the last digit string of the
@@ -28,9 +36,15 @@ engine_factory_config={...})``.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
+import json
+import math
+import random
 import re
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
@@ -71,6 +85,36 @@ class LatencyModel:
     # admitted and running ones given prefill tokens by (priority, arrival); False: first come first
     # served. Simplified: vLLM also preempts lower-priority running sequences when its KV cache is full.
     priority_scheduling: bool = False
+    # Speculative decoding: most tokens drafted per sequence and step (0: off; vLLM's
+    # num_speculative_tokens, EngineConfig.speculative_tokens). What the drafts achieve: either a
+    # fixed mean acceptance rate (accepted / drafted tokens) or measured steps, [drafted, accepted,
+    # count] per decode step (load_acceptance); exactly one of the two when speculating.
+    speculative_tokens: int = 0
+    speculation_acceptance: float | None = None
+    speculation_steps: tuple[tuple[int, int, int], ...] = ()
+    speculation_seed: int = 0
+
+    def __post_init__(self) -> None:
+        # Plain data crosses into Ray actors as lists; keep the model hashable and comparable.
+        object.__setattr__(self, "speculation_steps", tuple(tuple(int(x) for x in r) for r in self.speculation_steps))
+        if self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
+        if self.speculative_tokens == 0:
+            return
+        if (self.speculation_acceptance is None) == (not self.speculation_steps):
+            raise ValueError("speculating: give exactly one of speculation_acceptance (a fixed rate) and "
+                             "speculation_steps (measured [drafted, accepted, count] per decode step)")
+        if self.speculation_acceptance is not None and not 0.0 <= self.speculation_acceptance <= 1.0:
+            raise ValueError(f"speculation_acceptance is a rate in [0, 1], got {self.speculation_acceptance}")
+        for row in self.speculation_steps:
+            if len(row) != 3 or not 0 <= row[1] <= row[0] or row[2] < 0:
+                raise ValueError(f"speculation_steps rows are [drafted, accepted <= drafted, count >= 0], got {row}")
+        if not sum(r[2] for r in self.speculation_steps) and self.speculation_acceptance is None:
+            raise ValueError("speculation_steps counts sum to 0")
+
+    @property
+    def speculating(self) -> bool:
+        return self.speculative_tokens > 0
 
     def step_seconds(self, prefill_tokens: int, decode_seqs: int) -> float:
         """Modelled duration of one step (unscaled)."""
@@ -87,6 +131,118 @@ class LatencyModel:
         steps = max(decode_tokens / self.max_seqs, (prefill_tokens + decode_tokens) / self.max_tokens_per_step)
         return prefill_tokens * self.a_prefill_s_per_token + decode_tokens * self.b_decode_s_per_seq \
             + steps * self.c_step_s
+
+    def chain_seconds(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """Modelled time of one conversation alone on an idle engine (unscaled).
+
+        Prefill in steps of at most ``max_tokens_per_step`` (the last one samples the first token),
+        then one decode step per token; speculating, the expected number of decode steps
+        (``completion_tokens - 1`` over the mean tokens a step yields), each verifying the mean draft.
+        """
+        cap = self.max_tokens_per_step
+        prefill = self.step_seconds(min(prompt_tokens, cap), 1) + (math.ceil(prompt_tokens / cap) - 1) * self.c_step_s
+        rest = max(0, completion_tokens - 1)
+        if not self.speculating:
+            return prefill + rest * self.step_seconds(0, 1)
+        drafted, accepted = Acceptance(self).means()
+        return prefill + rest / (1.0 + accepted) * self.step_seconds(drafted, 1)  # type: ignore[arg-type]
+
+
+class Acceptance:
+    """(drafted, accepted) tokens of one decode step of one sequence, drawn from the model's setting.
+
+    A fixed rate r: k tokens drafted every step, each accepted with probability p until the first
+    rejection (the i.i.d. model of Leviathan et al., 2023), p chosen so that the mean accepted /
+    drafted is r. Measured steps: drawn with their counts as weights, drafts cut to k.
+    """
+
+    def __init__(self, model: LatencyModel, seed: int | None = None):
+        k = model.speculative_tokens
+        if model.speculation_acceptance is not None:
+            p = per_token_acceptance(model.speculation_acceptance, k)
+            rows = [(k, a, (p ** a) * (1 - p) if a < k else p ** k) for a in range(k + 1)]
+        else:
+            rows = [(min(d, k), min(a, k), float(c)) for d, a, c in model.speculation_steps]
+        rows = [r for r in rows if r[2] > 0]
+        self.pairs = [(d, a) for d, a, _ in rows]
+        self._cum = list(itertools.accumulate(w for _, _, w in rows))
+        self._rng = random.Random(model.speculation_seed if seed is None else seed)
+
+    def draw(self) -> tuple[int, int]:
+        i = bisect.bisect_right(self._cum, self._rng.random() * self._cum[-1])
+        return self.pairs[min(i, len(self.pairs) - 1)]
+
+    def means(self) -> tuple[float, float]:
+        """Mean drafted and mean accepted tokens per decode step."""
+        weights = [b - a for a, b in zip([0.0, *self._cum], self._cum)]
+        total = self._cum[-1]
+        return (sum(w * d for w, (d, _) in zip(weights, self.pairs)) / total,
+                sum(w * a for w, (_, a) in zip(weights, self.pairs)) / total)
+
+
+def per_token_acceptance(rate: float, k: int) -> float:
+    """p such that k drafts, each accepted with probability p until the first rejection, average ``rate`` accepted."""
+    target, lo, hi = rate * k, 0.0, 1.0
+    if rate <= 0.0 or rate >= 1.0:
+        return min(max(rate, 0.0), 1.0)
+    for _ in range(60):  # E[accepted] = p + p^2 + ... + p^k, increasing in p
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(1, k + 1)) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def load_acceptance(path: str | Path) -> dict[str, Any]:
+    """Measured speculation of a results file: ``steps`` as [drafted, accepted, count] per decode step.
+
+    Reads ``per_decode_step`` ([drafted, accepted, count] rows: benchmarks/acceptance.py) when the
+    file has it, otherwise the per-conversation records it holds (benchmarks/speculation.py's
+    ``per_step``: ``drafted``, ``accepted``, ``completion_tokens``; or a trace's ``draft_tokens``,
+    ``accepted_tokens``, ``decode_steps``), each spread evenly over its decode steps after the
+    first token (the mean per step kept; the spread within a conversation is not in such a file).
+    A step yields its accepted tokens plus one, so those steps are ``completion_tokens -
+    accepted - 1`` where the record has ``completion_tokens``, else ``decode_steps - 1``.
+    """
+    data = json.loads(Path(path).read_text())
+    steps = data.get("per_decode_step") if isinstance(data, dict) else None
+    if steps is None:
+        counts: dict[tuple[int, int], int] = {}
+        for drafted, accepted, n in _conversation_records(data):
+            for i in range(n):  # step i gets its share of the totals, rounded so they add up
+                d = (drafted * (i + 1)) // n - (drafted * i) // n
+                a = (accepted * (i + 1)) // n - (accepted * i) // n
+                counts[(d, min(a, d))] = counts.get((d, min(a, d)), 0) + 1
+        steps = [[d, a, c] for (d, a), c in sorted(counts.items())]
+    if not steps:
+        raise ValueError(f"{path}: no speculation measurements (per_decode_step rows or records with "
+                         "draft_tokens, accepted_tokens, decode_steps)")
+    total = sum(c for _, _, c in steps)
+    drafted, accepted = sum(d * c for d, _, c in steps), sum(a * c for _, a, c in steps)
+    return {"source": str(path), "steps": [list(map(int, r)) for r in steps], "decode_steps": total,
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+            "accepted_per_step": round(accepted / total, 4), "drafted_per_step": round(drafted / total, 4)}
+
+
+def _conversation_records(data: Any) -> list[tuple[int, int, int]]:
+    """(drafted, accepted, decode steps after the first token) of every conversation record under ``data``."""
+    if isinstance(data, dict) and isinstance(data.get("per_step"), list):
+        data = data["per_step"]  # benchmarks/speculation.py: its totals beside per_step are not records
+    out: list[tuple[int, int, int]] = []
+    if isinstance(data, list):
+        for v in data:
+            out += _conversation_records(v)
+        return out
+    if not isinstance(data, dict):
+        return out
+    drafted, accepted = data.get("drafted", data.get("draft_tokens")), data.get("accepted", data.get("accepted_tokens"))
+    if drafted is None or accepted is None:
+        for v in data.values():
+            out += _conversation_records(v)
+        return out
+    if "completion_tokens" in data:
+        steps = data["completion_tokens"] - accepted - 1
+    else:
+        steps = (data.get("decode_steps") or 0) - 1
+    return [(int(drafted), int(accepted), int(steps))] if steps > 0 else []
 
 
 @dataclass
@@ -106,6 +262,8 @@ class SimStats:
     busy_s: float = 0.0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    draft_tokens: int = 0  # speculation: tokens drafted and verified, and how many were accepted
+    accepted_tokens: int = 0
     step_seconds: list[float] = field(default_factory=list)  # last 1000 modelled step durations
 
 
@@ -156,6 +314,7 @@ class LatencyEngine(Engine):
         self._running: list[_Seq] = []
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
+        self._acceptance = Acceptance(self.model) if self.model.speculating else None
 
     # -- token accounting, cheap --
     def count_tokens(self, text: str) -> int:
@@ -236,7 +395,10 @@ class LatencyEngine(Engine):
             if m.priority_scheduling:
                 self._running.sort(key=lambda s: s.rank)  # prefill budget in priority order
             decoding = [s for s in self._running if s.prefill_left == 0]
-            budget = m.max_tokens_per_step - len(decoding)
+            # Speculating, each decoding sequence drafts (never past its last token) and verifies.
+            drafts = [self._draft(s) for s in decoding] if self._acceptance else [(0, 0)] * len(decoding)
+            drafted = sum(d for d, _ in drafts)
+            budget = m.max_tokens_per_step - len(decoding) - drafted
             prefill = 0
             for s in self._running:
                 if s.prefill_left and budget > 0:
@@ -246,13 +408,19 @@ class LatencyEngine(Engine):
                     prefill += take
                     if s.prefill_left == 0:  # the step that ends a prefill samples the first token
                         s.decode_left -= 1
-            for s in decoding:
-                s.decode_left -= 1
-            dt = m.step_seconds(prefill, len(decoding))
+                        s.completion.decode_steps += 1
+            for s, (d, a) in zip(decoding, drafts):
+                s.decode_left -= 1 + a
+                s.completion.decode_steps += 1
+                s.completion.draft_tokens += d
+                s.completion.accepted_tokens += a
+            dt = m.step_seconds(prefill + drafted, len(decoding))
             self.sim.steps += 1
             self.sim.busy_s += dt
             self.sim.prefill_tokens += prefill
-            self.sim.decode_tokens += len(decoding)
+            self.sim.decode_tokens += len(decoding) + sum(a for _, a in drafts)
+            self.sim.draft_tokens += drafted
+            self.sim.accepted_tokens += sum(a for _, a in drafts)
             if len(self.sim.step_seconds) >= 1000:
                 del self.sim.step_seconds[:500]
             self.sim.step_seconds.append(dt)
@@ -269,6 +437,13 @@ class LatencyEngine(Engine):
                     self.stats.completion_tokens += s.completion.completion_tokens
                     if not s.future.done():
                         s.future.set_result(s.completion)
+
+    def _draft(self, s: _Seq) -> tuple[int, int]:
+        """(drafted, accepted) for this step of ``s``: a draft never reaches past the reply's last token."""
+        assert self._acceptance is not None
+        d, a = self._acceptance.draw()
+        d = min(d, max(0, s.decode_left - 1))
+        return d, min(a, d)
 
     async def close(self) -> None:
         if self._worker is not None:

@@ -12,12 +12,14 @@ serving an 8B model each; its steps sleep, so eight cost almost no CPU).
 
 Modes: ``admission`` (the job's default: one row per call, ``max_in_flight`` calls per actor,
 the actor's gate), ``barrier`` (admission off: one call per actor of ``max_in_flight`` rows,
-the job before issue 14). Suffixes, combinable: ``_lpt`` sorts the rows longest first
+the job before continuous admission). Suffixes, combinable: ``_lpt`` sorts the rows longest first
 (``JobConfig.longest_first``); ``_priority`` makes the engine schedule by priority
 (``EngineConfig.priority_scheduling``: the document with most conversations left first) instead
 of first come first served; ``_reserve`` lets a document of ``--long-tokens`` or more reserve its
 actor (``JobConfig.long_document_tokens``, ``--long-in-flight`` documents there while it reads),
-e.g. ``admission_lpt_priority``, ``admission_lpt_reserve``;
+e.g. ``admission_lpt_priority``, ``admission_lpt_reserve``; ``_spec`` speculates (prompt lookup,
+``--speculative-tokens`` a step) at ``--speculate-acceptance`` (``measured``: the per-step
+distribution of ``--speculation-results``; or a fixed mean acceptance rate), ``_spec0.5`` at 0.5;
 and for the design choice ``sched4`` (4 rows per call,
 ``max_in_flight`` calls, the gate binding: a scheduler inside the actor) and ``calls4`` (4 rows
 per call, ``max_in_flight / 4`` calls: several calls over small batches, no gate binding).
@@ -28,7 +30,10 @@ Headline keys, per mode under ``modes``: ``occupancy`` (mean documents in flight
 engine needs for the same prefill and decode tokens: ``LatencyModel.ideal_seconds`` over all
 actors' work / actors, with "full" = ``min(max_in_flight, max_seqs)`` sequences per step),
 ``docs_per_s``. ``critical_path_s``: the longest document alone on an idle engine (no job can
-end sooner). Targets (issue 14): occupancy >= 0.9, wall_vs_ideal <= 1.15 with admission on.
+end sooner; speculating, its expected time at the mode's mean acceptance, beside
+``critical_path_no_speculation_s``). ``_spec`` modes keep ``ideal_s`` without speculation (the
+same reference) and add ``speculation`` (the setting, its expected drafted and accepted tokens per
+decode step). Targets: occupancy >= 0.9, wall_vs_ideal <= 1.15 with admission on.
 
 ``--chain-others 0,3,15`` runs only the chain isolation (:func:`run_chain`): the lake's longest
 document on one simulated engine with 0, 3, 15 other documents reading beside it, no Ray.
@@ -58,7 +63,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import psutil  # noqa: E402
 
 from benchmarks.common import loadavg, print_table, write_json  # noqa: E402
-from benchmarks.latency_engine import LatencyModel, model_dict  # noqa: E402
+from benchmarks.latency_engine import Acceptance, LatencyModel, load_acceptance, model_dict  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HIST_EDGES = [0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 512_000, 1_000_001]
@@ -189,7 +194,7 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     base, *variants = mode.split("_")
     plan = plan_for(base, args.max_in_flight)
     # The engine's queue: first come first served, by priority in the "_priority" variants.
-    model = replace(model, priority_scheduling="priority" in variants)
+    model = replace(model, priority_scheduling="priority" in variants, **speculation(variants, args))
     reserve = "reserve" in variants
     cfg = BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
                         job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
@@ -211,13 +216,15 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     assert len({r["id"] for r in table}) == len(table) == args.docs, (len(table), args.docs)
     prefill = sum(s["prompt_tokens"] for r in table for s in (r["steps"] or []))
     decode = sum(s["completion_tokens"] for r in table for s in (r["steps"] or []))
-    full = LatencyModel(**{**model_dict(model), "max_seqs": min(model.max_seqs, args.max_in_flight)})
+    # The reference is the same with speculation or without: an always-full engine, not speculating.
+    plain = replace(model, speculative_tokens=0, speculation_acceptance=None, speculation_steps=())
+    full = replace(plain, max_seqs=min(model.max_seqs, args.max_in_flight))
     ideal = full.ideal_seconds(prefill, decode) / args.actors * model.time_scale
     longest = max(table, key=lambda r: r["context_tokens"] or 0)
-    critical = sum(model.step_seconds(min(s["prompt_tokens"], model.max_tokens_per_step), 1)
-                   + (math.ceil(s["prompt_tokens"] / model.max_tokens_per_step) - 1) * model.c_step_s
-                   + max(0, s["completion_tokens"] - 1) * model.step_seconds(0, 1)
-                   for s in longest["steps"]) * model.time_scale
+    critical = sum(model.chain_seconds(s["prompt_tokens"], s["completion_tokens"]) for s in longest["steps"]) \
+        * model.time_scale
+    critical_plain = sum(plain.chain_seconds(s["prompt_tokens"], s["completion_tokens"])
+                         for s in longest["steps"]) * model.time_scale
     # The job's window: from the first document admitted to the last one done (the actors' gates);
     # planning, actor start (tokenizer load) and the last file's write are reported apart.
     job_wall = summary.reading_seconds or summary.seconds
@@ -233,6 +240,8 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
         "peak_in_flight": summary.peak_in_flight,
         "wall_s": round(job_wall, 2), "ideal_s": round(ideal, 2), "wall_vs_ideal": round(job_wall / ideal, 4),
         "critical_path_s": round(critical, 2), "longest_doc_tokens": longest["context_tokens"],
+        "critical_path_no_speculation_s": round(critical_plain, 2),
+        "speculation": speculation_report(model, table),
         # Seconds each of the five longest documents spent in its actor (its chain under load).
         "longest_docs_s": {f'{r["id"]} ({r["context_tokens"]:,} tokens, {r["n_chunks"]} chunks)': round(r["seconds"], 1)
                            for r in sorted(table, key=lambda r: -(r["context_tokens"] or 0))[:5]},
@@ -248,6 +257,36 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
         "loop_lag_mean_ms": round(summary.loop_lag_mean_s * 1e3, 1) if summary.loop_lag_mean_s is not None else None,
         "loop_lag_max_ms": round(summary.loop_lag_max_s * 1e3, 1) if summary.loop_lag_max_s is not None else None,
     }
+
+
+def speculation(variants: list[str], args) -> dict:
+    """LatencyModel speculation fields of a mode's ``spec[VALUE]`` suffix (none: not speculating)."""
+    spec = next((v[4:] for v in variants if v.startswith("spec")), None)
+    if spec is None:
+        return {}
+    value = spec or args.speculate_acceptance
+    fields = {"speculative_tokens": args.speculative_tokens}
+    if value == "measured":
+        if args.measured is None:
+            raise SystemExit("a measured _spec mode needs --speculation-results")
+        return {**fields, "speculation_steps": tuple(map(tuple, args.measured["steps"]))}
+    return {**fields, "speculation_acceptance": float(value)}
+
+
+def speculation_report(model: LatencyModel, table: list[dict]) -> dict | None:
+    """The setting, its expected per-step means, and what the traces recorded (when they carry the counts)."""
+    if not model.speculating:
+        return None
+    drafted, accepted = Acceptance(model).means()
+    steps = [s for r in table for s in (r["steps"] or [])]
+    out = {"speculative_tokens": model.speculative_tokens,
+           "acceptance": "measured" if model.speculation_steps else model.speculation_acceptance,
+           "expected_drafted_per_step": round(drafted, 3), "expected_accepted_per_step": round(accepted, 3),
+           "expected_acceptance_rate": round(accepted / drafted, 4) if drafted else None}
+    if steps and "draft_tokens" in steps[0]:
+        d, a = sum(s["draft_tokens"] or 0 for s in steps), sum(s["accepted_tokens"] or 0 for s in steps)
+        out.update(trace_draft_tokens=d, trace_accepted_tokens=a, trace_acceptance_rate=round(a / d, 4) if d else None)
+    return out
 
 
 def cpu_busy_fraction(before, after) -> float:
@@ -350,6 +389,8 @@ def run_hf(args) -> dict:
 
 
 def main() -> None:
+    from memagent.engines import EngineConfig
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--docs", type=int, default=2000)
@@ -376,7 +417,20 @@ def main() -> None:
     parser.add_argument("--hf-short-tokens", type=int, default=1000)
     parser.add_argument("--hf-chunk-tokens", type=int, default=1024)
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temp dir, removed)")
+    parser.add_argument("--speculate-acceptance", default="measured",
+                        help="_spec modes: 'measured' (--speculation-results) or a mean acceptance rate, e.g. 0.5")
+    parser.add_argument("--speculative-tokens", type=int, default=EngineConfig().speculative_tokens,
+                        help="_spec modes: most tokens drafted per sequence and step")
+    parser.add_argument("--speculation-results", default=None, help="_spec modes at 'measured': a results file "
+                        "with per-step drafted/accepted counts (default: benchmarks/results/speculation.json, "
+                        "else speculation_provisional.json)")
     args = parser.parse_args()
+    results = REPO / "benchmarks" / "results"
+    if args.speculation_results is None:  # the single-document speculation benchmark's, when it is there
+        args.speculation_results = next((str(results / f) for f in ("speculation.json", "speculation_provisional.json")
+                                         if (results / f).exists()), None)
+    args.measured = load_acceptance(args.speculation_results) if "_spec" in args.modes and args.speculation_results \
+        else None
     args.address, args.pin_workers = None, False
 
     import contextlib
@@ -423,9 +477,16 @@ def main() -> None:
     else:
         kw = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
         # The metrics endpoint needs Ray's dashboard agent (ray[default]'s packages).
-        ray.init(address="local", num_cpus=args.node_cpus, include_dashboard=bool(args.metrics_port),
-                 log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
+        for attempt in range(3):  # Ray gives its raylet 30 s to register: not always enough on a loaded machine
+            try:
+                ray.init(address="local", num_cpus=args.node_cpus, include_dashboard=bool(args.metrics_port),
+                         log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
+                break
+            except Exception as exc:  # noqa: BLE001 - ray raises a bare Exception here
+                print(f"ray.init failed ({exc}); retrying", flush=True)
+                ray.shutdown()
+                if attempt == 2:
+                    raise
     results = {}
     scraper = Scraper(args.metrics_port, args.scrape_out) if args.metrics_port and args.scrape_out else None
     try:
@@ -449,7 +510,8 @@ def main() -> None:
         "lake": lake, "modes": results,
         "settings": {"actors": args.actors, "max_in_flight": args.max_in_flight, "batch_size": args.batch_size,
                      "time_scale": args.time_scale, "agent": agent.model_dump(mode="json"),
-                     "latency_model": model_dict(model), "actor_cpus": args.actor_cpus},
+                     "latency_model": model_dict(model), "actor_cpus": args.actor_cpus,
+                     "speculation_measured": {k: v for k, v in (args.measured or {}).items() if k != "steps"} or None},
         "peak_rss_mb_driver": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "peak_rss_mb_children": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
     }

@@ -1,6 +1,6 @@
 """Peak memory and trained tokens/s of one Multi-Conv DAPO step on CPU; writes one JSON file.
 
-Two configurations of issue 15, each run in its own process (two steps: a warm-up step, then
+Two configurations, each run in its own process (two steps: a warm-up step, then
 the measured one, then the final checkpoint):
 
   (a) RULER niah_single_1, 8 samples of 2048 tokens; batch 2 x group 2; chunk 512, memory 64,

@@ -26,13 +26,14 @@ from flows.stages import run_stage, stage_dir, task_owned_ray
 from memagent.config import AgentConfig, preset
 from memagent.data.filter import FilterConfig
 from memagent.data.hotpotqa import HotpotSynthConfig
+from memagent.data.samples import HOTPOTQA_DEV
 from memagent.engines import DEFAULT_MODEL, EngineConfig
 from memagent.rl.config import TrainConfig
 from pipelines.synthesize import SynthJob
 from pipelines.train_job import TrainJob
 
-# The deployment's default source: the HotpotQA sample beside the repository (see prefect.yaml).
-SAMPLE_SYNTH = HotpotSynthConfig(source="../shared/data/hotpotqa_sample.json", samples=8, tokens=[1024])
+# The deployment's default source: the HotpotQA dev sample shipped in the package.
+SAMPLE_SYNTH = HotpotSynthConfig(source=str(HOTPOTQA_DEV), samples=8, tokens=[1024])
 
 
 def _log(msg: str) -> None:

@@ -51,6 +51,10 @@ class Step:
     completion_tokens: int
     finish_reason: str
     seconds: float
+    # Prompt-lookup speculation (0 when the engine did not speculate): tokens drafted for this
+    # reply and how many of them the model kept.
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass
@@ -103,9 +107,16 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
     """
     config.prompts.check_instruction(config.instruction)
     # The memory-update template bounds every call unless a custom final-answer one is longer.
-    final = final_answer_messages("", "", config.answer_style, config.instruction, config.prompts)
+    schema = config.extraction
+    final = final_answer_messages("", "", config.answer_style, config.instruction, config.prompts,
+                                  schema.answer_instruction() if schema else None)
     overhead = max(template_overhead(engine, config.instruction, config.prompts), engine.count_chat_tokens(final))
     config.check_fits(engine.context_window, overhead)
+    if schema is not None:  # the field list is every call's question: it must fit query_tokens
+        n = len(engine.tokenizer(schema.question(), add_special_tokens=False)["input_ids"])
+        if n > config.query_tokens:
+            raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens="
+                             f"{config.query_tokens}; raise query_tokens to {n} or more (or shorten the descriptions)")
 
 
 def _step(n: int, kind: str, chunk: Chunk | None, memory: str, c: Completion, seconds: float) -> Step:
@@ -120,12 +131,14 @@ def _step(n: int, kind: str, chunk: Chunk | None, memory: str, c: Completion, se
         completion_tokens=c.completion_tokens,
         finish_reason=c.finish_reason,
         seconds=round(seconds, 4),
+        draft_tokens=c.draft_tokens,
+        accepted_tokens=c.accepted_tokens,
     )
 
 
 async def read_document(
     engine: Engine,
-    question: str,
+    question: str | None,
     context: str,
     config: AgentConfig,
     *,
@@ -134,6 +147,10 @@ async def read_document(
     logprobs: bool = False,
 ) -> Result:
     """Read ``context`` with the memory agent and answer ``question``.
+
+    With ``config.extraction`` (a schema) the question is the schema's field list (pass
+    ``question=None``) and the final answer is decoded under the schema: ``Result.response`` is
+    one JSON object (validate and type it with :func:`memagent.extraction.extraction_columns`).
 
     Args:
         engine: any :class:`Engine`; its tokenizer cuts the chunks.
@@ -145,6 +162,11 @@ async def read_document(
     Raises:
         InputError: empty/missing question or context, or a question over ``query_tokens``.
     """
+    schema = config.extraction
+    if schema is not None:
+        if question is not None:
+            raise ValueError("config.extraction is set: the schema's field list is the question; pass question=None")
+        question = schema.question()
     question, context = validate_inputs(question, context)
     n_question = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
     if n_question > config.query_tokens:
@@ -154,7 +176,8 @@ async def read_document(
         )
     doc = chunk_document(engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
     memory_params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs)
-    answer_params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, logprobs, priority=-1)
+    answer_params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, logprobs, priority=-1,
+                                   json_schema=schema.decoding_schema_json() if schema else None)
 
     memory = NO_MEMORY
     steps: list[Step] = []
@@ -176,7 +199,8 @@ async def read_document(
             on_step(steps[-1], len(doc.chunks) + 1)
 
     t0 = time.perf_counter()
-    messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts)
+    messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts,
+                                     schema.answer_instruction() if schema else None)
     reply = await engine.chat(messages, answer_params)
     steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
     keep(reply)

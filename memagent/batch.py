@@ -5,13 +5,18 @@ each batch it receives; the demo and tests call it in-process. One coroutine per
 engine batches the calls of all rows in flight. A row that cannot be read becomes an error
 record (``error`` set, results null) and never stops the others.
 
-Output record (DESIGN.md "Batch output"): ``id``, passthrough columns, ``prediction``,
+Output record: ``id``, passthrough columns, ``prediction``,
 ``response``, ``memory``, ``n_chunks``, ``context_tokens``, ``truncated``, ``steps``,
 ``score`` (when ``answers`` are given), ``error``, ``model``, ``config``, ``method``, and the
 evidence attribution columns of :mod:`memagent.attribution` (null in error rows).
 
 Two reading methods share this path: ``memagent`` (the memory agent) and ``full-context``
 (the baseline: the whole document in one prompt, middle dropped to fit the window).
+
+Corpus extraction (``config.extraction``, a JSON Schema): the field list is every row's question,
+and the record adds one typed column per field, ``extraction`` and ``field_evidence``
+(:func:`result_schema`, :mod:`memagent.extraction.output`); a reply that does not match the
+schema is an ``invalid_output:`` error row.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from memagent.agent import InputError, Result, read_document
 from memagent.attribution import attribute
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
-from memagent.error_kinds import error_prefix
+from memagent.error_kinds import INVALID_OUTPUT_PREFIX, error_prefix
+from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
 from memagent.verify import METRICS
@@ -45,6 +51,7 @@ STEP_TYPE = pa.struct([
     ("char_start", pa.int64()), ("char_end", pa.int64()), ("memory", pa.string()),
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
     ("finish_reason", pa.string()), ("seconds", pa.float64()),
+    ("draft_tokens", pa.int32()), ("accepted_tokens", pa.int32()),  # speculation (0: none)
 ])
 
 SPAN_TYPE = pa.struct([("char_start", pa.int64()), ("char_end", pa.int64())])
@@ -61,6 +68,14 @@ RESULT_SCHEMA = pa.schema([
 RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 
 
+def result_schema(config: AgentConfig) -> pa.Schema:
+    """The result columns of a job with ``config``: with an extraction schema, its typed columns,
+    ``extraction`` and ``field_evidence`` follow :data:`RESULT_SCHEMA` (memagent.extraction.output)."""
+    if config.extraction is None:
+        return RESULT_SCHEMA
+    return pa.schema([*RESULT_SCHEMA, *output_fields(config.extraction)])
+
+
 def _answers(row: Mapping[str, Any]) -> list[str] | None:
     value = row.get("answers")
     if value is None:
@@ -75,7 +90,14 @@ def result_record(
     row: Mapping[str, Any], result: Result, config: AgentConfig, model: str, metric: str, seconds: float,
     method: Method = "memagent",
 ) -> dict[str, Any]:
-    """The output record of a successful read (passthrough columns kept)."""
+    """The output record of a successful read (passthrough columns kept).
+
+    With an extraction schema: the typed field columns, ``extraction`` (the validated object,
+    also the ``prediction``) and ``field_evidence``; no score or answer attribution. A reply that
+    does not match the schema keeps its trace and is an ``invalid_output:`` error row.
+    """
+    if config.extraction is not None:
+        return _extraction_record(row, result, config, model, seconds, method)
     record = dict(row)
     error = None
     prediction: str | None = result.prediction
@@ -104,11 +126,34 @@ def result_record(
     return record
 
 
+def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConfig, model: str, seconds: float,
+                       method: Method) -> dict[str, Any]:
+    schema = config.extraction
+    assert schema is not None
+    record = dict(row)
+    try:
+        columns, error = extraction_columns(schema, result.response, result.steps, row.get("context")), None
+    except InvalidOutput as exc:
+        columns, error = null_columns(schema), f"{INVALID_OUTPUT_PREFIX}{exc}"
+        if result.steps and result.steps[-1].finish_reason == "length":
+            error += f" (the reply stopped at answer_tokens={config.answer_tokens}: raise answer_tokens)"
+    record.update({c: None for c in RESULT_COLUMNS})
+    record.update(
+        prediction=columns["extraction"], response=result.response, memory=result.memory, n_chunks=result.n_chunks,
+        context_tokens=result.context_tokens, truncated=result.truncated, steps=[vars(s) for s in result.steps],
+        error=error, model=model, config=config.model_dump_json(), seconds=round(seconds, 3), method=method,
+        **columns,
+    )
+    return record
+
+
 def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, model: str,
                  method: Method = "memagent") -> dict[str, Any]:
     """The output record of a row that could not be read: ``error`` set, results null."""
     record = dict(row)
     record.update({c: None for c in RESULT_COLUMNS})
+    if config.extraction is not None:
+        record.update(null_columns(config.extraction))
     record.update(error=message, model=model, config=config.model_dump_json(), method=method)
     return record
 
@@ -124,12 +169,18 @@ async def answer_row(
 ) -> dict[str, Any]:
     """Read one row; any failure of the row itself becomes an error record.
 
-    ``question`` overrides/supplies the question for every row (corpus extraction jobs). A
-    ``metric`` column, when the row has one, overrides ``metric`` for that row (evaluation sets
-    mix tasks scored differently).
+    ``question`` overrides/supplies the question for every row. With an extraction schema
+    (``config.extraction``) the schema's field list is the question: a ``question`` column is
+    not read (it passes through). A ``metric`` column, when the row has one, overrides
+    ``metric`` for that row (evaluation sets mix tasks scored differently).
     """
     t0 = time.perf_counter()
     q = question if question is not None else row.get("question")
+    if config.extraction is not None:
+        if question is not None or method != "memagent":
+            raise ValueError("an extraction schema is the question and is read by method 'memagent': "
+                             "give no job-level question and no other method with it")
+        q = None
     row_metric = row.get("metric") or metric
     if row_metric not in METRICS:
         return error_record(row, f"input: metric {row_metric!r} is not one of {', '.join(METRICS)}",

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import PromptTemplates
 
 AnswerStyle = Literal["boxed", "phrase", "json"]
@@ -19,7 +20,7 @@ PresetName = Literal["paper", "small", "tiny"]
 
 # Named budget sets; fields a preset does not name keep the paper's defaults below.
 PRESET_VALUES: dict[str, dict[str, Any]] = {
-    # The paper's budgets (spec §1.4): for 8K-window models of 7B+ on GPUs.
+    # The paper's budgets (chunk 5000, memory 1024, answer 1024): for 8K-window models of 7B+ on GPUs.
     "paper": {},
     # CPU-sized: a 2-core machine reads ~10K tokens a minute with the packaged 135M model.
     "small": {"chunk_tokens": 1024, "memory_tokens": 160, "answer_tokens": 48, "query_tokens": 160},
@@ -29,7 +30,7 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
 
 
 class AgentConfig(BaseModel):
-    """Budgets and decoding of one memory-agent read. Defaults are the paper's (spec §1.4)."""
+    """Budgets and decoding of one memory-agent read. Defaults are the paper's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -71,6 +72,19 @@ class AgentConfig(BaseModel):
         "Load others from a TOML file with memagent.prompts.load_prompts.",
     )
 
+    extraction: ExtractionSchema | None = Field(
+        None,
+        description="Corpus extraction: a JSON Schema (memagent.extraction) whose field list is the question and "
+        "to which the final answer (one JSON object, answer_style 'json') is constrained. CLI: --schema FILE.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_answers_for_extraction(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("extraction") is not None and data.get("answer_style") is None:
+            data = {**data, "answer_style": "json"}  # the one style an extraction answers in
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _fill_from_preset(cls, data: Any) -> Any:
@@ -88,6 +102,11 @@ class AgentConfig(BaseModel):
                 f"memory_tokens={self.memory_tokens} is more than 4x chunk_tokens={self.chunk_tokens}: "
                 "the memory would dwarf what each step reads; lower memory_tokens or raise chunk_tokens"
             )
+        if self.extraction is not None:
+            if self.answer_style != "json":
+                raise ValueError(f"an extraction schema answers in JSON: answer_style must be 'json' (or unset), "
+                                 f"got {self.answer_style!r}")
+            self.extraction.check_budgets(self.memory_tokens, self.answer_tokens)
         return self
 
     def max_prompt_tokens(self, template_tokens: int) -> int:
@@ -116,6 +135,8 @@ class AgentConfig(BaseModel):
     def with_overrides(self, **overrides: object) -> AgentConfig:
         """A copy with the non-None overrides applied (and validated)."""
         data = self.model_dump()
+        if overrides.get("extraction") is not None and overrides.get("answer_style") is None:
+            data["answer_style"] = None  # filled in: an extraction answers in JSON
         data.update({k: v for k, v in overrides.items() if v is not None})
         return AgentConfig(**data)
 

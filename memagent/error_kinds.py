@@ -1,8 +1,9 @@
 """Two kinds of failure, because a caller acts on them differently.
 
-- **Row errors** (``input:``, ``agent:``, ``answer:``): the row itself cannot be read — bad
-  input, a prompt the endpoint rejects as too long, a reply that is not JSON when JSON was
-  asked. Retrying gives the same answer: the error row is written and is done for good.
+- **Row errors** (``input:``, ``agent:``, ``answer:``, ``invalid_output:``): the row itself
+  cannot be read — bad input, a prompt the endpoint rejects as too long, a reply that is not
+  JSON when JSON was asked, an extraction reply that does not match its schema. Retrying gives
+  the same answer: the error row is written and is done for good.
 - **Infrastructure errors** (``infra:``): the machinery failed, not the row — the endpoint
   unreachable or answering 429/5xx after its retries, a bad key (401/403), an unknown model or
   path (404), an engine that died. The row is written with the ``infra:`` prefix, which a
@@ -19,21 +20,23 @@ import collections
 from dataclasses import dataclass, field
 from typing import Literal
 
+from memagent.engines.base import EndpointError
+
 ErrorKind = Literal["row", "infra"]
 
 INFRA_PREFIX = "infra: "
+# An extraction reply that does not parse as, or validate against, the schema (memagent.extraction).
+INVALID_OUTPUT_PREFIX = "invalid_output: "
 
 # HTTP statuses that say nothing about the row: every row would get them.
 _INFRA_STATUSES = {401, 403, 404, 407, 408, 409, 425, 429}
-# Exceptions (by class name, so the library need not import the engines) of an engine that died.
+# Exceptions of an engine that died, by class name: vLLM, torch and Ray need not be imported.
 _INFRA_CLASSES = {"EngineDeadError", "EngineGenerateError", "OutOfMemoryError", "AcceleratorError",
                   "RayActorError", "ActorDiedError", "NodeDiedError", "WorkerCrashedError"}
 
 
 def error_kind(exc: BaseException) -> ErrorKind:
     """Whether ``exc`` (raised while reading one row) is the row's fault or the infrastructure's."""
-    from memagent.engines.openai import EndpointError
-
     if isinstance(exc, EndpointError):
         status = exc.status
         if status is None or status >= 500 or status in _INFRA_STATUSES or 200 <= status < 300:

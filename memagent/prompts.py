@@ -3,7 +3,7 @@
 Memory update (one per chunk): instruction, question, previous memory, section -> new memory.
 Final answer (once): instruction, question, memory -> answer, in one of three styles.
 Static text comes first and the changing parts last, so an engine with prefix caching reuses
-the instruction and question across a document's calls (spec §1.3).
+the instruction and question across a document's calls.
 
 The templates are configuration (:class:`PromptTemplates`, ``AgentConfig.prompts``), loadable
 from a TOML file with :func:`load_prompts`. Placeholders, ``{name}`` in ``str.format`` syntax
@@ -286,10 +286,14 @@ def final_answer_messages(
     style: AnswerStyle,
     instruction: str | None = None,
     prompts: PromptTemplates | None = None,
+    answer_instruction: str | None = None,
 ) -> Messages:
-    """The final-answer conversation: question and memory only, no document text."""
+    """The final-answer conversation: question and memory only, no document text.
+
+    ``answer_instruction`` replaces the style's format sentence (an extraction names its keys).
+    """
     return _render(prompts, "final_answer", instruction, question=question, memory=memory,
-                   answer_instruction=ANSWER_INSTRUCTIONS[style])
+                   answer_instruction=answer_instruction or ANSWER_INSTRUCTIONS[style])
 
 
 def full_context_messages(
@@ -343,7 +347,7 @@ _PHRASE = re.compile(r"the answer is", re.IGNORECASE)
 def extract_phrase_answer(text: str) -> str | None:
     """Text after the last "the answer is" (case-insensitive), trimmed of '.', '*' and spaces.
 
-    None when the phrase is absent (spec §1.6).
+    None when the phrase is absent (the official code's extraction).
     """
     text = strip_thinking(text).replace("*", "")
     matches = list(_PHRASE.finditer(text))

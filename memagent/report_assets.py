@@ -3,7 +3,10 @@
 The script reads the row data embedded as JSON (``#report-data``), renders the filterable,
 sortable row table a page at a time, and renders one row's timeline on demand. Hash routes:
 ``#row=KEY`` shows a row's timeline; ``#filter=method=M&task=T&length=L&status=S&err=N&q=TEXT``
-sets the table filters (the eval table's cells and the error groups link to them).
+sets the table filters (the eval table's cells and the error groups link to them);
+``#filter=field=F&value=V`` lists the rows whose extracted field F is V (a value's JSON text; ``*``
+any value, empty: no value). Extraction rows (``x``: per field [name, value JSON, step, start, end])
+get one column per field and, in the timeline, each value linked to its evidence span.
 """
 
 CSS = r"""
@@ -55,6 +58,12 @@ mark.gold{background:var(--gold)}mark.pred{background:var(--pred)}
 .snip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;background:var(--bg);
 border:1px solid var(--bd);padding:6px;margin:4px 0}
 details summary{cursor:pointer}
+table.fields td{vertical-align:middle}.dist{display:flex;align-items:center;gap:6px;white-space:nowrap}
+.dist .dl{display:inline-block;min-width:110px}.dist .db{display:inline-block;width:120px;height:9px;background:#eceff3}
+.dist .db i{display:block;height:100%;background:var(--ev)}
+mark.fld{background:#c8e6c9;outline:1px solid #43a047}.b-fld{background:#2e7d32}
+.fmk{position:absolute;top:-5px;bottom:-5px;width:3px;margin-left:-1px;background:#2e7d32}
+.snip.flash{outline:3px solid #43a047}
 """
 
 JS = r"""
@@ -66,7 +75,16 @@ const $ = (s) => document.querySelector(s);
 const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g,
   (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const reEsc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-const st = {q: "", status: "", method: "", task: "", length: "", err: "", sort: "", dir: 1, page: 0};
+const st = {q: "", status: "", method: "", task: "", length: "", err: "", fld: "", val: null, sort: "", dir: 1, page: 0};
+// Extraction runs: the fields in schema order (each row's x lists them), a value shown as text.
+const FIELDS = [...new Set(R.flatMap((r) => (r.x || []).map((x) => x[0])))];
+const fx = (r, f) => (r.x || []).find((x) => x[0] === f);
+const shown = (v) => { if (v == null) return null; try { const p = JSON.parse(v); return typeof p === "string" ? p : Array.isArray(p) ? p.join(", ") : String(p); } catch (e) { return v; } };
+function fieldMatch(r) {
+  if (!st.fld) return true;
+  const x = fx(r, st.fld), v = x ? x[1] : null;
+  return st.val === "*" ? v != null : !st.val ? v == null : v === st.val;
+}
 
 const hasMem = (r) => (r.st || []).some((s) => s[1] === "m");
 function status(r) {
@@ -84,8 +102,10 @@ const COLS = [["id", "id", (r) => r.id]];
 if (D.facets.method) COLS.push(["method", "method", (r) => r.m]);
 if (D.facets.task) COLS.push(["task", "task", (r) => r.t]);
 if (D.facets.length) COLS.push(["length", "length", (r) => r.L]);
-COLS.push(["chunks", "n", (r) => r.n], ["tokens", "ct", (r) => r.ct], ["score", "s", (r) => r.s],
-  ["found", "f", (r) => r.f], ["lost", "l", (r) => r.l], ["prediction", "p", (r) => r.p], ["error", "e", (r) => r.e]);
+for (const f of FIELDS.slice(0, 8)) COLS.push([f, "x:" + f, (r) => { const x = fx(r, f); return x ? shown(x[1]) : null; }]);
+COLS.push(["chunks", "n", (r) => r.n], ["tokens", "ct", (r) => r.ct]);
+if (!FIELDS.length) COLS.push(["score", "s", (r) => r.s], ["found", "f", (r) => r.f], ["lost", "l", (r) => r.l], ["prediction", "p", (r) => r.p]);
+COLS.push(["error", "e", (r) => r.e]);
 
 function setup() {
   const f = $("#filters");
@@ -122,7 +142,7 @@ function sel(k, opts) {
 function filtered() {
   const q = st.q.toLowerCase(), sf = STATUS[st.status] || STATUS[""];
   let out = R.filter((r) => sf(r) && (!st.method || r.m === st.method) && (!st.task || r.t === st.task) &&
-    (!st.length || String(r.L) === st.length) && (st.err === "" || String(r.eg) === st.err) &&
+    (!st.length || String(r.L) === st.length) && (st.err === "" || String(r.eg) === st.err) && fieldMatch(r) &&
     (!q || (r.id + "\u0001" + (r.q || "") + "\u0001" + (r.p || "") + "\u0001" + (r.e || "")).toLowerCase().includes(q)));
   if (st.sort) {
     const c = COLS.find((c) => c[1] === st.sort), g = c[2], d = st.dir;
@@ -146,7 +166,8 @@ function draw() {
   $("#rows tbody").innerHTML = rows.slice(st.page * PAGE, (st.page + 1) * PAGE).map((r) =>
     '<tr data-k="' + esc(r.k) + '"' + (r.k === cur ? ' class="sel"' : "") + ">" +
     COLS.map((c) => '<td title="' + esc(c[2](r)) + '">' + cell(c, r) + "</td>").join("") + "</tr>").join("");
-  $("#count").textContent = n + " of " + R.length + " rows";
+  $("#count").innerHTML = n + " of " + R.length + " rows" + (st.fld ? " · " + esc(st.fld) + (st.val === "*" ? " filled" :
+    !st.val ? " empty" : " = " + esc(shown(st.val))) + ' <a href="#filter=">clear</a>' : "");
   for (const t of document.querySelectorAll("#rows th")) {
     t.classList.toggle("sorted", t.dataset.k === st.sort); t.classList.toggle("desc", t.dataset.k === st.sort && st.dir < 0);
   }
@@ -161,6 +182,10 @@ function draw() {
 function needles(r) {
   const list = [];
   for (const a of r.a || []) if (a && a.trim()) list.push([a.trim().toLowerCase(), "gold"]);
+  for (const x of r.x || []) {
+    const v = shown(x[1]);
+    if (v && v.trim() && !list.some((y) => y[0] === v.trim().toLowerCase())) list.push([v.trim().toLowerCase(), "fld"]);
+  }
   if (r.p && r.p.trim() && !list.some((x) => x[0] === r.p.trim().toLowerCase())) list.push([r.p.trim().toLowerCase(), "pred"]);
   list.sort((x, y) => y[0].length - x[0].length);
   if (!list.length) return null;
@@ -206,18 +231,31 @@ function showRow(k) {
     ["document", (r.cl != null ? r.cl + " chars, " : "") + (r.ct != null ? r.ct + " tokens, " : "") +
       (r.n != null ? r.n + " chunks" : "") + (r.tr ? " (truncated)" : "")],
     ["evidence span", r.ev ? "step " + r.ev[0] + ", chars " + r.ev[1] + "–" + r.ev[2] :
-      r.p && hasMem(r) ? '<span class="warn">prediction not found in any memory</span>' : ""],
+      r.p && hasMem(r) && !r.x ? '<span class="warn">prediction not found in any memory</span>' : ""],
     ["gold answer in memory", r.f == null ? (r.a && r.a.length && r.h ? '<span class="bad">never</span>' : "") :
       "found at step " + r.f + (r.l == null ? ", kept to the end" : ', <span class="bad">lost at step ' + r.l + "</span>")]];
   if (r.t != null) kv.splice(1, 0, ["task · length", esc(r.t) + " · " + esc(r.L)]);
   h += '<table class="kv">' + kv.filter((x) => x[1] !== "")
     .map((x) => "<tr><th>" + x[0] + "</th><td>" + x[1] + "</td></tr>").join("") + "</table>";
+  if ((r.x || []).length) {
+    h += '<h3>Extracted fields</h3><table class="xf"><tr><th>field</th><th>value</th><th>evidence</th></tr>';
+    r.x.forEach((x, i) => {
+      const v = x[1] == null ? '<span class="mut">null</span>' : esc(shown(x[1]));
+      const ev = x[3] == null ? (x[1] == null ? "" : '<span class="warn">value not found in the document</span>') :
+        '<a class="fgo" href="#fsn-' + i + '" data-snip="fsn-' + i + '">chars ' + x[3] + "–" + x[4] + "</a>" +
+        (x[2] == null ? "" : ' · <a class="fgo" href="#step-' + x[2] + '" data-snip="step-' + x[2] + '">first in memory at step ' + x[2] + "</a>");
+      h += "<tr><td><code>" + esc(x[0]) + "</code></td><td>" + (x[3] == null ? v :
+        '<a class="fgo fv" href="#fsn-' + i + '" data-snip="fsn-' + i + '"><mark class=fld>' + v + "</mark></a>") + "</td><td>" + ev + "</td></tr>";
+    });
+    h += "</table>";
+  }
   const mem = (r.st || []).filter((s) => s[1] === "m");
   const total = r.cl || Math.max(1, ...mem.map((s) => s[3] || 0), ...(r.as || []).map((s) => s[1]));
   if (mem.length || (r.as || []).length) {
     h += '<h3>Document</h3><div class="legend">chunks:<i style="background:#b0bec5"></i>memory without the answer' +
       '<i style="background:#a5d6a7"></i>memory holds the gold answer<i style="background:var(--ev)"></i>evidence chunk' +
-      '<i style="background:#e53935"></i>gold answer in the text</div><div class="bar">';
+      '<i style="background:#e53935"></i>gold answer in the text' +
+      ((r.x || []).length ? '<i style="background:#2e7d32"></i>extracted value in the text' : "") + '</div><div class="bar">';
     mem.forEach((s, j) => {
       const c = ["seg", held[j] === "1" ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.f ? "found" : "",
         s[0] === r.l ? "lost" : ""].join(" ");
@@ -225,7 +263,16 @@ function showRow(k) {
         pct(s[3] - s[2], total) + '" title="step ' + s[0] + ": chars " + s[2] + "–" + s[3] + '">' + s[0] + "</a>";
     });
     for (const a of r.as || []) h += '<i class="gm" style="left:' + pct(a[0], total) + '" title="gold answer at char ' + a[0] + '"></i>';
+    for (const x of r.x || []) if (x[3] != null) h += '<i class="fmk" style="left:' + pct(x[3], total) + '" title="' + esc(x[0]) + " at char " + x[3] + '"></i>';
     h += '</div><div class="ticks"><span style="left:0">0</span><span style="left:100%">' + total + "</span></div>";
+  }
+  if ((r.xs || []).length) {
+    h += "<h3>Field evidence in the source text</h3>";
+    for (const s of r.xs) {
+      const i = r.x.findIndex((x) => x[0] === s[0]);
+      h += '<div class="mut">' + esc(s[0]) + " (chars " + s[1] + "–" + (s[1] + s[2].length) + ')</div><div class="snip" id="fsn-' + i + '">' +
+        marked(s[2], s[3]) + "</div>";
+    }
   }
   if ((r.sn || []).length) {
     h += "<h3>Source text</h3>";
@@ -236,7 +283,8 @@ function showRow(k) {
   }
   if ((r.st || []).length) {
     h += '<h3>Memory after each step</h3><div class="legend"><ins>added</ins> and <del>removed</del> words against ' +
-      "the previous memory; <mark class=gold>gold answer</mark>, <mark class=pred>prediction</mark></div>";
+      "the previous memory; <mark class=gold>gold answer</mark>, <mark class=pred>prediction</mark>" +
+      ((r.x || []).length ? ", <mark class=fld>extracted value</mark>" : "") + "</div>";
   }
   let j = 0, prev = "";
   for (const s of r.st || []) {
@@ -246,6 +294,7 @@ function showRow(k) {
     if (s[0] === r.f) badges += '<span class="badge b-found">gold answer found</span>';
     if (s[0] === r.l) badges += '<span class="badge b-lost">gold answer lost</span>';
     if (s[0] === ev) badges += '<span class="badge b-ev">evidence: prediction first in memory</span>';
+    for (const x of r.x || []) if (x[2] === s[0] && isMem) badges += '<span class="badge b-fld">' + esc(x[0]) + " first in memory</span>";
     if (!isMem) badges += '<span class="badge b-ans">answer</span>';
     const span = s[2] == null ? "" : " · chars " + s[2] + "–" + s[3];
     h += '<div class="' + c + '" id="step-' + s[0] + '"><div class="hd">step ' + s[0] + (isMem ? " · memory update" : " · final answer") +
@@ -257,6 +306,13 @@ function showRow(k) {
   }
   if (r.rs != null) h += "<h3>Final response</h3><pre>" + hl(r.rs, nd) + "</pre>";
   el.innerHTML = h;
+  for (const a of el.querySelectorAll(".fgo")) {
+    a.addEventListener("click", (e) => {
+      e.preventDefault();  // in-page: the hash keeps the row
+      const t = document.getElementById(a.dataset.snip);
+      if (t) { t.scrollIntoView(); t.classList.add("flash"); setTimeout(() => t.classList.remove("flash"), 1500); }
+    });
+  }
   for (const a of el.querySelectorAll(".seg")) {
     a.addEventListener("click", (e) => {
       e.preventDefault();
@@ -277,6 +333,7 @@ function route() {
   if (hs.startsWith("filter=")) {
     const p = new URLSearchParams(hs.slice(7));
     for (const k of ["q", "status", "method", "task", "length", "err"]) st[k] = p.get(k) || "";
+    st.fld = p.get("field") || ""; st.val = p.get("value");
     for (const k of ["status", "method", "task", "length"]) { const s = $("#f-" + k); if (s) s.value = st[k]; }
     $("#fq").value = st.q; st.page = 0; draw(); $("#table").scrollIntoView();
   }

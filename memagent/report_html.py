@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from memagent.attribution import attribute, holds, memory_steps
 from memagent.evaluate import TASK_LABELS, length_label, wilson_interval
 from memagent.report_assets import CSS, JS
+from memagent.report_fields import field_view
 
 SNIPPET_CHARS = 90  # context kept either side of a highlighted span
 MAX_SNIPPETS = 4
@@ -165,6 +166,7 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
     for col, short in (("method", "m"), ("task", "t"), ("length", "L")):
         if row.get(col) is not None:
             view[short] = row[col]
+    view.update(field_view(row, context))  # extraction runs: per-field values and evidence spans
     return {k: v for k, v in view.items() if v is not None}
 
 
@@ -210,7 +212,7 @@ def attribution_counts(views: Iterable[Mapping[str, Any]]) -> dict[str, int]:
             continue  # error rows, and rows without memory steps (the full-context baseline)
         if v.get("a"):
             c["lost" if v.get("l") is not None else "never" if v.get("f") is None else "kept"] += 1
-        if v.get("p"):
+        if v.get("p") and "x" not in v:  # an extraction's evidence is per field (report_fields)
             c["evidence" if v.get("ev") else "noev"] += 1
     return dict(c)
 
@@ -227,9 +229,9 @@ def fmt_acc(acc: Mapping[str, Any] | None) -> str:
 
 
 def summary_html(items: Sequence[tuple[str, Any]], groups: list[dict[str, Any]], attr: Mapping[str, int],
-                 config: str | None) -> str:
-    """The run summary: key/value table, attribution counts, grouped errors, configuration."""
-    h = ['<table class="kv">'] + [f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in items] + ["</table>"]
+                 config: str | None, fields: str = "") -> str:
+    """The run summary: key/value table, extracted fields (HTML), attribution counts, grouped errors, configuration."""
+    h = ['<table class="kv">'] + [f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in items] + ["</table>", fields]
     if attr:
         links = [("kept", "", "gold answer found and kept to the end"),
                  ("lost", "lost", "gold answer found, then lost"),
@@ -294,11 +296,22 @@ def facets(views: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
     return out
 
 
+# Inside <script> the HTML tokenizer acts on "</script", "<!--" and "<script" whatever the
+# script's type, and U+2028/2029 end a line in older JS parsers: JSON may say all five as \uXXXX.
+_SCRIPT_UNSAFE = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON that can sit verbatim inside ``<script>``: no text of it can close the
+    element or open a comment/script state (``<``, ``>``, ``&``, U+2028/2029 written as escapes)."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text.translate(_SCRIPT_UNSAFE)  # only inside strings: JSON syntax itself has none of these
+
+
 def render(title: str, subtitle: str, summary: str, views: list[dict[str, Any]],
            images: Sequence[tuple[str, str]] = (), eval_table: str = "") -> str:
     """The whole page. ``images`` are (caption, data: URI) pairs; ``summary``/``eval_table`` are HTML."""
-    data = json.dumps({"rows": views, "facets": facets(views)}, ensure_ascii=False, separators=(",", ":"),
-                      default=str).replace("</", "<\\/")
+    data = script_json({"rows": views, "facets": facets(views)})
     pictures = "".join(f'<div><img alt="{_e(c)}" src="{src}"><div class="mut">{_e(c)}</div></div>' for c, src in images)
     evals = (f'<h2>Accuracy by task and length</h2><div class="grid">{pictures}</div>' if pictures else "") + (
         f"<h2>Task × length</h2><p class=mut>Click a cell to list its rows.</p>{eval_table}" if eval_table else "")

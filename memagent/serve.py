@@ -7,12 +7,22 @@ together and it batches them (the transformers engine into one ``generate``, vLL
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming,
 ``n=1``). Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
+
+Guards (:class:`ServeConfig`): with ``auth_key_env`` every path but ``/health`` needs
+``Authorization: Bearer KEY`` (401 otherwise; compared in constant time, never logged or echoed);
+``/health`` stays open, as vLLM's does, so that probes and load balancers need no secret and learn
+nothing from it. A body over ``max_body_bytes`` is a 413 before it is read whole, a ``max_tokens``
+over the cap a 400; the chat template and tokenizer run in a thread, so a huge prompt never stalls
+the event loop (``/health`` and other requests go on being answered).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -23,12 +33,43 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
+OPEN_PATHS = frozenset({"/health"})  # answered without a key
+LARGE_PROMPT_CHARS = 256 * 1024  # prompts longer than this are tokenised one at a time
+
+
+class ServeConfig(BaseModel):
+    """Where ``memagent serve`` listens and what it accepts from a client."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Interface to listen on (127.0.0.1: this machine only; 0.0.0.0: "
+                      "every interface, so set --auth-key-env)")
+    port: int = Field(8000, gt=0, le=65535, description="TCP port.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="uvicorn's log level.")
+    auth_key_env: str | None = Field(
+        None, description="Environment variable holding the key clients must send as `Authorization: Bearer KEY` "
+        "(every path but /health; unset: no key asked). Not --api-key-env, the key the openai engine sends upstream")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body in bytes (a larger one is "
+                                "a 413); a prompt filling a 128K-token window is about 0.5-1 MB of JSON.")
+    max_tokens: int = Field(4096, gt=0, description="Most completion tokens a request may ask for (max_tokens above "
+                            "it is a 400); also the default when it asks none (within the context window).")
+
+    def auth_key(self) -> str | None:
+        """The key clients must send, read from the environment once; unset or empty is an error."""
+        if self.auth_key_env is None:
+            return None
+        key = os.environ.get(self.auth_key_env, "")
+        if not key.strip():
+            raise ValueError(f"--auth-key-env {self.auth_key_env}: that environment variable is unset or empty")
+        return key
 
 
 class APIError(Exception):
@@ -44,6 +85,69 @@ class APIError(Exception):
         return JSONResponse({"error": body}, status_code=self.status)
 
 
+class Guard:
+    """ASGI middleware in front of the app: the key, then the body size, before anything is parsed.
+
+    The body is read here (at most ``max_body_bytes``) and replayed to the app; a client that
+    announces or sends more gets a 413 at once, without the server holding the rest.
+    """
+
+    def __init__(self, app: ASGIApp, *, key: str | None, max_body_bytes: int):
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self._key = key.encode() if key is not None else None
+
+    def _authorized(self, scope: Scope) -> bool:
+        header = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        # compare_digest: the time taken says nothing about how much of the key was right.
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self._key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            return await _send_error(send, APIError(401, "missing or incorrect API key: send `Authorization: Bearer "
+                                                    "KEY`", code="invalid_api_key"), {b"www-authenticate": b"Bearer"})
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return await _send_error(send, self._too_large(length.decode("latin-1")))
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return await _send_error(send, self._too_large(f"more than {size}"))
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # the disconnect, when the client goes away
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self, size: str) -> APIError:
+        return APIError(413, f"request body of {size} bytes is over this server's limit of {self.max_body_bytes} "
+                        "bytes (--max-body-bytes)", code="request_too_large")
+
+
+async def _send_error(send: Send, error: APIError, headers: dict[bytes, bytes] | None = None) -> None:
+    body = json.dumps({"error": {"message": error.message, "type": error.type, "param": error.param,
+                                 "code": error.code}}).encode()
+    head = {b"content-type": b"application/json", b"content-length": str(len(body)).encode(), **(headers or {})}
+    await send({"type": "http.response.start", "status": error.status, "headers": list(head.items())})
+    await send({"type": "http.response.body", "body": body})
+
+
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
@@ -55,6 +159,21 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the reply is constrained to ``schema`` (SamplingParams.json_schema)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = "reply"
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatRequest(BaseModel):
@@ -74,6 +193,7 @@ class ChatRequest(BaseModel):
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = Field(False, description="streaming is not supported")
     stop: str | list[str] | None = None
+    response_format: ResponseFormat | None = None
 
 
 def _check_supported(req: ChatRequest) -> None:
@@ -81,12 +201,26 @@ def _check_supported(req: ChatRequest) -> None:
         raise APIError(400, "stream=true is not supported by this server", param="stream")
     if req.stop:
         raise APIError(400, "stop sequences are not supported by this server", param="stop")
+    if req.response_format and req.response_format.type == "json_schema" and not req.response_format.json_schema:
+        raise APIError(400, "response_format of type json_schema needs json_schema: {name, schema}",
+                       param="response_format")
 
 
-def _sampling(req: ChatRequest, prompt_tokens: int, context_window: int) -> SamplingParams:
+def _check_max_tokens(req: ChatRequest, cap: int) -> None:
+    """400 when the request asks for more completion tokens than the server's cap."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        asked = getattr(req, name)
+        if asked is not None and asked > cap:
+            raise APIError(400, f"{name} {asked} is over this server's limit of {cap} tokens (--max-tokens)",
+                           param=name, code="max_tokens_too_large")
+
+
+def _sampling(req: ChatRequest, prompt_tokens: int, context_window: int, cap: int | None = None) -> SamplingParams:
     """Decoding settings; 400 in OpenAI's words when prompt + reply exceed the window."""
     asked = req.max_completion_tokens or req.max_tokens
-    max_tokens = asked or context_window - prompt_tokens  # default: the rest of the window
+    max_tokens = asked or context_window - prompt_tokens  # default: the rest of the window (within the cap)
+    if not asked and cap is not None:
+        max_tokens = min(max_tokens, cap)
     if prompt_tokens + max(max_tokens, 1) > context_window:
         raise APIError(
             400,
@@ -96,7 +230,10 @@ def _sampling(req: ChatRequest, prompt_tokens: int, context_window: int) -> Samp
             param="messages",
             code="context_length_exceeded",
         )
-    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, logprobs=req.logprobs)
+    rf = req.response_format
+    schema = json.dumps(rf.json_schema.schema_) if rf and rf.type == "json_schema" and rf.json_schema else None
+    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, logprobs=req.logprobs,
+                          json_schema=schema)
 
 
 def _logprobs_body(engine: Engine, c: Completion) -> dict[str, Any] | None:
@@ -151,8 +288,12 @@ async def _unless_disconnected(request: Request, work: Awaitable[Completion]) ->
         raise
 
 
-def create_app(engine: Engine, *, close_engine: bool = True) -> FastAPI:
-    """The FastAPI app serving ``engine``; it closes the engine on shutdown unless told not to."""
+def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engine: bool = True) -> FastAPI:
+    """The FastAPI app serving ``engine`` behind ``config``'s guards (key, body size, max_tokens cap);
+    it closes the engine on shutdown unless told not to. An unset ``auth_key_env`` variable is a ValueError."""
+    config = config or ServeConfig()
+    key = config.auth_key()
+    one_large_prompt = asyncio.Semaphore(1)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -162,6 +303,7 @@ def create_app(engine: Engine, *, close_engine: bool = True) -> FastAPI:
 
     app = FastAPI(title="memagent OpenAI-compatible server", lifespan=lifespan)
     app.state.engine = engine
+    app.add_middleware(Guard, key=key, max_body_bytes=config.max_body_bytes)  # outermost: before parsing
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -191,7 +333,15 @@ def create_app(engine: Engine, *, close_engine: bool = True) -> FastAPI:
         # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in req.messages]
-        params = _sampling(req, engine.count_chat_tokens(messages), engine.context_window)
+        _check_max_tokens(req, config.max_tokens)
+        # In a thread: the template and tokenizer over a multi-MB prompt take seconds. Large prompts
+        # one at a time, so that many of them hold one core, not every core the event loop needs too.
+        if sum(len(m["content"]) for m in messages) > LARGE_PROMPT_CHARS:
+            async with one_large_prompt:
+                prompt_tokens = await asyncio.to_thread(engine.count_chat_tokens, messages)
+        else:
+            prompt_tokens = await asyncio.to_thread(engine.count_chat_tokens, messages)
+        params = _sampling(req, prompt_tokens, engine.context_window, config.max_tokens)
         try:
             completion = await _unless_disconnected(request, engine.chat(messages, params))
         except APIError:
@@ -206,8 +356,9 @@ def create_app(engine: Engine, *, close_engine: bool = True) -> FastAPI:
     return app
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def serve(engine: Engine, config: ServeConfig | None = None) -> None:
     """Serve ``engine`` with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
+    config = config or ServeConfig()
+    uvicorn.run(create_app(engine, config), host=config.host, port=config.port, log_level=config.log_level)

@@ -1,4 +1,4 @@
-"""Answer verifiers: the paper's evaluation metrics and its strict training reward (spec §3).
+"""Answer verifiers: the paper's evaluation metrics and its strict training reward.
 
 Evaluation (lenient): SQuAD/HotpotQA normalisation, then ``sub_em`` (either string contains the
 other), ``em``, token ``f1``; ``string_match_all`` for NIAH/VT/FWE (fraction of references

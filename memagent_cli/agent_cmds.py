@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from memagent_cli.flags import add_model_flags, build
 from memagent_cli.options import add_agent_flags, add_engine_flags, agent_config, engine_config
 
 
@@ -69,17 +70,20 @@ def cmd_ask(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load a local engine and serve it over the OpenAI chat API until interrupted."""
     from memagent.engines import make_engine
-    from memagent.serve import serve
+    from memagent.serve import ServeConfig, serve
 
     config = engine_config(args, drop=("served_model",))
     if config.engine == "openai":
         raise ValueError("serve runs a local engine: use --engine hf or vllm (openai would only proxy)")
+    server = build(ServeConfig, args._serve_flags.values(args), "server options")
+    server.auth_key()  # an unset key variable fails before the model loads
     engine = make_engine(config)
     if args.served_model:  # the name we serve under, not an endpoint's
         engine.name = args.served_model
+    key = f" (clients send the key in ${server.auth_key_env})" if server.auth_key_env else ""
     print(f"serving {engine.name!r} ({config.engine}, context window {engine.context_window} tokens) "
-          f"at http://{args.host}:{args.port}/v1", file=sys.stderr)
-    serve(engine, host=args.host, port=args.port, log_level=args.log_level)
+          f"at http://{server.host}:{server.port}/v1{key}", file=sys.stderr)
+    serve(engine, server)
     return 0
 
 
@@ -95,8 +99,8 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
 
     srv = sub.add_parser("serve", parents=[common],
                          help="serve a local model over an OpenAI-compatible API (/v1/chat/completions)")
-    srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
-    srv.add_argument("--port", type=int, default=8000, help="default 8000")
-    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    from memagent.serve import ServeConfig
+
+    srv.set_defaults(_serve_flags=add_model_flags(srv, ServeConfig, "server"))
     add_engine_flags(srv)
     srv.set_defaults(func=cmd_serve)

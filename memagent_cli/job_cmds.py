@@ -109,7 +109,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     batch = sub.add_parser("batch", parents=[common], help="batch QA / extraction over a Parquet dataset (Ray Data)")
     batch.set_defaults(func=cmd_batch, _batch_flags=add_model_flags(batch, BatchQAConfig, "input and output",
                                                                     required=("input", "output")))
-    add_agent_flags(batch)
+    add_agent_flags(batch, schema=True)
     add_engine_flags(batch)
     add_job_flags(batch)
     add_s3_flags(batch)

@@ -15,9 +15,9 @@ import sys
 
 from pydantic import ValidationError
 
-from memagent_cli import agent_cmds, data_cmds, job_cmds, train_cmds
+from memagent_cli import agent_cmds, data_cmds, job_cmds, output_cmds, train_cmds
 
-COMMAND_MODULES = (agent_cmds, job_cmds, data_cmds, train_cmds)
+COMMAND_MODULES = (agent_cmds, job_cmds, data_cmds, train_cmds, output_cmds)
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _user_error(exc: BaseException) -> bool:
     """Errors that are the user's to fix (inputs, flags, files, endpoints, models), not bugs."""
-    from memagent.engines.openai import EndpointError
+    from memagent.engines.base import EndpointError
 
     return isinstance(exc, (ValueError, OSError, EndpointError, ValidationError))
 

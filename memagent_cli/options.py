@@ -17,12 +17,17 @@ from memagent_cli.flags import add_model_flags, build
 CLI_PRESET = "small"
 
 
-def add_agent_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
+def add_agent_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = (), schema: bool = False) -> None:
+    """The AgentConfig flags, ``--prompts FILE`` and (``schema``: commands that extract) ``--schema FILE``."""
     flags = add_model_flags(parser, AgentConfig, "agent", exclude=exclude, show_defaults=False,
                             help_overrides={"preset": f"Budget preset (default {CLI_PRESET}; paper = "
                                                       "5000/1024/1024); the flags below override it"})
     flags.group.add_argument("--prompts", metavar="FILE", help="TOML file of prompt templates: memory_update, "
                         "final_answer, optionally full_context (see docs/prompts/)")
+    if schema:
+        flags.group.add_argument("--schema", metavar="FILE", help="extract: a JSON Schema file of the fields to pull "
+                                 "out of every document (one typed column each; see docs/extraction.md); the field "
+                                 "list is the question")
     parser.set_defaults(_agent_flags=flags)
 
 
@@ -34,6 +39,10 @@ def agent_config(args: argparse.Namespace, **overrides: Any) -> AgentConfig:
         from memagent.prompts import load_prompts
 
         values["prompts"] = load_prompts(args.prompts)
+    if getattr(args, "schema", None):
+        from memagent.extraction import load_schema
+
+        values["extraction"] = load_schema(args.schema)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return build(AgentConfig, values, "agent options")
 

@@ -35,12 +35,12 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray.data import ActorPoolStrategy, DataContext
 
-from memagent.batch import RESULT_SCHEMA, Method
+from memagent.batch import Method, result_schema
 from memagent.config import AgentConfig, preset
 from memagent.engines import EngineConfig
 from memagent.error_kinds import INFRA_PREFIX, InfraBreaker, InfrastructureFailure
 from memagent.verify import Metric
-from pipelines import fingerprint, storage
+from pipelines import fingerprint, lease, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, is_long_document, occupancy, resolve_max_in_flight
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
@@ -65,7 +65,9 @@ class BatchQAConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input: str = Field(..., description="Parquet file or directory, local or s3://bucket/prefix.")
+    input: str = Field(..., description="Parquet file or directory, local or s3://bucket/prefix. In a directory: "
+                       "files named *.parquet (any case) at any depth, except under names starting with _ or . "
+                       "(docs/deployment.md).")
     output: str = Field(..., description="Output directory, local or s3://; reruns resume into it.")
     s3: S3Options = Field(default_factory=S3Options)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -81,6 +83,7 @@ class BatchQAConfig(BaseModel):
     redo_changed: bool = Field(
         False, description="On a rerun into the same output, redo (and replace) the rows whose input (question, "
         "context) or answer-changing settings differ from what they were answered from, instead of refusing.")
+    force_unlock: bool = Field(False, description=lease.FORCE_UNLOCK_HELP)
 
     @model_validator(mode="after")
     def _check(self) -> BatchQAConfig:
@@ -88,6 +91,9 @@ class BatchQAConfig(BaseModel):
         storage.check_uri(self.output, "output")
         if self.question is not None and not self.question.strip():
             raise ValueError("question must not be empty")
+        if self.agent.extraction is not None and (self.question is not None or self.method != "memagent"):
+            raise ValueError("an extraction schema's field list is the question: give no question with it, "
+                             "and keep method 'memagent'")
         if self.job.num_gpus > 0 and self.engine.device == "cpu":
             raise ValueError("num_gpus > 0 with engine device 'cpu': use device 'auto' or 'cuda'")
         if self.engine.engine == "openai" and self.job.num_gpus > 0:
@@ -110,6 +116,7 @@ class InputPlan:
     skipped: int  # input ids already in the output
     output_schema: pa.Schema
     redo_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # in the output, to redo
+    files: list[str] = field(default_factory=list)  # the input files checked: exactly what the job reads
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
@@ -123,12 +130,14 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
     """
     endpoint = storage.s3_endpoint(cfg.s3)
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
+    storage.check_not_nested(cfg.input, in_path, cfg.output, storage.filesystem(cfg.output, cfg.s3)[1])
     with storage.io_errors("input", cfg.input, endpoint):
         files = storage.parquet_files(in_fs, in_path)
         if not files:
             raise ValueError(f"input {cfg.input}: no Parquet files found")
         schemas = storage.read_schemas(in_fs, files, cfg.input)
-    required = [*REQUIRED_COLUMNS, *(["question"] if cfg.question is None else [])]
+    # With an extraction schema the field list is the question: a question column is not needed.
+    required = [*REQUIRED_COLUMNS, *(["question"] if cfg.question is None and cfg.agent.extraction is None else [])]
     for file, file_schema in schemas:
         missing = [c for c in required if c not in file_schema.names]
         if missing:
@@ -140,7 +149,8 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
         raise ValueError("input has a question column and a job-level question was given: drop one of them")
     if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
         raise ValueError(f"input column id must be strings, got {schema.field('id').type}; cast the ids to strings")
-    clash = [c for c in [*RESULT_SCHEMA.names, "node_id", fingerprint.COLUMN] if c in schema.names]
+    results = result_schema(cfg.agent)  # with a schema: its field columns, extraction, field_evidence
+    clash = [c for c in [*results.names, "node_id", fingerprint.COLUMN] if c in schema.names]
     if clash:
         raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
     with storage.io_errors("input", cfg.input, endpoint):
@@ -157,24 +167,29 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
         done_files = storage.complete_parquet_files(out_fs, out_path)
         # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
         done, retry = storage.output_ids(out_fs, done_files)
+        dup = storage.duplicates(pa.chunked_array([done, retry.cast(pa.string())], pa.string()))
+        if dup:  # not trusting the lease alone: two writers, or a store ignoring conditional writes
+            raise ValueError(f"output {cfg.output} holds duplicate ids, e.g. {', '.join(sorted(dup))}; repair it with: "
+                             f"memagent repair-output --output {cfg.output}")
         if len(done):  # resume checks what it skips: same question, context and answer-changing settings?
-            changed = fingerprint.changed_ids(in_fs, files, out_fs, done_files, done, cfg.question,
+            changed = fingerprint.changed_ids(in_fs, files, out_fs, done_files, done, fingerprint.job_question(cfg),
                                               fingerprint.answer_key(cfg))
             if len(changed) and not cfg.redo_changed:
                 raise ValueError(f"{len(changed)} id(s) already in {cfg.output} were answered from a different input "
-                                 f"(question, context or answer-changing settings), e.g. {changed[0].as_py()!r}; "
+                                 "(question, context, schema or answer-changing settings), "
+                                 f"e.g. {changed[0].as_py()!r}; "
                                  "use a new output, or --redo-changed to answer them again")
             if len(changed):
                 log.warning("%d id(s) in %s changed since they were answered: redoing them", len(changed), cfg.output)
                 done = done.filter(pc.invert(pc.is_in(done, value_set=changed)))
                 retry = pa.concat_arrays([retry.cast(pa.string()), changed])
     retry = retry.filter(pc.is_in(retry, value_set=ids.combine_chunks())) if len(retry) else retry
-    extra = [f for f in RESULT_SCHEMA if f.name not in schema.names] + [pa.field("node_id", pa.string()),
+    extra = [f for f in results if f.name not in schema.names] + [pa.field("node_id", pa.string()),
                                                                         pa.field(fingerprint.COLUMN, pa.string())]
     output_schema = pa.schema(list(schema) + extra)
     skipped = int(pc.sum(pc.is_in(ids, value_set=done)).as_py() or 0) if len(done) else 0
     return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, skipped=skipped, output_schema=output_schema,
-                     redo_ids=retry)
+                     redo_ids=retry, files=files)
 
 
 def drop_done(batch: pa.Table, done_ids: pa.Array | ray.ObjectRef) -> pa.Table:
@@ -234,7 +249,7 @@ class AgentWorker:
                          if long_document_tokens else None)
         self.meter = ActorMeter(actor_id[:8], self.engine, self.gate)
         self.ledger_name = ledger
-        self.breaker = InfraBreaker(**(breaker or {}))  # issue 18: stop when infrastructure errors dominate
+        self.breaker = InfraBreaker(**(breaker or {}))  # stop when infrastructure errors dominate
         self._ledger = None
 
     def _maybe_crash(self) -> None:
@@ -249,7 +264,8 @@ class AgentWorker:
             return
         if self._ledger is None:
             self._ledger = ray.get_actor(self.ledger_name)
-        await self._ledger.report.remote(self.key, {**self.gate.snapshot(), **self.meter.lag_snapshot()})
+        await self._ledger.report.remote(self.key, {**self.gate.snapshot(), **self.meter.lag_snapshot(),
+                                                    **self.meter.spec_snapshot()})
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         from memagent.batch import answer_row
@@ -338,6 +354,15 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
 
 def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
                  engine_factory: tuple[str, dict] | None = None) -> BatchSummary:
+    """Run the job holding the output's lease (:mod:`pipelines.lease`), taken before any model loads."""
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)  # a bad output named before the lease
+    with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock):
+        return _run_batch_qa(cfg, admission=admission, engine_factory=engine_factory)
+
+
+def _run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
+                  engine_factory: tuple[str, dict] | None = None) -> BatchSummary:
     """Run the job to completion and summarise what this run wrote.
 
     ``admission`` overrides how rows reach the actors (benchmarks compare
@@ -352,20 +377,25 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     if plan.skipped >= plan.total_rows:
         log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
         return summarise(cfg, plan, time.perf_counter() - t0)
+    # An actor no node can hold is refused now, not after the no-progress timeout.
+    resources.check_job_fits(cfg.job, shutdown_on_refusal=started_ray)
 
-    in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
+    in_fs, _ = storage.filesystem(cfg.input, cfg.s3)  # the plan holds the files to read
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     fault_env = {k: os.environ[k] for k in (CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV) if k in os.environ}
     # Only the fault-injection hooks travel as a runtime env: Ray logs runtime envs in clear text,
     # so the API key (named by engine.api_key_env) and AWS credentials never do; actors read
     # them from their node's environment (a local Ray's workers inherit this process's).
     actor_env = fault_env
-    ds = ray.data.read_parquet(in_path, filesystem=in_fs, schema=plan.schema)  # the unified schema of all files
+    # Exactly the files the plan checked (not a directory Ray would list by its own rules), with
+    # the unified schema of all of them; columns come from the files, not from directory names.
+    ds = ray.data.read_parquet(plan.files, filesystem=in_fs, schema=plan.schema, file_extensions=None,
+                               partitioning=None)
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
                             batch_size=None, num_cpus=0.25)
     # What each row is answered from, kept in the output so that a rerun can check what it skips.
-    ds = ds.map_batches(fingerprint.add_fingerprints, fn_kwargs=dict(question=cfg.question,
+    ds = ds.map_batches(fingerprint.add_fingerprints, fn_kwargs=dict(question=fingerprint.job_question(cfg),
                                                                      key=fingerprint.answer_key(cfg)),
                         batch_format="pyarrow", batch_size=None, num_cpus=0.25)
     # Continuous admission: small calls (``rows_per_call`` rows), many at once per actor, each row
@@ -402,15 +432,18 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         # Actors are restarted and their tasks retried by Ray on process death (defaults:
         # max_restarts=-1, max_task_retries=-1); row errors never raise, so only those retry.
     )
-    stopped = None
+    stopped = failed = None
     try:
-        ds.write_parquet(out_path, filesystem=out_fs,
-                         min_rows_per_file=cfg.job.batch_size if adm.rows_per_call < cfg.job.batch_size else None)
+        with storage.quiet_write_failures(cfg.output):
+            ds.write_parquet(out_path, filesystem=out_fs,
+                             min_rows_per_file=cfg.job.batch_size if adm.rows_per_call < cfg.job.batch_size else None)
     except Exception as exc:
         stopped = breaker_message(exc)
-        if stopped is None:
+        # A full disk, a permission, quota or S3 error: one line naming the output.
+        failed = storage.write_failure(exc, cfg.output, storage.s3_endpoint(cfg.s3)) if stopped is None else None
+        if stopped is None and failed is None:
             raise
-    if stopped is not None:
+    if stopped is not None or failed is not None:
         # Raised outside the except block: the Ray error's traceback would keep the dataset, and
         # so its actors and their CPUs, alive in a process that goes on (tests, flows).
         del ds
@@ -418,6 +451,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         ray.kill(ledger)
         if started_ray:  # stop the actors now: no worker log lines after the one-line message
             ray.shutdown()
+        if failed is not None:
+            raise failed
         written = summarise(cfg, plan, time.perf_counter() - t0)
         raise InfrastructureFailure(f"{stopped} ({written.rows_out} row(s) written this run, "
                                     f"{written.infra_errors} of them infrastructure errors)")
@@ -438,6 +473,9 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     if lags:
         summary.loop_lag_mean_s = sum(s["loop_lag_mean_s"] for s in lags) / len(lags)
         summary.loop_lag_max_s = max(s["loop_lag_max_s"] for s in lags)
+    for key in ("draft_tokens", "accepted_tokens", "stepped_tokens"):  # speculation, over actors
+        setattr(summary, key, sum(s.get(key, 0) for s in snapshots.values()))
+    summary.decode_steps = sum(s.get("decode_steps", 0) for s in snapshots.values()) or None
     return summary
 
 

@@ -20,6 +20,12 @@ memagent_loop_lag_s                 gauge     how late the actor's event loop wo
                                               (CPU work in the actor: chunking, prompts; it
                                               delays every document in flight and the engine's
                                               own coroutines)
+memagent_spec_acceptance_rate       gauge     drafted tokens the model kept / tokens drafted, since
+                                              the actor started (prompt-lookup speculation; absent
+                                              before the first draft)
+memagent_tokens_per_decode_step     gauge     completion tokens / decode forward passes, since the
+                                              actor started (1.0 without speculation; engines that
+                                              report decode steps only)
 memagent_docs_done_total            counter   documents finished (error rows included)
 memagent_{prefill,decode}_tokens_total counter token totals (Prometheus ``rate()`` works on them)
 =================================== ========= ===================================================
@@ -47,6 +53,8 @@ class MeteredEngine(Engine):
         self.outstanding = 0
         self.memory_steps = 0
         self.latencies: list[float] = []  # drained by the meter
+        # Speculation totals from the replies (Completion.draft_tokens / accepted_tokens / decode_steps).
+        self.draft_tokens = self.accepted_tokens = self.decode_steps = self.stepped_tokens = 0
 
     @property
     def queued(self) -> int:
@@ -61,6 +69,11 @@ class MeteredEngine(Engine):
         finally:
             self.outstanding -= 1
         self.latencies.append(time.perf_counter() - t0)
+        self.draft_tokens += reply.draft_tokens
+        self.accepted_tokens += reply.accepted_tokens
+        if reply.decode_steps:  # replies from engines that count their decode steps
+            self.decode_steps += reply.decode_steps
+            self.stepped_tokens += reply.completion_tokens
         if self.memory_tokens is not None and params.max_tokens == self.memory_tokens:
             self.memory_steps += 1
         return reply
@@ -103,6 +116,8 @@ class ActorMeter:
         self._last = (time.perf_counter(), engine.stats.prompt_tokens, engine.stats.completion_tokens,
                       engine.memory_steps, gate.done)
         self.loop_lag = g("memagent_loop_lag_s", "Seconds the actor's event loop woke late (last interval).")
+        self.acceptance = g("memagent_spec_acceptance_rate", "Drafted tokens kept / drafted (speculation), cumulative.")
+        self.tokens_per_step = g("memagent_tokens_per_decode_step", "Completion tokens per decode forward, cumulative.")
         self.lag_sum, self.lag_n, self.lag_max = 0.0, 0, 0.0
         self._task: asyncio.Task | None = None
 
@@ -125,6 +140,12 @@ class ActorMeter:
         return {"loop_lag_mean_s": self.lag_sum / self.lag_n if self.lag_n else None,
                 "loop_lag_max_s": self.lag_max if self.lag_n else None}
 
+    def spec_snapshot(self) -> dict:
+        """Speculation totals so far (the job summary sums them over actors)."""
+        e = self.engine
+        return {"draft_tokens": e.draft_tokens, "accepted_tokens": e.accepted_tokens,
+                "decode_steps": e.decode_steps, "stepped_tokens": e.stepped_tokens}
+
     def publish(self) -> None:
         now = time.perf_counter()
         stats, e, gate = self.engine.stats, self.engine, self.gate
@@ -145,6 +166,10 @@ class ActorMeter:
             self.decode_total.inc(stats.completion_tokens - d, self.tags)
         if gate.done > done:
             self.docs_done.inc(gate.done - done, self.tags)
+        if e.draft_tokens:
+            self.acceptance.set(e.accepted_tokens / e.draft_tokens, self.tags)
+        if e.decode_steps:
+            self.tokens_per_step.set(e.stepped_tokens / e.decode_steps, self.tags)
         latencies, e.latencies = e.latencies, []
         for x in latencies:
             self.latency.observe(x, self.tags)

@@ -1,8 +1,9 @@
 """Resume checks what it skips: each output row carries a fingerprint of what it was answered from.
 
-``input_fingerprint`` = a hash of the row's question (or the job-level one), its context and the
-job settings that change answers (method, engine and model, the agent config with its prompts;
-not the metric, which only changes the score). A rerun into the same output compares the
+``input_fingerprint`` = a hash of the row's question (or the job-level one; with an extraction
+schema, the schema's field list), its context and the job settings that change answers (method,
+engine and model, the agent config with its prompts and extraction schema; not the metric, which
+only changes the score). A rerun into the same output compares the
 fingerprints of the ids it would skip with its own input: if any differ, it refuses, naming how
 many and one example, unless ``redo_changed`` (``--redo-changed``), which takes those rows out
 of the output and answers them again (still exactly once). Outputs written before this column
@@ -31,6 +32,13 @@ def answer_key(cfg: BatchQAConfig) -> str:
     e = cfg.engine
     return json.dumps({"method": cfg.method, "engine": e.engine, "model": e.served_model or e.model,
                        "agent": cfg.agent.model_dump(mode="json", exclude={"preset"})}, sort_keys=True)  # a label
+
+
+def job_question(cfg: BatchQAConfig) -> str | None:
+    """The question every row is read with, when the job sets one: the extraction schema's field
+    list (a row's question column is then not read), else the job-level question (None: per row)."""
+    schema = cfg.agent.extraction
+    return schema.question() if schema is not None else cfg.question
 
 
 def fingerprint(question: Any, context: Any, key: str) -> str:

@@ -47,7 +47,7 @@ class JobConfig(BaseModel):
         6 * 3600, description="Fail after this long without a finished batch: model loads and long documents on a "
         "CPU are slow (-1: never).", json_schema_extra={"flag": "no-progress-timeout"})
     progress: bool = Field(True, description="Show Ray Data progress bars (off for CI logs).")
-    # Circuit breaker (issue 18): infrastructure errors (endpoint down, 5xx/429 after retries, bad
+    # Circuit breaker: infrastructure errors (endpoint down, 5xx/429 after retries, bad
     # key, engine died) are written as retryable `infra:` rows; once they dominate, the job stops.
     max_consecutive_infra_errors: int = Field(
         5, ge=0, description="Stop the job after this many infrastructure errors in a row on one actor (endpoint "

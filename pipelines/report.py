@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from memagent import report_html as rh
+from memagent.report_fields import fields_html, schema_fields
 from pipelines import storage
 from pipelines.storage import S3Options
 
@@ -37,7 +38,7 @@ BATCH_REPORT_NAME = "_report.html"
 ROW_COLUMNS = ["id", "question", "answers", "context", "prediction", "response", "n_chunks", "context_tokens",
                "truncated", "steps", "score", "error", "model", "config", "seconds", "method", "task", "length",
                "metric", "evidence_step", "evidence_char_start", "evidence_char_end", "answer_spans",
-               "answer_found_step", "answer_lost_step"]
+               "answer_found_step", "answer_lost_step", "extraction", "field_evidence"]
 EVAL_IMAGES = [("heatmap.png", "Accuracy heatmap: method · task × length"),
                ("accuracy_vs_length.png", "Accuracy against document length (95% intervals)")]
 
@@ -165,7 +166,8 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
         tps = [("tokens/s", _tokens_per_second(views, None, job_summary))]
     groups = rh.group_errors(views)
     items = _summary_items(run, kind, views, meta, tps, extra)
-    summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"))
+    summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"),
+                                   fields_html(views, schema_fields(meta.get("config"))))
     title = f"MemAgent report — {run.rstrip('/').rsplit('/', 1)[-1]}"
     page = rh.render(title, f"{kind} · {len(views):,} rows · generated {time.strftime('%Y-%m-%d %H:%M:%S')}",
                      summary_html, views, images, eval_table)

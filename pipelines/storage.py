@@ -7,10 +7,12 @@ are options so a loopback or on-prem S3 works the same as AWS.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +30,11 @@ QUARANTINE_DIR = "_incomplete"
 
 
 def parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
-    """Parquet files under ``path`` (a file or a directory), skipping quarantined and hidden ones."""
+    """The input rule (docs/deployment.md "Batch inputs and outputs"): ``path`` itself if it is a
+    file; in a directory, every file at any depth whose name ends in ``.parquet`` in any case,
+    except below a name (file or directory, under ``path``) starting with ``_`` or ``.``
+    (``_SUCCESS``, ``_temporary/``, quarantined output, ``.trash/``). Jobs hand exactly this list
+    to the reader, so the files checked are the files read."""
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         return []
@@ -38,7 +44,7 @@ def parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
     files = []
     for f in fs.get_file_info(selector):
         rel = f.path[len(path.rstrip("/")) + 1 :]
-        if f.type != pafs.FileType.File or not f.path.endswith(".parquet"):
+        if f.type != pafs.FileType.File or not f.path.lower().endswith(".parquet"):
             continue
         if any(part.startswith(("_", ".")) for part in rel.split("/")):
             continue
@@ -151,7 +157,7 @@ def remove_rows(fs: pafs.FileSystem, path: str, files: list[str], ids: pa.Array)
     return removed
 
 
-# -- checks before any work (issue 18) ---------------------------------------------------------
+# -- checks before any work ------------------------------------------------------------------
 
 
 def _short_reason(exc: BaseException) -> str:
@@ -169,6 +175,104 @@ def _short_reason(exc: BaseException) -> str:
     return text
 
 
+def check_not_nested(input_uri: str, in_path: str, output_uri: str, out_path: str) -> None:
+    """Refuse an output inside the input directory (its files would be read as input by the next
+    run), unless under a ``_``/``.`` name there (which :func:`parquet_files` skips); and an input
+    inside the output directory."""
+    if is_s3(input_uri) != is_s3(output_uri):
+        return
+    inner, outer = in_path.rstrip("/"), out_path.rstrip("/")
+    if outer == inner or outer.startswith(inner + "/"):
+        below = outer[len(inner) + 1:]
+        if not below or not any(part.startswith(("_", ".")) for part in below.split("/")):
+            raise ValueError(f"output {output_uri} is inside the input directory {input_uri}: the next run would read "
+                             "the output's files as input; give an output outside the input (or under a directory "
+                             "named _... there, which input listing skips)")
+    elif inner.startswith(outer + "/"):
+        raise ValueError(f"input {input_uri} is inside the output directory {output_uri}: its files would be taken "
+                         "for output files; give an input outside the output")
+
+
+# Write failures: errno, the words OS/Arrow errors say it with, what the user is told.
+_WRITE_CAUSES = ((errno.ENOSPC, "No space left on device", "no space left on device", "free some space"),
+                 (errno.EDQUOT, "Disk quota exceeded", "disk quota exceeded", "free some quota"),
+                 (errno.EROFS, "Read-only file system", "read-only file system", "make it writable"),
+                 (errno.EACCES, "Permission denied", "permission denied", "fix its permissions"))
+_S3_WRITES = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload", "DeleteObject")
+RERUN_ADVICE = "run the same command again: rows already written are kept"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, its causes and contexts, and the original of a Ray task error (``.cause``)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+    return [e for e in seen if isinstance(e, BaseException)]
+
+
+def _write_cause(text: str, errnos: set[int], uri: str) -> tuple[str, str] | None:
+    """(cause, what to do) of a failed write, from the errors' errnos and text; None if not one."""
+    for code, words, reason, fix in _WRITE_CAUSES:
+        if code in errnos or words in text:
+            return reason, f"{fix} (or give another output) and {RERUN_ADVICE}"
+    if not is_s3(uri):
+        return None
+    bucket = re.search(r"Bucket '([^']+)' not found", text)
+    if bucket:
+        return f"bucket {bucket.group(1)!r} does not exist", f"create it (or give another output) and {RERUN_ADVICE}"
+    if "AWS Error" in text and any(op in text for op in _S3_WRITES):
+        line = next(t for t in text.split("\n") if "AWS Error" in t)
+        return f"S3 error while writing: {_short_reason(Exception(line))}", f"fix it and {RERUN_ADVICE}"
+    return None
+
+
+def write_failure(exc: BaseException, uri: str, endpoint: str | None = None) -> OSError | None:
+    """One line for a failure to write the output (full disk, permission, quota, S3 error),
+    naming the output, the cause and what to do; None when ``exc`` is not one."""
+    chain = _chain(exc)
+    cause = _write_cause(" ".join(str(e) for e in chain), {e.errno for e in chain if isinstance(e, OSError)}, uri)
+    if cause is None:
+        return None
+    where = f" at {endpoint}" if endpoint and is_s3(uri) else ""
+    return _checked(OSError(f"output {uri}{where}: {cause[0]}; {cause[1]}"))
+
+
+class _HideWriteFailure(logging.Filter):
+    """Drops a console handler's error records once one shows a write failure."""
+
+    def __init__(self, uri: str):
+        super().__init__()
+        self.uri, self.seen = uri, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage() + (logging.Formatter().formatException(record.exc_info) if record.exc_info else "")
+        self.seen = self.seen or _write_cause(text, set(), self.uri) is not None
+        return not self.seen
+
+
+@contextmanager
+def quiet_write_failures(uri: str, logger: str = "ray.data") -> Iterator[None]:
+    """While the job writes: Ray Data's console tracebacks of a write failure are hidden (its log
+    file keeps them), since the job turns the failure into one line (:func:`write_failure`)."""
+    hide = _HideWriteFailure(uri)
+    handlers = [h for h in logging.getLogger(logger).handlers if isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler)]
+    for h in handlers:
+        h.addFilter(hide)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(hide)
+
+
 class io_errors:
     """Turn a filesystem error into one line naming what and where: ``input s3://x: cannot reach ...``."""
 
@@ -181,6 +285,9 @@ class io_errors:
     def __exit__(self, kind, exc, tb) -> bool:
         if exc is None or not isinstance(exc, OSError) or getattr(exc, "_memagent_checked", False):
             return False
+        mapped = write_failure(exc, self.uri, self.endpoint) if self.what == "output" else None
+        if mapped is not None:
+            raise mapped from None
         where = f" at {self.endpoint}" if self.endpoint and is_s3(self.uri) else ""
         raise _checked(OSError(f"{self.what} {self.uri}{where}: {_short_reason(exc)}")) from None
 
@@ -269,4 +376,8 @@ def check_output_location(fs: pafs.FileSystem, path: str, uri: str, s3: S3Option
                 f.write(b"ok")
         except PermissionError:
             raise _checked(OSError(f"output {uri} is not writable (permission denied)")) from None
-        fs.delete_file(probe)
+        finally:  # a failed write (a full disk) can leave the probe behind, 0 bytes: never keep it
+            try:
+                fs.delete_file(probe)
+            except OSError:
+                pass

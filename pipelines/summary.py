@@ -29,6 +29,11 @@ class BatchSummary:
     # in an actor (chunking, prompt building) stalls every document in flight there.
     loop_lag_mean_s: float | None = None
     loop_lag_max_s: float | None = None
+    # Prompt-lookup speculation, summed over actors (None: the engine reports no decode steps).
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_steps: int | None = None
+    stepped_tokens: int = 0  # completion tokens of the replies that reported decode steps
 
     @property
     def tokens_per_second(self) -> float:
@@ -51,7 +56,16 @@ class BatchSummary:
             f"tokens read/s:  {self.tokens_per_second:.1f} ({self.context_tokens} tokens in {self.seconds:.1f} s)",
             f"output:         {self.output}",
             *self.occupancy_lines(),
+            *self.speculation_lines(),
         ]
+
+    def speculation_lines(self) -> list[str]:
+        if not self.decode_steps:
+            return []
+        rate = (f"{self.accepted_tokens / self.draft_tokens:.3f} ({self.accepted_tokens} of {self.draft_tokens} "
+                "drafted tokens kept)" if self.draft_tokens else "n/a (nothing drafted)")
+        return [f"speculation:    acceptance {rate}, "
+                f"{self.stepped_tokens / self.decode_steps:.2f} tokens per decode step"]
 
     def occupancy_lines(self) -> list[str]:
         if self.occupancy is None:

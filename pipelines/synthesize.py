@@ -86,7 +86,8 @@ def _run(units: list[dict], udf: type, kwargs: dict[str, Any], out: str, job: Sy
 def write_hotpotqa(cfg: HotpotSynthConfig, out: str, tokenizer: str, job: SynthJob = SynthJob()) -> tuple[str, int]:
     """The synthesis stage: every (question, size) sample to ``out``; returns (path written, rows)."""
     if not job.ray:
-        rows = cfg.rows(load_tokenizer(tokenizer))
+        records = load_hotpotqa(cfg.source)  # first: a bad file is named before the tokenizer loads
+        rows = cfg.rows(load_tokenizer(tokenizer), records)
         return write_parquet(rows, out, TRAINING_SCHEMA), len(rows)
     n = len(load_hotpotqa(cfg.source))  # validate on the driver: a bad file fails before any actor starts
     n = n if cfg.samples is None else min(cfg.samples, n)

@@ -205,6 +205,9 @@ def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfi
         train(config=config, agent_config=agent_config, data=str(data) if isinstance(data, Path) else data,
               out_dir=out, model=model, resume=step is not None, force=force, on_step=on_step)
         return read_metrics(out)
+    from memagent.rl.data import check_source
+
+    check_source(data)  # here, once: a bad file fails before Ray Train starts (and retries) its workers
     if isinstance(data, (str, Path)):  # workers need not share this process's working directory
         data = str(data) if "://" in str(data) else str(Path(data).resolve())
     else:

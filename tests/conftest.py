@@ -20,9 +20,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import pipelines  # noqa: E402,F401 - a local Ray binds 127.0.0.1 (set before ray is imported)
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """HF directory of the packaged SmolLM2-135M-Instruct (materialised from its GGUF once)."""
@@ -74,9 +71,3 @@ def tiny_engine(tiny_llama_dir: Path):
     return TransformersEngine(tiny_llama_dir, max_batch_size=16, name="tiny-llama")
 
 
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """``../shared/data`` (real evaluation data); tests using it skip when it is absent."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared evaluation data not found at {SHARED_DATA}")
-    return SHARED_DATA

@@ -1,4 +1,4 @@
-"""Helpers of the reliability tests (issue 18): a real `memagent serve` app on a chosen loopback
+"""Helpers of the reliability tests: a real `memagent serve` app on a chosen loopback
 port (so an endpoint can be down and come back on the same URL), and a local Ray that inherits
 the test's environment."""
 

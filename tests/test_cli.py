@@ -147,3 +147,49 @@ def test_serve_refuses_a_remote_engine(capsys):
 
     assert main(["serve", "--engine", "openai", "--endpoint", "http://h/v1"]) == 2
     assert "serve runs a local engine" in capsys.readouterr().err
+
+
+# -- memagent batch --schema --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "array"}, 'the schema must have "type": "object"'),
+    ({"type": "object", "properties": {}}, "the schema has no properties"),
+    ({"type": "object", "properties": {"amount": {"type": "number", "minimum": 0}}},
+     "property 'amount' uses the unsupported keyword 'minimum'"),
+    ({"type": "object", "properties": {"address": {"type": "object"}}}, "property 'address': type \"object\""),
+    ({"type": "object", "properties": {"score": {"type": "number"}}}, "property 'score' clashes with a column"),
+    ({"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(5)}},
+     "--answer-tokens=48 cannot hold the JSON object of the 5 field(s) of the schema (about 82 tokens); raise "
+     "--answer-tokens to 82 or more"),
+    ("{not json", "is not valid JSON"),
+])
+def test_batch_schema_errors_exit_2_before_any_model_loads(tmp_path, capsys, monkeypatch, schema, message):
+    import pipelines.batch_qa
+    from memagent_cli.main import main
+
+    def no_job(*a, **k):
+        raise AssertionError("the job started")
+
+    monkeypatch.setattr(pipelines.batch_qa, "run_batch_qa", no_job)
+    monkeypatch.setattr("memagent.engines.make_engine", no_job)
+    path = tmp_path / "schema.json"
+    path.write_text(schema if isinstance(schema, str) else json.dumps(schema))
+    assert main(["batch", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                 "--schema", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_schema_flag_builds_the_extraction_config(tmp_path):
+    from memagent_cli.job_cmds import batch_config
+    from memagent_cli.main import build_parser
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"type": "object", "properties": {"party": {"type": "string"}}}))
+    args = build_parser().parse_args(["batch", "--input", "i", "--output", "o", "--schema", str(path)])
+    cfg = batch_config(args)
+    assert cfg.agent.extraction.names == ("party",) and cfg.agent.answer_style == "json"
+    assert cfg.agent.preset == "small" and cfg.question is None
+    with pytest.raises(SystemExit):  # only the job that extracts takes a schema
+        build_parser().parse_args(["ask", "--question", "q", "--schema", str(path)])

@@ -189,7 +189,7 @@ def test_bad_files(tmp_path):
         parse_hotpotqa(raw + raw[:1])
     broken = tmp_path / "broken.json"
     broken.write_text("[{\"_id\": ")
-    with pytest.raises(ValueError, match="broken.json: invalid JSON"):
+    with pytest.raises(ValueError, match="broken.json:1: invalid JSON at column 10"):
         load_hotpotqa(str(broken))
     with pytest.raises(FileNotFoundError, match="missing.json"):
         load_hotpotqa(str(tmp_path / "missing.json"))
@@ -229,9 +229,11 @@ def test_parquet_schema_and_cli(tmp_path, smollm2_dir, capsys):
     assert pq.read_table(empty).schema.equals(TRAINING_SCHEMA)
 
 
-def test_real_sample(shared_data, tok):
-    recs = load_hotpotqa(str(shared_data / "hotpotqa_sample.json"))
-    assert len(recs) == 96
+def test_shipped_dev_sample(tok):
+    from memagent.data.samples import HOTPOTQA_DEV
+
+    recs = load_hotpotqa(str(HOTPOTQA_DEV))
+    assert len(recs) == 24
     pool = DocPool.from_records(recs)
     rows = [make_sample(r, pool, ("docs", 50), seed=42, tokenizer=tok) for r in recs[:8]]
     for row, rec in zip(rows, recs):

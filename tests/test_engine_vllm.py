@@ -6,6 +6,7 @@ user sees. The real engine is exercised by tests/gpu/test_vllm_engine.py (GPU or
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from memagent.engines import EngineConfig, SamplingParams, make_engine
+from memagent.engines.grammar import render_schema
 from memagent.engines.vllm import (
     VLLMEngine,
     check_device,
@@ -25,6 +27,10 @@ from memagent.engines.vllm import (
     sampling_kwargs,
     visible_devices_for,
 )
+
+SCHEMA = json.dumps({"type": "object", "properties": {"party": {"type": "string"},
+                                                      "effective_date": {"type": "string", "format": "date"}},
+                     "required": ["party"]})
 
 
 def msgs(text: str) -> list[dict[str, str]]:
@@ -63,6 +69,34 @@ def test_sampling_kwargs():
     sampled = sampling_kwargs(SamplingParams(max_tokens=9, temperature=0.7, top_p=0.9, logprobs=True))
     assert sampled == dict(max_tokens=9, temperature=0.7, top_p=0.9, detokenize=True, logprobs=0)
     assert sampling_kwargs(SamplingParams(max_tokens=3, top_p=0.5))["top_p"] == 1.0  # greedy ignores top_p
+
+
+def test_speculation_maps_to_vllm_ngram_speculative_config():
+    cfg = EngineConfig(engine="vllm", speculate=True, speculative_tokens=5, prompt_lookup_min=1, prompt_lookup_max=3)
+    # The keys of vLLM 0.29's SpeculativeConfig (vllm/config/speculative.py) for prompt lookup.
+    assert engine_args_from_config(cfg, "m")["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    assert engine_args_from_config(EngineConfig(engine="vllm", speculate=False), "m")["speculative_config"] is None
+    default = EngineConfig(engine="vllm")
+    assert engine_args_from_config(default, "m")["speculative_config"] == (
+        {"method": "ngram", "num_speculative_tokens": default.speculative_tokens,
+         "prompt_lookup_min": default.prompt_lookup_min, "prompt_lookup_max": default.prompt_lookup_max}
+        if default.speculate else None)
+    with pytest.raises(ValidationError, match="prompt_lookup_min"):
+        EngineConfig(engine="vllm", prompt_lookup_min=5, prompt_lookup_max=2)
+
+
+def test_json_schema_maps_to_vllm_structured_outputs():
+    kw = sampling_kwargs(SamplingParams(max_tokens=40, json_schema=SCHEMA))
+    # StructuredOutputsParams(json=...) of vLLM 0.29, with the schema every engine constrains to.
+    assert kw["structured_outputs"] == {"json": render_schema(SCHEMA)}
+    assert kw["structured_outputs"]["json"]["properties"]["effective_date"]["pattern"]  # YYYY-MM-DD
+    assert "structured_outputs" not in sampling_kwargs(SamplingParams(max_tokens=40))
+    # Engine-wide: llguidance (the hf engine's grammar library), compact JSON.
+    args = engine_args_from_config(EngineConfig(engine="vllm"), "m")
+    assert args["structured_outputs_config"] == {"backend": "guidance", "disable_any_whitespace": True}
+    with pytest.raises(ValueError, match="json_schema"):
+        sampling_kwargs(SamplingParams(max_tokens=4, json_schema="[1]"))
 
 
 def request_output(token_ids: list[int], finish_reason: str | None = "stop", logprobs: Any = None,
@@ -137,11 +171,13 @@ class FakeAsyncLLM:
         self.calls: list[tuple[str, Any]] = []
         self.aborted: list[str] = []
         self.priorities: list[int | None] = []
+        self.sampling: list[Any] = []
         self.delay = 0.05
 
     async def generate(self, prompt: dict, sampling_params: Any, request_id: str, **kwargs: Any):
         assert set(kwargs) <= {"priority"}, kwargs
         self.priorities.append(kwargs.get("priority"))
+        self.sampling.append(sampling_params)
         self.request_ids.append(request_id)
         try:
             await asyncio.sleep(self.delay)
@@ -199,6 +235,14 @@ def test_concurrent_requests_get_unique_ids_and_are_counted(fake_engine):
     assert fake_engine.stats.completion_tokens == 8 * 3
     assert outs[0].prompt_token_ids == fake_engine.encode_chat(msgs("q0"))  # our template's ids go in
     assert fake_engine._llm.priorities == [None] * 8  # first come first served: no priority sent
+
+
+def test_json_schema_reaches_vllm_as_structured_outputs(fake_engine):
+    asyncio.run(fake_engine.chat(msgs("extract"), SamplingParams(max_tokens=30, json_schema=SCHEMA)))
+    asyncio.run(fake_engine.chat(msgs("plain"), SamplingParams(max_tokens=3)))
+    constrained, plain = fake_engine._llm.sampling
+    assert constrained["structured_outputs"] == {"json": render_schema(SCHEMA)}
+    assert "structured_outputs" not in plain
 
 
 def test_priority_is_passed_when_vllm_schedules_by_it(tiny_llama_dir):

@@ -15,6 +15,7 @@ from flows.batch_qa import batch_qa
 from flows.evaluate import evaluate_memagent
 from flows.stages import FAIL_ONCE_ENV, MANIFEST
 from flows.train import train_memagent
+from memagent.data.samples import HOTPOTQA_DEV
 from tests.flows_helpers import TINY_AGENT, artifacts_of, task_runs_of, tiny_engine
 
 
@@ -107,13 +108,13 @@ def test_batch_qa_generates_demo_lake_retries_and_publishes_artifacts(tiny_llama
 
 
 @pytest.mark.slow
-def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama_dir, shared_data, tmp_path,
+def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama_dir, tmp_path,
                                                                       monkeypatch):
     marker = tmp_path / "filter-failed-once"
     monkeypatch.setenv(FAIL_ONCE_ENV, f"filter:{marker}")
     params = dict(
         workdir=str(tmp_path / "work"), model=str(tiny_llama_dir),
-        synth={"source": str(shared_data / "hotpotqa_sample.json"), "samples": 2, "tokens": [256]},
+        synth={"source": str(HOTPOTQA_DEV), "samples": 2, "tokens": [256]},
         filtering={"k": 1, "max_tokens": 8}, filter_engine={"device": "cpu"}, agent=TINY_AGENT,
         training={"steps": 1, "batch_size": 2, "group_size": 2, "warmup_steps": 0, "save_every": 1,
                   "micro_batch_tokens": 1024, "lr": 1e-3},
@@ -166,3 +167,81 @@ def test_evaluate_flow_writes_the_matrix_and_an_artifact(tiny_llama_dir, tmp_pat
 def test_evaluate_flow_rejects_unknown_tasks(tmp_path):
     with pytest.raises(ParameterTypeError, match="unknown RULER task 'niah_2'"):
         evaluate_memagent(out=str(tmp_path / "e"), evaluation={"tasks": ["niah_2"]})
+
+
+# -- extract-corpus ----------------------------------------------------------------------------
+
+# Two fields whose JSON has a bounded length (an enum and a date), so even the random tiny model,
+# decoding under the schema, finishes its answer inside the budget.
+BOUNDED_FIELDS = {"type": "object", "required": ["effective_date", "governing_law"], "properties": {
+    "effective_date": {"type": "string", "format": "date", "description": "Date the agreement takes effect"},
+    "governing_law": {"enum": ["New York", "Delaware", "Texas"], "description": "Law that governs it"}}}
+EXTRACT_AGENT = {**TINY_AGENT, "memory_tokens": 48, "answer_tokens": 64, "query_tokens": 160}
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"extraction": {"type": "object", "properties": {"a": {"type": "object"}}}}, "property 'a': type \"object\""),
+    ({"extraction": {"type": "object", "properties": {}}}, "has no properties"),
+    ({"extraction": {"type": "object", "properties": {"id": {"type": "string"}}}}, "property 'id' clashes"),
+    ({"corpus": {"min_tokens": 900, "max_tokens": 100}}, "min_tokens=900 is over max_tokens=100"),
+    ({"input": "ftp://lake/docs"}, "unsupported scheme 'ftp'"),
+])
+def test_extract_flow_rejects_bad_parameters(params, message):
+    from flows.extract import extract_corpus
+
+    with pytest.raises(ParameterTypeError, match=message):
+        extract_corpus.validate_parameters(params)
+
+
+def test_extract_flow_checks_the_budgets_before_any_work(tmp_path):
+    from flows.extract import extract_corpus
+
+    state = extract_corpus(input=str(tmp_path / "docs"), output=str(tmp_path / "out"), agent={"preset": "tiny"},
+                           corpus={}, return_state=True)
+    assert state.is_failed() and "memory_tokens=48 cannot hold the 5 field(s)" in state.message
+    assert not (tmp_path / "docs").exists()
+
+
+def test_extract_corpus_deployment_is_declared_on_the_work_pool():
+    import yaml
+    from prefect.flows import load_flow_from_entrypoint
+
+    from memagent.data.contracts import CONTRACT_SCHEMA
+    from tests.flows_helpers import REPO
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    [dep] = [d for d in spec["deployments"] if d["entrypoint"] == "flows/extract.py:extract_corpus"]
+    assert dep["name"] == "default" and dep["work_pool"]["name"] == "memagent-process"
+    flow = load_flow_from_entrypoint(str(REPO / dep["entrypoint"]))
+    assert flow.name == "extract-corpus"  # the deployment is extract-corpus/default
+    params = flow.validate_parameters(dep.get("parameters") or {})
+    assert params["extraction"].root == CONTRACT_SCHEMA and params["corpus"] is not None
+    assert params["input"] == "runs/contracts/docs"
+
+
+@pytest.mark.slow
+def test_extract_flow_generates_contracts_and_writes_typed_columns(tiny_llama_dir, tmp_path):
+    import datetime as dt
+
+    from flows.extract import extract_corpus
+
+    lake = tmp_path / "contracts"
+    state = extract_corpus(input=str(lake / "docs"), output=str(lake / "out"), extraction=BOUNDED_FIELDS,
+                           engine=tiny_engine(tiny_llama_dir), agent=EXTRACT_AGENT, job={"batch_size": 2},
+                           corpus={"docs": 2, "min_tokens": 150, "max_tokens": 250}, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    ds = pads.dataset(str(lake / "out"), exclude_invalid_files=True)
+    assert str(ds.schema.field("effective_date").type) == "date32[day]"
+    assert str(ds.schema.field("governing_law").type) == "string"
+    out = ds.to_table().to_pylist()
+    assert len(out) == 2 and summary["rows_out"] == 2 and all(r["question"] for r in out)  # passes through
+    for r in out:  # decoded under the schema: valid even from a random model
+        assert r["error"] is None, r["error"]
+        assert isinstance(r["effective_date"], dt.date) and r["governing_law"] in ("New York", "Delaware", "Texas")
+        assert json.loads(r["extraction"]) == {"effective_date": r["effective_date"].isoformat(),
+                                               "governing_law": r["governing_law"]}
+        assert {e["field"] for e in r["field_evidence"]} == {"effective_date", "governing_law"}
+        assert json.loads(r["config"])["extraction"] == BOUNDED_FIELDS
+    fields = json.loads(artifacts_of(state.state_details.flow_run_id)["extract-corpus-fields"].data)
+    assert [(f["field"], f["filled"], f["rows"]) for f in fields] == [("effective_date", 2, 2), ("governing_law", 2, 2)]

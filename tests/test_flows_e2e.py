@@ -56,6 +56,11 @@ def test_deployment_run_of_batch_qa_nightly(stack, tiny_llama_dir, tmp_path):
     url = env["PREFECT_API_URL"]
     deployments = {f"{d['name']}" for d in api(url, "/deployments/filter", {})}
     assert {"nightly", "default"} <= deployments
+    flows = {f["id"]: f["name"] for f in api(url, "/flows/filter", {})}
+    registered = {f"{flows[d['flow_id']]}/{d['name']}" for d in api(url, "/deployments/filter", {})}
+    assert {"batch-qa/nightly", "extract-corpus/default"} <= registered
+    [extract] = [d for d in api(url, "/deployments/filter", {}) if flows[d["flow_id"]] == "extract-corpus"]
+    assert extract["work_pool_name"] == "memagent-process" and extract["parameters"] == {"corpus": {}}
     limits = api(url, "/concurrency_limits/filter", {})
     assert [(c["tag"], c["concurrency_limit"]) for c in limits] == [("gpu", 1)]
 

@@ -23,7 +23,7 @@ def ray_local():
 
     from infra.local_s3 import CREDENTIALS
 
-    # The job ships no credentials (issue 18): workers use their own environment, and this Ray
+    # The job ships no credentials: workers use their own environment, and this Ray
     # starts before the S3 test sets moto's (fake) ones, so its workers get them here.
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": dict(CREDENTIALS)})
     yield

@@ -1,4 +1,4 @@
-"""Issue 18, case 2: an outage must not become permanent wrong answers.
+"""An outage must not become permanent wrong answers.
 
 The failing case as reported: with the endpoint down, every row became an error row, the job
 exited 0, and a rerun skipped them as done (``8 already done, skipped``). Now infrastructure

@@ -1,4 +1,4 @@
-"""Issue 18, cases 3-5: input and output checked before any work, one line naming the file/column.
+"""Input and output checked before any work, one line naming the file/column.
 
 The failing cases as reported: files whose schemas disagree ended in a 42-line
 ``ArrowTypeError: Unable to merge`` naming no file; a file lacking a column made error rows
@@ -6,7 +6,7 @@ The failing cases as reported: files whose schemas disagree ended in a 42-line
 found after 190 s of inference; an output that is a regular or Parquet file, an unreachable S3
 endpoint, a missing bucket and a corrupt input file (``'<Buffer>'``) gave tracebacks.
 
-The rule for schemas (README "What happens to bad input"): columns of every file are kept
+The rule for schemas (docs/batch.md, "What happens to bad input"): columns of every file are kept
 (nulls where a file lacks an optional one); compatible types are widened (int32 + int64 ->
 int64, int + float -> double); incompatible types stop the job naming the column and both
 files; a file lacking a required column (id, context, question) is named.

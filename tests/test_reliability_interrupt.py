@@ -1,4 +1,4 @@
-"""Issue 18: Ctrl-C on `memagent batch` stops within seconds and says how to resume (was a 41-line
+"""Ctrl-C on `memagent batch` stops within seconds and says how to resume (was a 41-line
 ``KeyboardInterrupt`` traceback); the rerun finishes the job with every id exactly once."""
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def test_ctrl_c_stops_within_seconds_with_a_resume_hint(tiny_llama_dir, tmp_path
     assert "Traceback" not in stderr, stderr[-3000:]
     written = {r["id"] for r in read_output(out)}
     assert 0 < len(written) < len(rows)
+    assert not (out / "_memagent.lease").exists()  # Ctrl-C releases the output's lease
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"({len(written)} already done, skipped)" in done.stdout

@@ -1,4 +1,4 @@
-"""Issue 18, cases 6 and 8: resume checks what it skips; the summary's accuracy counts error rows.
+"""Resume checks what it skips; the summary's accuracy counts error rows.
 
 Case 6 as reported: rerunning into the same output with a *different* input whose ids overlap
 kept the old answers for those ids without a word. Now each output row carries

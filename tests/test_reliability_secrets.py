@@ -1,4 +1,4 @@
-"""Issue 18, case 1: no secret in a Ray runtime env, a log, a trace, an artifact or the output.
+"""No secret in a Ray runtime env, a log, a trace, an artifact or the output.
 
 The failing case as reported: ``OPENAI_API_KEY=… memagent batch --engine openai …`` wrote the key
 to Ray's ``logs/runtime_env_agent.log``, and every ``AWS_*`` variable (the secret key included)

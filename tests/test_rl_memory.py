@@ -11,7 +11,7 @@ from memagent.rl.memory import MB, MemoryBudgetError, ModelShape, check_memory, 
 # SmolLM2-135M: 30 layers, 576 wide, 1536 MLP, 3 KV heads x 64, tied 49152-token embeddings.
 SMOLLM2 = ModelShape(params=134_515_008, layers=30, hidden=576, intermediate=1536, kv_dim=192, vocab=49152)
 AGENT_A = preset("small").with_overrides(chunk_tokens=512, memory_tokens=64, answer_tokens=16)
-A = dict(batch_size=2, group_size=2)  # issue 15's configuration (a), with AGENT_A
+A = dict(batch_size=2, group_size=2)  # the reference configuration (a), with AGENT_A
 
 
 def test_resident_parts_follow_the_model_and_the_zero_stage():
@@ -44,7 +44,7 @@ def test_transients_follow_the_knobs_the_message_names():
     wide = estimate_peak_memory(TrainConfig(batch_size=8, group_size=8), AGENT_A, SMOLLM2)
     assert wide.transient["rollout"] > 10 * base.transient["rollout"]
     assert base.peak_mb == pytest.approx(sum(base.resident.values()) + max(base.transient.values()))
-    # Issue 15's configuration (a): 3.6-3.9 GB measured (benchmarks/results/train_memory.json).
+    # Configuration (a): 3.6-3.9 GB measured (benchmarks/results/train_memory.json).
     assert 3400 < base.peak_mb < 4300
 
 
@@ -72,6 +72,10 @@ def test_model_shape_counts_the_real_parameters(tiny_llama_dir):
     assert (shape.layers, shape.hidden, shape.kv_dim) == (2, 64, 32)
 
 
+# The data is read first (a bad file is named before any model loads); this one is valid.
+EXAMPLE = {"id": "q-1", "question": "Who?", "context": "Ann did.", "answers": ["Ann"]}
+
+
 def test_train_refuses_before_loading_anything(tiny_llama_dir, tmp_path, monkeypatch):
     import psutil
 
@@ -83,5 +87,6 @@ def test_train_refuses_before_loading_anything(tiny_llama_dir, tmp_path, monkeyp
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Tiny)
     with pytest.raises(MemoryBudgetError, match="available"):
         train(config=TrainConfig(steps=1), agent_config=AgentConfig(chunk_tokens=64, memory_tokens=16,
-              answer_tokens=8, query_tokens=32), data=[], out_dir=tmp_path / "run", model=str(tiny_llama_dir))
+              answer_tokens=8, query_tokens=32), data=[EXAMPLE], out_dir=tmp_path / "run",
+              model=str(tiny_llama_dir))
     assert not (tmp_path / "run").exists()

@@ -74,6 +74,7 @@ def test_metrics_past_the_checkpoint_are_dropped_before_a_resume(tmp_path: Path)
 
 def test_train_flow_takes_the_train_job():
     from flows.train import train_memagent
+    from memagent.data.samples import HOTPOTQA_DEV
 
     params = train_memagent.validate_parameters({"train_job": {"workers": 2, "ray_address": "127.0.0.1:6379"}})
     assert params["train_job"] == TrainJob(workers=2, ray_address="127.0.0.1:6379")
@@ -147,16 +148,17 @@ def test_a_killed_worker_fails_over_to_the_last_checkpoint(tiny_llama_dir: Path,
 
 
 @pytest.mark.slow
-def test_train_flow_with_two_workers(tiny_llama_dir: Path, shared_data: Path, tmp_path: Path, local_ray):
+def test_train_flow_with_two_workers(tiny_llama_dir: Path, tmp_path: Path, local_ray):
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.train import train_memagent
+    from memagent.data.samples import HOTPOTQA_DEV
     from tests.flows_helpers import TINY_AGENT
 
     with prefect_test_harness(server_startup_timeout=120):
         result = train_memagent(
             workdir=str(tmp_path / "work"), model=str(tiny_llama_dir),
-            synth={"source": str(shared_data / "hotpotqa_sample.json"), "samples": 2, "tokens": [256]},
+            synth={"source": str(HOTPOTQA_DEV), "samples": 2, "tokens": [256]},
             filtering=None, agent=TINY_AGENT, train_job={"workers": 2},
             training={"steps": 2, "batch_size": 2, "group_size": 2, "warmup_steps": 0, "save_every": 1,
                       "micro_batch_tokens": 1024, "lr": 1e-3},

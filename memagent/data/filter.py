@@ -1,4 +1,4 @@
-"""The no-context filter (spec §2.3): drop questions a model answers without reading anything.
+"""The no-context filter: drop questions a model answers without reading anything.
 
 Each distinct question goes to every engine ``k`` times, bare (the question plus a request for
 a ``\\boxed{}`` answer), sampled at temperature 1.0 / top-p 0.7 with 512 new tokens as the
@@ -181,7 +181,7 @@ def output_schema(input_schema: pa.Schema, keep_responses: bool = False) -> pa.S
 
 
 class FilterConfig(BaseModel):
-    """The no-context filter (spec §2.3): drop questions a model answers without the document."""
+    """The no-context filter: drop questions a model answers without the document."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,6 +1,6 @@
 """HotpotQA long-context synthesis: a question's own paragraphs hidden among distractor documents.
 
-Spec §2.1. Every paragraph of a split becomes a document ``"{title}\\n{sentences joined}"``;
+As in MemAgent's data pipeline, every paragraph of a split becomes a document ``"{title}\\n{sentences joined}"``;
 the split's documents are deduplicated and sorted into a pool. A sample holds the question's
 own paragraphs (gold first, so they survive any size) plus distractors drawn from the pool,
 laid out in a **per-sample** random order (the original code's fixed ``Random(4)`` shuffle put
@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SOURCE = "hotpotqa"
 
-# Training-data schema of DESIGN.md plus the synthesis record (gold positions, seed).
+# The training-data columns (id, question, context, answers, num_docs, context_tokens, source)
+# plus the synthesis record (gold positions, seed).
 TRAINING_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -278,7 +279,7 @@ class DocPool:
 
 
 def format_documents(docs: Sequence[str]) -> str:
-    """``Document 1:\\n…`` blocks joined by blank lines (spec §2.1, RULER qa)."""
+    """``Document 1:\\n…`` blocks joined by blank lines (MemAgent's layout, as RULER's qa tasks)."""
     return "\n\n".join(f"Document {i}:\n{d}" for i, d in enumerate(docs, start=1))
 
 
@@ -436,7 +437,7 @@ def synthesize(
 
 
 class HotpotSynthConfig(BaseModel):
-    """HotpotQA long-context synthesis: questions hidden among distractor documents (spec §2.1)."""
+    """HotpotQA long-context synthesis: questions hidden among distractor documents."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -461,7 +462,7 @@ class HotpotSynthConfig(BaseModel):
     def sizes(self) -> list[Size]:
         return sizes_from(self.num_docs, self.tokens)
 
-    def rows(self, tokenizer: Any) -> list[dict]:
-        """Every sample, in this process."""
-        return list(synthesize(load_hotpotqa(self.source), self.sizes(), seed=self.seed, samples=self.samples,
-                               tokenizer=tokenizer))
+    def rows(self, tokenizer: Any, records: Sequence[HotpotRecord] | None = None) -> list[dict]:
+        """Every sample, in this process (``records``: the source, already read)."""
+        records = load_hotpotqa(self.source) if records is None else records
+        return list(synthesize(records, self.sizes(), seed=self.seed, samples=self.samples, tokenizer=tokenizer))

@@ -93,22 +93,34 @@ def read_text(path: str) -> str:
 
 
 def read_json(path: str) -> Any:
-    """One JSON document, or a list of records for ``.jsonl``; errors name the file and line."""
-    text = read_text(path)
+    """One JSON document, or a list of records for ``.jsonl`` (and for a ``.json`` file holding
+    JSON Lines); errors say ``FILE:LINE: what is wrong``."""
+    text = read_text(path).removeprefix("\ufeff")  # a byte-order mark is not JSON
     if path.endswith(".jsonl"):
-        records = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from None
-        return records
+        return [record for _, record in read_json_lines(path, text)]
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        if exc.msg == "Extra data" and text.lstrip().startswith("{"):  # one JSON object a line
+            return [record for _, record in read_json_lines(path, text)]
+        raise ValueError(f"{path}:{exc.lineno}: invalid JSON at column {exc.colno}: {exc.msg}") from None
+
+
+def read_json_lines(path: str, text: str | None = None) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSON Lines file; a bad line is a
+    ``ValueError`` saying ``FILE:LINE: invalid JSON ...``."""
+    if text is None:
+        text = read_text(path).removeprefix("\ufeff")
+    records = []
+    # split("\n"), not splitlines(): JSON strings may hold U+2028 and the like, which end no line here.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: invalid JSON at column {exc.colno}: {exc.msg}") from None
+    return records
 
 
 def parquet_file_path(path: str) -> str:

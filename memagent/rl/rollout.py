@@ -134,7 +134,7 @@ class RolloutBatch:
 
 
 def default_reward(response: str, answers: Sequence[str]) -> float:
-    """Strict training reward: the last ``\\boxed{}`` equals a reference (spec §3.1)."""
+    """Strict training reward: the last ``\\boxed{}`` equals a reference (the paper's training reward)."""
     return boxed_em(response, answers)
 
 

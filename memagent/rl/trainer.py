@@ -83,13 +83,13 @@ def train(
         engine_max_batch_size: most requests in one forward of the transformers rollout engine.
         force: train even when :func:`check_memory` estimates that a step will not fit in memory.
     """
+    examples = load_examples(data)  # first: a bad file is named (FILE:LINE) before any model loads
     rank, world = setup_distributed()
     out, resume_tag, model_dir = open_run(Path(out_dir), model, resume)
     guard_memory(config, agent_config, model_dir, world=world, engine_max_batch_size=engine_max_batch_size,
                  force=force)
     run = build_run(config, agent_config, model_dir, rank=rank, world=world, out=out,
                     engine_max_batch_size=engine_max_batch_size)
-    examples = load_examples(data)
     stream, start_step = restore(run, examples, resume_tag)
     write_run_files(run, n_examples=len(examples))
 

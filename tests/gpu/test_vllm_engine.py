@@ -149,3 +149,44 @@ def test_sleep_and_wake_up(device):
         assert chat(eng, "Say hello.").token_ids == before
     finally:
         eng.shutdown()
+
+
+EXTRACT = {"type": "object", "properties": {
+    "party": {"type": "string", "description": "the counterparty"},
+    "effective_date": {"type": "string", "format": "date"},
+    "amount": {"type": "number"}, "currency": {"enum": ["USD", "EUR", "GBP"]},
+    "signatories": {"type": "array", "items": {"type": "string"}}},
+    "required": ["party", "effective_date", "amount", "currency"]}
+CONTRACT = ("This agreement between Harlow Freight Ltd and Norbridge plc takes effect on 14 March 2021. "
+            "The total amount payable is 48,250 GBP. Signed by A. Smith and B. Jones. "
+            "Reply with the party, the effective date, the amount, the currency and the signatories as JSON.")
+
+
+def test_json_schema_reply_is_valid_json_through_structured_outputs(engine):
+    import json
+    import re
+
+    import jsonschema
+
+    replies = [chat(engine, CONTRACT, max_tokens=300, json_schema=json.dumps(EXTRACT), **kw)
+               for kw in ({}, {"temperature": 1.0})]
+    for reply in replies:
+        value = json.loads(reply.text)  # llguidance (vLLM's guidance backend): compact, complete
+        jsonschema.validate(value, EXTRACT, format_checker=jsonschema.FormatChecker())
+        assert reply.finish_reason == "stop"
+        assert not re.search(r"\s", re.sub(r'"(?:[^"\\]|\\.)*"', '""', reply.text)), reply.text  # compact
+
+
+def test_ngram_speculation_keeps_greedy_tokens(engine, device):
+    """The module's engine speculates (EngineConfig's default); one without must give the same tokens."""
+    if not engine.engine_args.get("speculative_config"):
+        pytest.skip("speculation is off by default")
+    assert engine.engine_args["speculative_config"]["method"] == "ngram"
+    plain = make_engine(EngineConfig(engine="vllm", model="smollm2-135m", device=device, max_batch_size=8,
+                                     max_model_len=2048, speculate=False,
+                                     **({"gpu_memory_utilization": 0.2} if device.startswith("cuda") else {})))
+    try:
+        for text in (CONTRACT, "Repeat exactly: the quick brown fox jumps over the lazy dog. " * 3):
+            assert chat(engine, text, max_tokens=48).token_ids == chat(plain, text, max_tokens=48).token_ids
+    finally:
+        plain.shutdown()

@@ -1,0 +1,145 @@
+"""Flow ``extract-corpus``: the batch job with an extraction schema, plus per-field artifacts.
+
+    [contract corpus if asked and absent] -> run the job (the batch-qa task, retries) -> artifacts
+
+The same job as ``batch-qa`` (resume by ``id``, error rows, the Ray Data actor pool); the
+``extraction`` parameter (a JSON Schema) makes it an extraction: one memory chain per document for all fields, one
+typed output column per field, each value with its evidence (memory step, char span). The
+deployment ``extract-corpus/default`` (prefect.yaml) runs it on a generated contract corpus.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+
+from flows.batch_qa import run_job
+from flows.params import DatasetURI, resolve_local
+from flows.report import publish_report
+from memagent.config import AgentConfig
+from memagent.data.contracts import CONTRACT_SCHEMA
+from memagent.engines import EngineConfig
+from memagent.extraction import ExtractionSchema
+from pipelines.job import JobConfig
+from pipelines.storage import S3Options
+
+# Defaults of the deployment: a generated contract corpus (a flow task writes it if absent).
+CONTRACTS_INPUT = "runs/contracts/docs"
+CONTRACTS_OUTPUT = "runs/contracts/extractions"
+# The `small` CPU budgets with an answer budget that holds the contract schema's JSON object.
+EXTRACT_AGENT = AgentConfig(preset="small", answer_tokens=96)
+
+
+class ContractCorpus(BaseModel):
+    """The generated contract corpus (memagent.data.contracts) the flow writes when its input is empty."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    docs: int = Field(6, gt=0, description="Contracts to generate.")
+    min_tokens: int = Field(600, gt=0, description="Shortest contract, in the reading model's tokens.")
+    max_tokens: int = Field(1500, gt=0, description="Longest contract, in the reading model's tokens.")
+    seed: int = Field(0, description="Seed of the values, depths and lengths.")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> ContractCorpus:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} is over max_tokens={self.max_tokens}")
+        return self
+
+
+@task(name="ensure-contract-corpus", retries=1)
+def ensure_contract_corpus(input: str, model: str, corpus: ContractCorpus) -> dict[str, Any]:
+    """Write the generated contracts to ``input`` unless it already holds Parquet files."""
+    from memagent.data.contracts import write_contracts
+    from pipelines import storage
+
+    fs, path = storage.filesystem(input, S3Options())
+    existing = storage.parquet_files(fs, path)
+    if existing:
+        return {"generated": False, "files": len(existing)}
+    data, schema = write_contracts(path, corpus.docs, corpus.min_tokens, corpus.max_tokens, corpus.seed, model)
+    get_run_logger().info("contract corpus: %d generated contracts -> %s (schema %s)", corpus.docs, data, schema)
+    return {"generated": True, "rows": corpus.docs, "path": str(data)}
+
+
+def field_table(output: str, s3: S3Options, schema: ExtractionSchema) -> list[dict[str, Any]]:
+    """Per field: rows with a value, rows without, and how many values have a document span."""
+    from pipelines import storage
+
+    fs, path = storage.filesystem(output, s3)
+    files = storage.complete_parquet_files(fs, path)
+    if not files:
+        return []
+    table = storage.read_columns(fs, files, ["error", *schema.names, "field_evidence"])
+    rows = table.to_pylist()
+    ok = [r for r in rows if r["error"] is None]
+    out = []
+    for f in schema.fields:
+        evidence = [e for r in ok for e in r["field_evidence"] or [] if e["field"] == f.name]
+        out.append({"field": f.name, "kind": f.kind, "filled": sum(r[f.name] is not None for r in ok),
+                    "rows": len(ok), "values_with_span": sum(e["char_start"] is not None for e in evidence),
+                    "values": len(evidence)})
+    return out
+
+
+@flow(name="extract-corpus", log_prints=True)
+def extract_corpus(
+    input: DatasetURI = CONTRACTS_INPUT,
+    output: DatasetURI = CONTRACTS_OUTPUT,
+    extraction: ExtractionSchema = ExtractionSchema(CONTRACT_SCHEMA),
+    engine: EngineConfig = EngineConfig(),
+    agent: AgentConfig = EXTRACT_AGENT,
+    job: JobConfig = JobConfig(),
+    s3: S3Options = S3Options(),
+    corpus: ContractCorpus | None = None,
+    redo_changed: bool = False,
+) -> dict[str, Any]:
+    """Extract the fields of ``extraction`` from every document of a Parquet lake into typed columns.
+
+    Args:
+        input / output: Parquet lake (``id``, ``context``; a ``question`` column is not needed and
+            passes through) and the output directory (local or s3://); reruns resume, and a
+            changed schema on the same output is refused unless ``redo_changed``.
+        extraction: the JSON Schema of the fields (memagent.extraction: string, number, integer,
+            boolean, date, enum, array of strings); checked before any work. (Named ``extraction``
+            as in ``AgentConfig``: a parameter called ``schema`` would shadow pydantic's.)
+        engine / agent / job / s3: model backend, budgets (must hold the fields: the check names
+            the budget to raise), Ray job shape, S3 endpoint.
+        corpus: when set and ``input`` (local) has no Parquet files, generate contracts there.
+        redo_changed: re-extract (and replace) rows read with another schema, input or settings.
+    """
+    from pipelines.batch_qa import BatchQAConfig
+
+    if agent.extraction is not None:
+        raise ValueError("give the schema as the flow's extraction parameter, not inside agent")
+    input, output = resolve_local(input), resolve_local(output)
+    cfg = BatchQAConfig(  # budgets against the fields, cross-field checks: before any work
+        input=input, output=output, s3=s3, engine=engine, agent=agent.with_overrides(extraction=extraction),
+        job=job.model_copy(update={"progress": False}), redo_changed=redo_changed,
+    )
+    if corpus is not None:
+        if "://" in input:
+            raise ValueError("contract corpus generation writes local paths only; give a local input")
+        ensure_contract_corpus(input, engine.model, corpus)
+    job_task = run_job.with_options(tags=["gpu"]) if job.num_gpus > 0 else run_job
+    summary = job_task(cfg.model_dump(mode="json"))
+
+    fields = field_table(output, s3, extraction)
+    a = cfg.agent
+    create_table_artifact(
+        key="extract-corpus-summary",
+        table=[{k: summary[k] for k in ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors",
+                                        "context_tokens", "seconds", "tokens_per_second")}
+               | {"model": engine.model, "fields": ", ".join(extraction.names),
+                  "budgets": f"chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer {a.answer_tokens}"}],
+        description=f"Extraction {input} -> {output}: rows, errors (invalid_output among them), tokens read a second.",
+    )
+    create_table_artifact(key="extract-corpus-fields", table=fields,
+                          description="Per field: rows with a value, and values whose document span was found.")
+    summary["fields"] = fields
+    summary["report"] = publish_report(output, key="extract-corpus-report", s3=s3, job_summary=summary)
+    return summary

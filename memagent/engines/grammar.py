@@ -1,0 +1,244 @@
+"""JSON-Schema constrained decoding: a :class:`TokenConstraint` per reply, over llguidance.
+
+The schema every engine constrains to is :func:`render_schema` of the user's schema (one place,
+so the hf grammar, vLLM's structured outputs and an OpenAI ``response_format`` agree):
+``additionalProperties: false`` on objects, every value bounded (a small model caught in a loop
+inside a string or a number would otherwise spend the whole answer budget and leave unclosed
+JSON: a random model's greedy decode wrote 3,000 sixes): free strings at ``MAX_STRING_CHARS``,
+arrays at ``MAX_ARRAY_ITEMS``, numbers within ``±MAX_MAGNITUDE`` with at most 6 decimals
+(``multipleOf`` 1e-6; plain decimals, no exponent), and ``format: date`` backed by a YYYY-MM-DD
+``pattern`` for any grammar engine that ignores formats. The reply is compact (``,`` and ``:``,
+no whitespace: tokens go to values, not indentation) and its keys come in the schema's order
+(optional ones may be left out). Validate replies against the user's schema, not this one:
+``jsonschema`` checks a float ``multipleOf`` by float division (0.3 / 1e-6 is not an integer there).
+
+**Library choice, by measurement** (the method of ``benchmarks/grammar.py``, which reruns it: one
+process per library, 1 torch thread). The packaged model's tokenizer (``smollm2-135m``, 49,152 tokens), a 5-field extraction
+schema (string, date, number, enum, array of strings), compact separators, a 52-token valid reply
+fed token by token (the mask computed and applied to a ``[V]`` logits row before each token; 5
+passes after a warm-up). This CPU (2 cores AVX2), shared: load average during each run in the
+last column; peak RSS includes torch and transformers (~370 MB):
+
+====================  =======  ==========  ======================  ======  =========================
+library               compile  tokenizer   mask per token          peak    install; load during run
+                               (once)      mean / p50 / max        RSS
+====================  =======  ==========  ======================  ======  =========================
+llguidance 1.9.1      0.039 s  3.8 s       1.33 / 0.25 / 24 ms     404 MB  7.7 MB, no deps; load 3-5
+xgrammar 0.2.9        0.037 s  1.9 s       0.81 / 0.32 / 13 ms     387 MB  16 MB + triton (1.04 GB,
+                                                                           a required dependency on
+                                                                           Linux x86-64 that a CPU
+                                                                           job never uses); load 6-9
+outlines-core 0.2.14  2.2 s    2.8 s       54 / 32 / - ms          377 MB  5.3 MB (+ outlines' own
+                                                                           deps); load 9-11
+====================  =======  ==========  ======================  ======  =========================
+
+llguidance and xgrammar are equally fast here (the means differ less than the load between the
+runs does; the medians favour llguidance) and both really enforce ``format: date`` (both refuse
+2021-13-01 and 2021-02-31); outlines-core compiles 50x slower and masks 40x slower. llguidance
+wins on install cost (7.7 MB against 1 GB) and is vLLM's ``guidance`` structured-outputs backend,
+which the vllm engine selects (memagent/engines/vllm.py): hf and vLLM decode under the same
+grammar library. A matcher for a new reply is a ``deep_copy`` of a cached, warmed one
+(0.02-0.04 ms); its first mask takes 0.3-0.7 ms. Works with llguidance 1.7 (vLLM 0.29 pins
+``<1.8``) as with 1.9.
+
+Caches: the llguidance tokenizer per (tokenizer, vocabulary size), the compiled matcher per
+(schema text, tokenizer); both are small and bounded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from memagent.engines.constraint import TokenConstraint
+
+MAX_STRING_CHARS = 200  # a free-text value longer than this is a loop, not an extraction
+MAX_ARRAY_ITEMS = 20
+MAX_MAGNITUDE = 10**15  # numbers: at most 16 integer digits ...
+NUMBER_STEP = 1e-6  # ... and 6 decimals, no exponent (a digit loop cannot run on)
+DATE_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+_MAX_CACHED = 64
+
+
+def _types(node: dict[str, Any]) -> list[str]:
+    t = node.get("type")
+    return [t] if isinstance(t, str) else list(t or [])
+
+
+def _bound(node: Any) -> None:
+    """Add the size bounds and the date pattern to one (sub)schema, in place."""
+    if not isinstance(node, dict):
+        return
+    types = _types(node)
+    if "string" in types and "enum" not in node and "const" not in node:
+        if node.get("format") == "date":
+            node.setdefault("pattern", DATE_PATTERN)
+        elif "pattern" not in node and "format" not in node:
+            node.setdefault("maxLength", MAX_STRING_CHARS)
+    if ("number" in types or "integer" in types) and "enum" not in node and "const" not in node:
+        node.setdefault("minimum", -MAX_MAGNITUDE)
+        node.setdefault("maximum", MAX_MAGNITUDE)
+        if "integer" not in types:
+            node.setdefault("multipleOf", NUMBER_STEP)
+    if "array" in types:
+        node.setdefault("maxItems", MAX_ARRAY_ITEMS)
+        _bound(node.get("items"))
+    if "object" in types or "properties" in node:
+        node.setdefault("additionalProperties", False)
+        for sub in (node.get("properties") or {}).values():
+            _bound(sub)
+
+
+def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema the engines constrain to (see the module docstring); the input is not changed.
+
+    Raises ``ValueError`` when ``schema`` is not a JSON object.
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+    out = copy.deepcopy(schema)
+    _bound(out)
+    return out
+
+
+class _LRU:
+    """A small thread-safe LRU map (the engine decodes on its own thread; tests call from others)."""
+
+    def __init__(self, size: int):
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get_or_make(self, key: Any, make: Any) -> Any:
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()  # outside the lock: a tokenizer takes seconds; a duplicate is harmless
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+_TOKENIZERS = _LRU(8)
+_MATCHERS = _LRU(_MAX_CACHED)
+
+
+def _tokenizer_vocab(tokenizer: Any) -> int:
+    """Ids the tokenizer can produce (added tokens included)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    n = backend.get_vocab_size(with_added_tokens=True) if backend is not None else 0
+    return max(n, len(tokenizer))
+
+
+def _ll_tokenizer(tokenizer: Any) -> tuple[Any, int]:
+    """llguidance's view of ``tokenizer`` (built once per tokenizer: it takes seconds) and its size."""
+    import llguidance.hf
+
+    n = _tokenizer_vocab(tokenizer)
+
+    def make() -> Any:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("constrained decoding needs a tokenizer with an EOS token")
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n, eos_token=tokenizer.eos_token_id)
+
+    # id(): tokenizers are not hashable by content; the entry keeps the object alive, so the id
+    # cannot be reused by another tokenizer while cached.
+    return _TOKENIZERS.get_or_make((id(tokenizer), n), lambda: (tokenizer, make()))[1], n
+
+
+def _template_matcher(schema_json: str, tokenizer: Any) -> Any:
+    """A warmed matcher for ``schema_json`` (compiled once); each reply decodes with a deep copy."""
+    import llguidance
+
+    ll_tok, _ = _ll_tokenizer(tokenizer)
+
+    def make() -> Any:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(render_schema(schema_json)), defaults=_JSON_OPTIONS)
+        matcher = llguidance.LLMatcher(ll_tok, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"json_schema cannot be compiled to a grammar: {matcher.get_error()}")
+        matcher.compute_bitmask()  # builds the lexer states the first mask needs, once for all copies
+        return matcher
+
+    # The entry holds the tokenizer too, so its id stays unique while the entry lives.
+    return _MATCHERS.get_or_make((schema_json, id(tokenizer)), lambda: (tokenizer, make()))[1]
+
+
+class JsonSchemaConstraint:
+    """One reply's grammar state (implements :class:`~memagent.engines.constraint.TokenConstraint`).
+
+    ``vocab_size`` is the model's logits width; ids at or past the tokenizer's vocabulary
+    (embedding padding) are always masked.
+    """
+
+    def __init__(self, matcher: Any, tokenizer_vocab: int, vocab_size: int, eos_token_id: int):
+        self._m = matcher
+        self._n = tokenizer_vocab
+        self.vocab_size = vocab_size
+        self._eos = eos_token_id
+        self._accepted = 0
+        self._bits = torch.zeros((self._n + 31) // 32, dtype=torch.int32)
+
+    def allowed(self) -> torch.Tensor:
+        """Bool ``[tokenizer vocab]``: the tokens the grammar allows next."""
+        self._m.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
+        bits = np.unpackbits(self._bits.numpy().view(np.uint8), bitorder="little")[: self._n]
+        return torch.from_numpy(bits.view(np.bool_))
+
+    def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.shape[-1] != self.vocab_size:
+            raise ValueError(f"logits have {logits.shape[-1]} entries, the constraint expects {self.vocab_size}")
+        allowed = self.allowed().to(logits.device, non_blocking=True)
+        n = min(self._n, self.vocab_size)
+        logits[..., :n].masked_fill_(~allowed[:n], float("-inf"))
+        logits[..., n:] = float("-inf")
+        return logits
+
+    def accept(self, token: int) -> bool:
+        token = int(token)
+        if not 0 <= token < self._n or self._m.is_error():
+            return False
+        if token == self._eos:  # validate_tokens never counts EOS; it ends a complete value only
+            if not self._m.is_accepting():
+                return False
+        elif self._m.validate_tokens([token]) != 1:
+            return False
+        if not self._m.consume_token(token):  # pragma: no cover - validated just above
+            raise RuntimeError(f"grammar refused token {token} it had allowed: {self._m.get_error()}")
+        self._accepted += 1
+        return True
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self._accepted:
+            raise ValueError(f"cannot roll back {n} tokens: {self._accepted} accepted")
+        if n and not self._m.rollback(n):  # pragma: no cover - within the accepted tokens
+            raise RuntimeError(f"grammar rollback of {n} tokens failed: {self._m.get_error()}")
+        self._accepted -= n
+
+    def is_finished(self) -> bool:
+        return self._m.is_stopped() and not self._m.is_error()
+
+
+def make_constraint(schema_json: str, tokenizer: Any, vocab_size: int) -> TokenConstraint:
+    """A fresh constraint that holds one reply to ``schema_json`` (JSON Schema text), for a model
+    whose logits have ``vocab_size`` entries and whose tokenizer is ``tokenizer`` (a fast HF one).
+
+    Raises ``ValueError`` for a schema that is not a JSON object or cannot be compiled.
+    """
+    template = _template_matcher(schema_json, tokenizer)
+    _, n = _ll_tokenizer(tokenizer)
+    return JsonSchemaConstraint(template.deep_copy(), n, vocab_size, tokenizer.eos_token_id)

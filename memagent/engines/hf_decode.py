@@ -1,0 +1,234 @@
+"""The hf engine's batched decode loop, with prompt-lookup speculation and per-row constraints.
+
+After the prefill (:mod:`memagent.engines.hf`) the batch cache holds every row's prompt except
+its last token, left-padded to a common length ``n``. Each step feeds ``[B, t]`` tokens: per row
+its pending token and its draft (``t = 1 + k``, shorter drafts padded), with explicit
+``position_ids`` (each row's own positions) and a 2-D attention mask over the cache slots.
+
+Rollback without copies: after a step row ``i`` keeps ``a_i`` slots (its pending token and its
+``m_i`` accepted drafted tokens); the cache is cropped to ``n + max_i a_i`` (a view of the
+reserved buffer, :class:`~memagent.engines.kv_cache.ReservedCache`) and the slots a row did not
+keep below that are masked out for good. Alone, a row leaves no holes; in a batch the holes per
+step are the spread of the rows' acceptances.
+
+Rows stop at EOS (kept in the reply, as before), at their own ``max_tokens`` (drafts are cut so a
+step never overshoots), or when their constraint is finished. Finished rows stay in the batch
+(their slots masked) until the batch ends, as ``generate`` kept them.
+
+Constrained rows (``SamplingParams.json_schema``) never draft: their replies are short JSON, and
+drafting under a grammar would need the grammar state advanced through each drafted token and
+rolled back; each of their steps masks the logits with the constraint, samples, and accepts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from memagent.engines.constraint import TokenConstraint
+from memagent.engines.kv_cache import ReservedCache
+from memagent.engines.speculation import (
+    AcceptanceTracker,
+    AcceptRule,
+    CostModel,
+    accept_greedy,
+    accept_sampled,
+    choose_draft_len,
+    find_draft,
+    sampling_probs,
+)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Prompt-lookup settings of a decode loop (``max_draft`` = 0 turns it off)."""
+
+    max_draft: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+    adaptive: bool = True  # choose k per step from the cost model; False: always max_draft
+    # Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees
+    # long verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
+    explore_every: int = 16
+
+
+@dataclass
+class Row:
+    """One request in the loop. ``temperature == 0`` is greedy."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    logprobs: bool = False
+    constraint: TokenConstraint | None = None
+    # Filled by the loop:
+    tokens: list[int] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    stopped: bool = False  # EOS or a finished constraint (vs the max_tokens limit)
+    done: bool = False
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_steps: int = 0
+
+
+@dataclass
+class LoopStats:
+    """What one loop did, for benchmarks: per step the chosen k, rows × tokens and seconds."""
+
+    steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (k, rows, active, seconds)
+
+
+class DecodeLoop:
+    """Runs :class:`Row` s to completion over a prefilled cache.
+
+    Args:
+        model: the causal LM (called with ``input_ids``, ``position_ids``, ``attention_mask``,
+            ``cache``).
+        eos_ids: tokens that end a reply.
+        pad_id: token fed in padded slots (masked out).
+        spec: speculation settings.
+        cost: the engine's forward-cost model (shared across batches, refitted online).
+        acceptance: the engine's running acceptance (the prior of each new row's estimate).
+        accept_rule: sampled verification (tests swap in a wrong rule to check their power).
+        generator: torch RNG for sampling (None: the global one).
+    """
+
+    def __init__(self, model: torch.nn.Module, eos_ids: set[int], pad_id: int, spec: Speculation,
+                 cost: CostModel | None = None, acceptance: AcceptanceTracker | None = None,
+                 accept_rule: AcceptRule = accept_sampled, generator: torch.Generator | None = None):
+        self.model, self.eos_ids, self.pad_id, self.spec = model, eos_ids, pad_id, spec
+        self.cost = cost or CostModel()
+        self.acceptance = acceptance or AcceptanceTracker()
+        self.accept_rule, self.generator = accept_rule, generator
+        self.stats = LoopStats()
+        self._forwards = 0
+
+    @torch.inference_mode()
+    def run(self, rows: list[Row], cache: ReservedCache, prefix_mask: torch.Tensor) -> list[Row]:
+        """Decode every row; returns ``rows`` filled in.
+
+        Args:
+            rows: the batch, ``B`` rows.
+            cache: a :class:`ReservedCache` holding each row's prompt but its last token,
+                left-padded to ``n`` slots (``n`` may be 0).
+            prefix_mask: ``[B, n]`` 1 where a slot holds a real token, 0 for padding.
+        """
+        device = next(self.model.parameters()).device
+        b = len(rows)
+        n = prefix_mask.shape[1]
+        capacity = n + max(r.max_tokens for r in rows) + self.spec.max_draft + 1
+        mask = torch.zeros((b, capacity), dtype=torch.long, device=device)
+        mask[:, :n] = prefix_mask.to(device)
+        history = [np.asarray(r.prompt_ids, dtype=np.int64) for r in rows]
+        pending = [r.prompt_ids[-1] for r in rows]
+        position = [len(r.prompt_ids) - 1 for r in rows]
+        trackers = [AcceptanceTracker() for _ in rows]
+        while not all(r.done for r in rows):
+            drafts = self._drafts(rows, history, trackers)
+            t = 1 + max(len(d) for d in drafts)
+            if n + t > mask.shape[1]:  # holes outran the reservation: grow the mask (the cache grows itself)
+                mask = torch.cat([mask, mask.new_zeros((b, n + t + capacity - mask.shape[1]))], dim=1)
+            ids = torch.full((b, t), self.pad_id, dtype=torch.long)
+            pos = torch.zeros((b, t), dtype=torch.long)
+            for i, r in enumerate(rows):
+                pos[i] = torch.arange(position[i], position[i] + t)
+                if r.done:
+                    continue
+                seq = [pending[i], *drafts[i]]
+                ids[i, : len(seq)] = torch.tensor(seq)
+                mask[i, n : n + len(seq)] = 1
+            t0 = time.perf_counter()
+            logits = self.model(input_ids=ids.to(device), position_ids=pos.to(device),
+                                attention_mask=mask[:, : n + t], cache=cache, use_cache=True).logits
+            keep = self._verify(rows, drafts, logits)
+            seconds = time.perf_counter() - t0
+            self.cost.update(b, t, seconds)
+            self.stats.steps.append((t - 1, b, sum(not r.done for r in rows), seconds))
+            grown = 0
+            for i, r in enumerate(rows):
+                kept = keep[i]
+                if kept is None:
+                    continue
+                slots = 1 + min(len(kept) - 1, len(drafts[i]))  # pending + accepted drafted tokens
+                mask[i, n + slots : n + t] = 0
+                grown = max(grown, slots)
+                m = len(kept) - 1
+                r.draft_tokens += len(drafts[i])
+                r.accepted_tokens += m
+                r.decode_steps += 1
+                trackers[i].record(len(drafts[i]), m)
+                self.acceptance.record(len(drafts[i]), m)
+                kept = self._finish(r, kept)
+                history[i] = np.concatenate([history[i], np.asarray(kept, dtype=np.int64)])
+                pending[i] = kept[-1]
+                position[i] += len(kept)
+            n += max(grown, 1)
+            cache.truncate(n)
+        return rows
+
+    def _drafts(self, rows: list[Row], history: list[np.ndarray], trackers: list[AcceptanceTracker]) -> list[list[int]]:
+        """Per row its draft this step (``[]`` for done, constrained or budget-bound rows)."""
+        spec = self.spec
+        found: list[list[int]] = []
+        for r, h, tr in zip(rows, history, trackers):
+            room = r.max_tokens - len(r.tokens) - 1  # the step also yields the model's own token
+            if r.done or r.constraint is not None or spec.max_draft <= 0 or room <= 0:
+                found.append([])
+                continue
+            found.append(find_draft(h, min(spec.max_draft, room), spec.ngram_min, spec.ngram_max))
+        self._forwards += 1
+        if not spec.adaptive or not any(found) or self._forwards % spec.explore_every == 0:
+            return found
+        active = [i for i, r in enumerate(rows) if not r.done]
+        global_alpha = self.acceptance.alpha()
+        k = choose_draft_len([len(found[i]) for i in active], [trackers[i].alpha(global_alpha) for i in active],
+                             len(rows), self.cost, spec.max_draft)
+        return [d[:k] for d in found]
+
+    def _verify(self, rows: list[Row], drafts: list[list[int]], logits: torch.Tensor) -> list[list[int] | None]:
+        """Per row the kept tokens (accepted drafted ones + the model's next), None for done rows.
+
+        ``logits`` ``[B, t, V]``; row i's positions ``0..len(drafts[i])`` are read.
+        """
+        greedy_rows = [i for i, r in enumerate(rows) if not r.done and r.temperature == 0 and r.constraint is None]
+        targets = logits[greedy_rows].argmax(-1).tolist() if greedy_rows else []
+        by_row = dict(zip(greedy_rows, targets))
+        out: list[list[int] | None] = []
+        for i, r in enumerate(rows):
+            if r.done:
+                out.append(None)
+                continue
+            d = len(drafts[i])
+            row_logits = logits[i, : d + 1]
+            if r.constraint is not None:  # d == 0: constrained rows never draft
+                row_logits = r.constraint.mask_logits(row_logits[0].float().clone()).unsqueeze(0)
+            if i in by_row:
+                kept = accept_greedy(drafts[i], by_row[i])
+            elif r.temperature == 0:
+                kept = [int(row_logits[0].argmax())]
+            else:
+                kept = self.accept_rule(drafts[i], sampling_probs(row_logits, r.temperature, r.top_p), self.generator)
+            if r.logprobs:  # the model's log-probs (before any constraint mask), as without speculation
+                temp = r.temperature if r.temperature > 0 else 1.0
+                logp = torch.log_softmax(logits[i, : len(kept)].float() / temp, dim=-1)
+                r.token_logprobs.extend(logp.gather(-1, torch.tensor(kept, device=logp.device)[:, None])[:, 0].tolist())
+            out.append(kept)
+        return out
+
+    def _finish(self, r: Row, kept: list[int]) -> list[int]:
+        """Append ``kept`` to the reply up to EOS / the limit / a finished constraint; mark done."""
+        for j, tok in enumerate(kept):
+            if r.constraint is not None:
+                r.constraint.accept(tok)
+            r.tokens.append(tok)
+            stop = tok in self.eos_ids or (r.constraint is not None and r.constraint.is_finished())
+            if stop or len(r.tokens) >= r.max_tokens:
+                r.stopped, r.done = stop, True
+                if r.logprobs:
+                    del r.token_logprobs[len(r.tokens):]
+                return kept[: j + 1]
+        return kept

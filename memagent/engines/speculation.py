@@ -1,0 +1,236 @@
+"""Prompt-lookup speculation, the pure parts: drafting, acceptance, and how many tokens to draft.
+
+A memory update mostly copies: the new memory repeats the old one, or quotes the chunk. So the
+reply's last n-gram usually occurs earlier in its prompt (or reply), and the tokens that followed
+it there are a good guess for what comes next. The decode loop (:mod:`memagent.engines.hf_decode`)
+feeds each row's pending token plus its draft in one forward pass and keeps, per row, the
+drafted tokens the model agrees with plus the model's own next token. The output is the model's:
+
+- greedy: a drafted token is kept iff it is the argmax at its position, so the reply is the
+  argmax chain, token for token (up to float rounding of a (k+1)-token forward against k+1
+  one-token forwards: a flip needs a near-tie of the top two logits);
+- sampling: the rule for a deterministic draft x (a point-mass proposal q = δ_x): keep x with
+  probability p(x), else sample from p with x removed and renormalised (p(y) / (1 - p(x)) for
+  y ≠ x). The kept token is then distributed exactly as p: P(x) = p(x), and
+  P(y) = (1 - p(x)) · p(y) / (1 - p(x)) = p(y). ``p`` is the distribution sampling would use
+  without speculation (temperature, then top-p).
+
+How many tokens to draft (:func:`choose_draft_len`). One verification forward of ``B`` rows ×
+``t`` tokens costs about ``c0 + c_row·B + c_tok·B·t`` seconds: ``c0`` reads the weights once,
+``c_row`` reads a row's KV cache (once, however many tokens the row verifies), ``c_tok`` is
+the per-token compute (matmuls; on CPU compute-bound). A row whose draft has ``d`` tokens at
+per-token acceptance ``α`` yields ``E(α, d) = 1 + α + … + α^d`` tokens. Each step the loop picks
+the ``k`` (each row drafts ``min(k, d_i)``) that maximises expected tokens per second,
+``Σ_i E(α_i, min(k, d_i)) / (c0 + c_row·B + c_tok·B·(k+1))``. Alone (B = 1) nine tokens cost
+little more than one, so long drafts pay; in a full batch each drafted token costs ``c_tok·B``
+for ``α·B`` expected tokens, so poor acceptance turns drafting off (``k = 0``). ``α_i`` is the
+row's own acceptance so far, with the engine's running rate as its prior
+(:class:`AcceptanceTracker`); ``c0, c_row, c_tok`` start from the measurements below and are
+refitted online from the loop's own step times (:class:`CostModel`), so the rule follows the
+machine and its load.
+
+Prior (this machine: 2 cores AVX2, SmolLM2-135M fp32, one torch thread, ``benchmarks/README.md``):
+a decode step of 1 row took 72.6 ms and of 16 rows 334 ms at ~1.2K-token contexts, and the
+fp32 matmul rate is ~52 GFLOP/s, i.e. ``c_tok ≈ 2 × 165M / 52e9 ≈ 6.3 ms``; hence
+``c0 ≈ 55 ms``, ``c_row ≈ 11.4 ms``. The forwards measured in ``benchmarks/results/speculation.json``
+(``decode_forwards_on``: k and seconds of every forward of the speculative read) are the on-line data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+# Forward cost prior (seconds) c0 + c_row * rows + c_tok * rows * tokens; refitted online per engine.
+# From benchmarks/README.md (roofline/concurrency, 1 thread): a decode step of 1 row 72.6 ms, of
+# 16 rows 334 ms (c0 + c_row + c_tok = 0.0726, c0 + 16 (c_row + c_tok) = 0.334), and
+# c_tok = 2 x 165M multiply-adds (body + lm_head) at the measured ~52 GFLOP/s.
+PRIOR_C0 = 0.055
+PRIOR_C_ROW = 0.0114
+PRIOR_C_TOK = 0.0063
+
+
+def find_draft(tokens: np.ndarray, max_draft: int, n_min: int, n_max: int) -> list[int]:
+    """Tokens that followed the latest earlier occurrence of ``tokens``' last n-gram.
+
+    Args:
+        tokens: ``[L]`` int array, the row's prompt + generated tokens so far.
+        max_draft: most tokens to return.
+        n_min, n_max: n-gram sizes tried, longest first; the first size with a match wins.
+
+    Returns:
+        Up to ``max_draft`` token ids (``[]`` when no n-gram of the sizes recurs).
+    """
+    length = len(tokens)
+    if max_draft <= 0:
+        return []
+    for n in range(min(n_max, length - 1), n_min - 1, -1):
+        tail = tokens[length - n:]
+        # windows[j] = tokens[j : j + n] for j < length - n (the tail itself is excluded).
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n  # the latest occurrence: the nearest context is the best guess
+            return tokens[start : start + max_draft].tolist()
+    return []
+
+
+def expected_tokens(alpha: float, d: int) -> float:
+    """Tokens one step yields for a row drafting ``d`` tokens at per-token acceptance ``alpha``.
+
+    ``1 + α + … + α^d``: the model's own token, plus each drafted token kept if all before it were.
+    """
+    if d <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(d + 1)
+    return (1.0 - alpha ** (d + 1)) / (1.0 - alpha)
+
+
+class CostModel:
+    """Seconds of one forward of ``rows × tokens``: ``c0 + c_row · rows + c_tok · rows · tokens``, refitted online.
+
+    ``c0`` reads the weights, ``c_row`` reads each row's KV cache (once per row, however many
+    tokens it verifies), ``c_tok`` is the per-token compute. A least-squares fit over recent steps
+    (exponential forgetting, weight ``decay`` per step), pulled toward the prior by a small ridge,
+    so a loop that only ever sees one batch size keeps a sensible split.
+    """
+
+    def __init__(self, c0: float = PRIOR_C0, c_row: float = PRIOR_C_ROW, c_tok: float = PRIOR_C_TOK,
+                 decay: float = 0.98, ridge: float = 0.05):
+        self.decay, self.ridge = decay, ridge
+        self.prior = np.array([c0, c_row, c_tok])
+        self.theta = self.prior.copy()
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
+        self._scale = np.array([1.0, 16.0, 64.0])  # typical feature sizes: the ridge is per scaled feature
+
+    @property
+    def c0(self) -> float:
+        return float(self.theta[0])
+
+    @property
+    def c_row(self) -> float:
+        return float(self.theta[1])
+
+    @property
+    def c_tok(self) -> float:
+        return float(self.theta[2])
+
+    def update(self, rows: int, tokens: int, seconds: float) -> None:
+        """Record one forward of ``rows × tokens`` that took ``seconds``."""
+        x = np.array([1.0, rows, rows * tokens]) / self._scale
+        self._xtx = self.decay * self._xtx + np.outer(x, x)
+        self._xty = self.decay * self._xty + x * seconds
+        prior = self.prior * self._scale
+        fit = np.linalg.solve(self._xtx + self.ridge * np.eye(3), self._xty + self.ridge * prior) / self._scale
+        if (fit > 0).all():
+            self.theta = fit
+
+    def seconds(self, rows: int, tokens: int) -> float:
+        return float(self.theta @ np.array([1.0, rows, rows * tokens]))
+
+
+def choose_draft_len(draft_lens: Sequence[int], alphas: Sequence[float], rows: int, cost: CostModel,
+                     max_draft: int) -> int:
+    """The ``k`` that maximises expected tokens per second of the next forward.
+
+    Args:
+        draft_lens: per active row, how many tokens its lookup found (0 = none).
+        alphas: per active row, its estimated per-token acceptance.
+        rows: rows in the forward (the batch, finished rows included: they still take a slot).
+        cost: forward cost model.
+        max_draft: the configured cap.
+
+    Returns:
+        ``k`` in ``[0, max_draft]``; each row then drafts ``min(k, d_i)``.
+    """
+    longest = min(max(draft_lens, default=0), max_draft)
+    best_k, best_rate = 0, -1.0
+    for k in range(longest + 1):
+        gain = sum(expected_tokens(a, min(k, d)) for d, a in zip(draft_lens, alphas))
+        rate = gain / cost.seconds(rows, k + 1)
+        if rate > best_rate * (1 + 1e-9):
+            best_k, best_rate = k, rate
+    return best_k
+
+
+class AcceptanceTracker:
+    """Per-token acceptance estimate: accepted / (accepted + rejections), with a prior.
+
+    A block of ``d`` drafted tokens with ``m`` kept is ``m`` successes and, when ``m < d``, one
+    failure (the geometric model behind :func:`expected_tokens`).
+    """
+
+    def __init__(self, prior: float = 0.5, strength: float = 2.0):
+        self.accepted, self.rejected = 0, 0
+        self.prior, self.strength = prior, strength
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.accepted += accepted
+            self.rejected += int(accepted < drafted)
+
+    def alpha(self, prior: float | None = None) -> float:
+        p = self.prior if prior is None else prior
+        return (self.accepted + self.strength * p) / (self.accepted + self.rejected + self.strength)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """``softmax(logits / T)`` restricted to the top-p nucleus and renormalised.
+
+    Shapes: ``[..., V]`` → ``[..., V]`` (fp32). The nucleus as transformers' ``TopPLogitsWarper``
+    draws it: drop the tokens whose cumulative probability in ascending order is ≤ ``1 - top_p``,
+    always keeping the most likely one.
+    """
+    logits = logits.float() / temperature
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1 - top_p)
+        drop_sorted[..., -1:] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits.softmax(dim=-1)
+
+
+def accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> list[int]:
+    """Greedy verification: ``targets[j]`` is the argmax after the pending token and ``draft[:j]``.
+
+    Shapes: ``draft`` ``[d]``, ``targets`` ``[d + 1]``. Returns the kept tokens: the agreeing
+    prefix of ``draft`` plus the model's own next token (length ``m + 1``, ``m`` ≤ ``d``).
+    """
+    m = 0
+    while m < len(draft) and draft[m] == targets[m]:
+        m += 1
+    return [*draft[:m], int(targets[m])]
+
+
+def accept_sampled(draft: Sequence[int], probs: torch.Tensor, generator: torch.Generator | None = None) -> list[int]:
+    """Sampled verification of a deterministic draft (see the module docstring).
+
+    Shapes: ``draft`` ``[d]``; ``probs`` ``[d + 1, V]``, ``probs[j]`` the sampling distribution
+    after the pending token and ``draft[:j]``. Returns the kept tokens (length ``m + 1``).
+    """
+    kept: list[int] = []
+    for j, x in enumerate(draft):
+        p = probs[j]
+        u = torch.rand((), generator=generator, device=p.device)
+        if u < p[x]:
+            kept.append(int(x))
+            continue
+        residual = p.clone()
+        residual[x] = 0.0
+        if float(residual.sum()) <= 0.0:  # p was a point mass on x: u < 1 always kept it
+            kept.append(int(x))
+            continue
+        kept.append(int(torch.multinomial(residual, 1, generator=generator)))
+        return kept
+    kept.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
+    return kept
+
+
+AcceptRule = Callable[[Sequence[int], torch.Tensor, "torch.Generator | None"], list[int]]

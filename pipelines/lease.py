@@ -1,0 +1,301 @@
+"""One writer per output: a lease object in the output directory, taken before any model loads.
+
+Two runs writing into one output would each skip only what was there when they started, and
+both write every other id: duplicates that a rerun keeps. So a run first creates
+``OUTPUT/_memagent.lease`` *conditionally* (only if absent) and holds it to the end:
+
+- local disk: the lease file is created, replaced and deleted only under an exclusive ``flock``
+  of ``_memagent.lease.lock`` held for microseconds (the kernel drops it if the process dies),
+  so each change is a compare-and-swap on the lease's bytes;
+- S3: ``PutObject`` with ``If-None-Match: *`` creates it, ``If-Match: <etag>`` renews or takes it
+  over. AWS S3 honours both (since Aug / Nov 2024), as do MinIO and moto's server (5.1+); a
+  server that ignores them would let two runs in, which :func:`check_output` then refuses.
+
+The lease holds the run id, host, pid (and the pid's start time, against reuse), the start time
+and a heartbeat renewed every :data:`HEARTBEAT_S`. A second run refuses with one line naming
+the holder. A lease is stale, and taken over (conditionally: of two takers one wins), when its
+holder is gone: same host and that process is not running, or, from another host, no heartbeat
+for :data:`STALE_AFTER_S`. ``force_unlock`` takes it whatever its state (the manual case: a
+holder on another host known to be dead). Release deletes it on any exit of the ``with``
+block, error and Ctrl-C included; a killed process leaves it, and the next run takes it over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from memagent.data.io import S3Options, filesystem, is_s3
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "_memagent.lease"  # "_": never read as input or as output rows
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 300.0  # another host's lease without a heartbeat this long is taken over
+FORCE_UNLOCK_HELP = ("Take the output's lease even if another run seems to hold it (only when that run is known "
+                     "to be gone, e.g. its host died); two runs writing one output duplicate rows.")
+
+
+class OutputBusy(OSError):
+    """Another run holds the output's lease (the CLI prints it as one line, exit 2)."""
+
+    _memagent_checked = True  # already one line naming the output (storage.io_errors passes it on)
+
+
+@dataclass(frozen=True)
+class Holder:
+    run_id: str
+    host: str
+    pid: int
+    pid_start: str | None  # the process's start time (Linux /proc), so a reused pid is not taken for it
+    started: float
+    heartbeat: float
+
+    @classmethod
+    def me(cls) -> Holder:
+        now = time.time()
+        return cls(uuid.uuid4().hex[:12], socket.gethostname(), os.getpid(), _pid_start(os.getpid()), now, now)
+
+    def describe(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
+        return (f"run {self.run_id} (host {self.host}, pid {self.pid}, started {started}, "
+                f"last heartbeat {max(0, time.time() - self.heartbeat):.0f} s ago)")
+
+    def stale(self, now: float | None = None) -> bool:
+        """Whether the holder is gone (see the module doc)."""
+        if self.host == socket.gethostname():
+            return not _alive(self.pid, self.pid_start)
+        return (now or time.time()) - self.heartbeat > STALE_AFTER_S
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Holder | None:
+        try:
+            return cls(**json.loads(data))
+        except (ValueError, TypeError):
+            return None  # torn or foreign content: treated as a holder that is gone
+
+
+def _pid_start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process: alive
+    return start is None or _pid_start(pid) in (None, start)
+
+
+class _LocalStore:
+    """Compare-and-swap on a local file: every change under a short exclusive flock."""
+
+    def __init__(self, directory: str):
+        self.path = Path(directory) / LEASE_NAME
+        self.lock = Path(directory) / (LEASE_NAME + ".lock")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the lock
+
+    def read(self) -> tuple[bytes, str] | None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, hashlib.sha256(data).hexdigest()
+
+    def put(self, data: bytes, expect: str | None, force: bool = False) -> str | None:
+        """Write ``data`` if the lease is absent (``expect`` None) or still has version ``expect``."""
+        with self._locked():
+            now = self.read()
+            if not force and (now[1] if now else None) != expect:
+                return None
+            tmp = self.path.with_name(f"{LEASE_NAME}.{uuid.uuid4().hex[:8]}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, self.path)
+        return hashlib.sha256(data).hexdigest()
+
+    def delete(self, expect: str) -> bool:
+        with self._locked():
+            now = self.read()
+            if now is None or now[1] != expect:
+                return False
+            self.path.unlink()
+        return True
+
+
+class _S3Store:
+    """Conditional writes on S3: ``If-None-Match: *`` to create, ``If-Match: etag`` to replace."""
+
+    def __init__(self, path: str, s3: S3Options | None):
+        s3 = s3 or S3Options()
+        self.bucket, _, prefix = path.partition("/")
+        self.key = f"{prefix.rstrip('/')}/{LEASE_NAME}" if prefix.strip("/") else LEASE_NAME
+        region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        # botocore's DEBUG records print the signed request, session token included: a --verbose
+        # job must not log them.
+        logging.getLogger("botocore").setLevel(logging.INFO)
+        self.client = _s3_client(s3.endpoint(), region)
+
+    def _conflict(self, exc: Exception) -> bool:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409", "NoSuchKey", "404")
+
+    def read(self) -> tuple[bytes, str] | None:
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self.key)
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return obj["Body"].read(), obj["ETag"]
+
+    def put(self, data: bytes, expect: str | None, force: bool = False) -> str | None:
+        from botocore.exceptions import ClientError
+
+        cond = {} if force else {"IfMatch": expect} if expect else {"IfNoneMatch": "*"}
+        try:
+            return self.client.put_object(Bucket=self.bucket, Key=self.key, Body=data, **cond)["ETag"]
+        except ClientError as exc:
+            if self._conflict(exc):
+                return None
+            raise
+
+    def delete(self, expect: str) -> bool:
+        now = self.read()  # DeleteObject's If-Match is not honoured everywhere: check, then delete
+        if now is None or now[1] != expect:
+            return False
+        self.client.delete_object(Bucket=self.bucket, Key=self.key)
+        return True
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(endpoint: str | None, region: str):  # noqa: ANN202 - botocore's generated class
+    """One client per endpoint (loading botocore's S3 model takes a second); clients are thread-safe."""
+    import botocore.session
+
+    return botocore.session.get_session().create_client("s3", endpoint_url=endpoint, region_name=region)
+
+
+def _store(output: str, s3: S3Options | None) -> _LocalStore | _S3Store:
+    _, path = filesystem(output, s3)
+    if is_s3(output):
+        return _S3Store(path, s3)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return _LocalStore(path)
+
+
+class Lease:
+    """A held lease; renewed by a daemon thread until :meth:`release`."""
+
+    def __init__(self, output: str, store: _LocalStore | _S3Store, holder: Holder, version: str):
+        self.output, self.store, self.holder, self.version = output, store, holder, version
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._beat, name="memagent-lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.renew()
+
+    def renew(self) -> None:
+        with self._lock:
+            if self.lost or self._stop.is_set():
+                return
+            beat = Holder(**{**asdict(self.holder), "heartbeat": time.time()})
+            try:
+                version = self.store.put(beat.encode(), expect=self.version)
+            except Exception as exc:  # noqa: BLE001 - a missed beat is not fatal; STALE_AFTER_S is 10 beats
+                log.warning("output %s: could not renew the lease (%s)", self.output, exc)
+                return
+            if version is None:
+                now = self.store.read()
+                other = Holder.decode(now[0]) if now else None
+                self.lost = other.describe() if other else "nobody (the lease was removed)"
+                log.error("output %s: this run's lease was taken over by %s", self.output, self.lost)
+            else:
+                self.holder, self.version = beat, version
+
+    def release(self) -> None:
+        with self._lock:
+            self._stop.set()
+            if not self.lost:
+                try:
+                    self.store.delete(self.version)
+                except Exception as exc:  # noqa: BLE001 - a lease left behind is taken over as stale
+                    log.warning("output %s: could not release the lease (%s)", self.output, exc)
+
+
+def acquire(output: str, s3: S3Options | None = None, *, force: bool = False) -> Lease:
+    """Take the output's lease, or raise :class:`OutputBusy` naming the holder; a failure to
+    write it (full disk, S3 error) is one line naming the output."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from pipelines.storage import io_errors, s3_endpoint
+
+    with io_errors("output", output, s3_endpoint(s3)):
+        try:
+            return _acquire(output, s3, force)
+        except (BotoCoreError, ClientError) as exc:
+            raise OSError(f"cannot take the output's lease {LEASE_NAME} ({exc})") from None
+
+
+def _acquire(output: str, s3: S3Options | None, force: bool) -> Lease:
+    store = _store(output, s3)
+    me = Holder.me()
+    for _ in range(5):  # a few rounds: the lease may change between our read and our write
+        now = store.read()
+        if now is None:
+            version = store.put(me.encode(), expect=None)
+        else:
+            other = Holder.decode(now[0])
+            if other is not None and not force and not other.stale():
+                raise OutputBusy(f"output {output} is in use by {other.describe()}; wait for it to finish, or, if it "
+                                 "is gone, rerun with --force-unlock")
+            what = "forcing" if force else "taking over a stale"
+            log.warning("output %s: %s lease of %s", output, what, other.describe() if other else "an unreadable lease")
+            version = store.put(me.encode(), expect=now[1])
+        # Read back: a store whose conditional write is not atomic (moto checks, then writes)
+        # can let two creators through; the one whose write landed last keeps the lease.
+        if version is not None and (store.read() or (b"", ""))[1] == version:
+            return Lease(output, store, me, version)
+    raise OutputBusy(f"output {output}: its lease keeps changing hands; another run is starting on it")
+
+
+@contextmanager
+def hold(output: str, s3: S3Options | None = None, *, force: bool = False) -> Iterator[Lease]:
+    """``with hold(output): ...`` — the lease for the block; released on any exit (error, Ctrl-C)."""
+    lease = acquire(output, s3, force=force)
+    try:
+        yield lease
+    finally:
+        lease.release()
+    if lease.lost:
+        raise OutputBusy(f"output {output}: while this run wrote, its lease was taken over by {lease.lost}; check "
+                         f"for duplicate ids with: memagent repair-output --output {output}")
