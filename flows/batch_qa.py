@@ -18,7 +18,7 @@ from pydantic import NonNegativeInt
 
 from flows.params import DEMO_INPUT, DEMO_OUTPUT, DatasetURI, resolve_local
 from flows.report import publish_report
-from flows.stages import fail_once, task_owned_ray
+from flows.stages import fail_once, local_input, task_owned_ray
 from memagent.config import AgentConfig, preset
 from memagent.data.demo import DemoCorpus
 from memagent.engines import EngineConfig
@@ -33,12 +33,10 @@ TRACE_COLUMNS = ["id", "question", "answers", "prediction", "score", "error", "n
 def ensure_demo_lake(input: str, model: str, demo: DemoCorpus) -> dict[str, Any]:
     """Write the generated demo corpus to ``input`` unless it already holds Parquet files."""
     from memagent.data.demo import write_demo_corpus
-    from pipelines import storage
 
-    fs, path = storage.filesystem(input, S3Options())
-    existing = storage.parquet_files(fs, path)
+    path, existing = local_input(input)
     if existing:
-        return {"generated": False, "files": len(existing)}
+        return {"generated": False, "files": existing}
     # Sized in the tokens of the model that reads them.
     target, n_rows = write_demo_corpus(path, model, tuple(demo.lengths), demo.qa_items, demo.seed)
     get_run_logger().info("demo lake: %d generated rows -> %s", n_rows, target)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validat
 from flows.batch_qa import run_job
 from flows.params import DatasetURI, resolve_local
 from flows.report import publish_report
+from flows.stages import local_input
 from memagent.config import AgentConfig
 from memagent.data.contracts import CONTRACT_SCHEMA
 from memagent.engines import EngineConfig
@@ -55,12 +56,10 @@ class ContractCorpus(BaseModel):
 def ensure_contract_corpus(input: str, model: str, corpus: ContractCorpus) -> dict[str, Any]:
     """Write the generated contracts to ``input`` unless it already holds Parquet files."""
     from memagent.data.contracts import write_contracts
-    from pipelines import storage
 
-    fs, path = storage.filesystem(input, S3Options())
-    existing = storage.parquet_files(fs, path)
+    path, existing = local_input(input)
     if existing:
-        return {"generated": False, "files": len(existing)}
+        return {"generated": False, "files": existing}
     data, schema = write_contracts(path, corpus.docs, corpus.min_tokens, corpus.max_tokens, corpus.seed, model)
     get_run_logger().info("contract corpus: %d generated contracts -> %s (schema %s)", corpus.docs, data, schema)
     return {"generated": True, "rows": corpus.docs, "path": str(data)}

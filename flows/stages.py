@@ -44,6 +44,15 @@ def fail_once(stage: str) -> None:
         raise RuntimeError(f"injected failure in stage {stage!r} ({FAIL_ONCE_ENV})")
 
 
+def local_input(input: str) -> tuple[str, int]:
+    """A flow's generated-corpus input: its local path and how many Parquet files it already holds."""
+    from pipelines import storage
+    from pipelines.storage import S3Options
+
+    fs, path = storage.filesystem(input, S3Options())
+    return path, len(storage.parquet_files(fs, path))
+
+
 def stage_key(stage: str, inputs: dict[str, Any]) -> str:
     """A short, stable hash of the stage name and its (JSON-able) inputs."""
     blob = json.dumps({"stage": stage, **inputs}, sort_keys=True, default=str, separators=(",", ":"))

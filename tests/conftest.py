@@ -56,6 +56,16 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
     return out
 
 
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray of 2 CPUs for one test module (modules needing more set-up define their own)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_dir: Path):
     """One transformers engine on the packaged model for the whole session."""

@@ -49,15 +49,6 @@ def test_breaker_consecutive_and_rate():
     assert is_infra_error("infra: x") and not is_infra_error("agent: x") and not is_infra_error(None)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_outage_rows_are_redone_by_a_plain_rerun(ray_local, tiny_llama_dir, tmp_path, capsys):
     from memagent_cli.main import main

@@ -75,15 +75,6 @@ def test_the_reported_lake_is_refused_for_its_duplicate(tmp_path):
         plan_input(job(tmp_path / "in", tmp_path / "out"))
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_the_job_reads_exactly_the_files_it_checked(ray_local, tiny_llama_dir, tmp_path):
     from pipelines.batch_qa import run_batch_qa
