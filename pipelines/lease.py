@@ -159,8 +159,10 @@ class _S3Store:
         self.key = f"{prefix.rstrip('/')}/{LEASE_NAME}" if prefix.strip("/") else LEASE_NAME
         region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         # botocore's DEBUG records print the signed request, session token included: a --verbose
-        # job must not log them.
-        logging.getLogger("botocore").setLevel(logging.INFO)
+        # job must not log them (raise the level to INFO, never lower it: a quiet job stays quiet).
+        botocore_log = logging.getLogger("botocore")
+        if botocore_log.getEffectiveLevel() < logging.INFO:
+            botocore_log.setLevel(logging.INFO)
         self.client = _s3_client(s3.endpoint(), region)
 
     def _conflict(self, exc: Exception) -> bool:
