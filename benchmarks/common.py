@@ -89,7 +89,9 @@ def write_json(path: str | Path, data: dict) -> Path:
     data.setdefault("machine", machine())
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp = out.with_name(f".{out.name}.tmp")  # benchmarks rewrite their results as they go: a kill keeps the last
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(out)
     return out
 
 

@@ -28,15 +28,15 @@ digit string (capped at the request's ``max_tokens``); the answer is the last di
 memory ("none" when there is none). Tokens are counted with the policy tokenizer's tiktoken twin
 (the same BPE as the packaged model), so prompt and reply lengths are real token counts.
 
-Build one inside a Ray actor from a plain dict (the batch job's ``engine_factory`` seam):
-``pipelines.batch_qa.AgentWorker(..., engine_factory="benchmarks.latency_engine:from_config",
-engine_factory_config={...})``.
+Build one inside each Ray actor of a batch job from a plain dict (the job's ``build_engine``
+seam): ``run_batch_qa(cfg, build_engine=engine_builder(model_dict(model)))``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import itertools
 import json
 import math
@@ -45,7 +45,7 @@ import re
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
 
@@ -456,6 +456,16 @@ def from_config(config: dict[str, Any] | None = None) -> LatencyEngine:
     config = dict(config or {})
     name = config.pop("name", "latency-model")
     return LatencyEngine(LatencyModel(**config), name=name)
+
+
+def engine_builder(config: dict[str, Any]) -> Callable[[Any], LatencyEngine]:
+    """The batch job's ``build_engine``: a :class:`LatencyEngine` from ``config`` in each actor (the
+    job's own engine config is not used)."""
+    return functools.partial(_from_job, dict(config))
+
+
+def _from_job(config: dict[str, Any], _engine_config: Any) -> LatencyEngine:
+    return from_config(config)
 
 
 def model_dict(model: LatencyModel) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     from pipelines.report import build_report
-    from pipelines.report_browser import find_chromium, open_page
+    from infra.report_browser import find_chromium, open_page
 
     with tempfile.TemporaryDirectory(prefix="report-scale-") as tmp:
         run = Path(tmp) / "answers"

@@ -63,7 +63,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import psutil  # noqa: E402
 
 from benchmarks.common import loadavg, print_table, write_json  # noqa: E402
-from benchmarks.latency_engine import Acceptance, LatencyModel, load_acceptance, model_dict  # noqa: E402
+from benchmarks.latency_engine import Acceptance, LatencyModel, engine_builder, load_acceptance, model_dict  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HIST_EDGES = [0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 512_000, 1_000_001]
@@ -207,8 +207,7 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     load0 = loadavg()
     cpu0 = psutil.cpu_times()
     t0 = time.perf_counter()
-    summary = run_batch_qa(cfg, admission=plan,
-                           engine_factory=("benchmarks.latency_engine:from_config", model_dict(model)))
+    summary = run_batch_qa(cfg, admission=plan, build_engine=engine_builder(model_dict(model)))
     wall = time.perf_counter() - t0
     cpu_busy = cpu_busy_fraction(cpu0, psutil.cpu_times())
     table = pads.dataset(str(out), format="parquet").to_table(

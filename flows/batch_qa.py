@@ -18,8 +18,9 @@ from pydantic import NonNegativeInt
 
 from flows.params import DEMO_INPUT, DEMO_OUTPUT, DatasetURI, resolve_local
 from flows.report import publish_report
-from flows.stages import fail_once, local_input, task_owned_ray
-from memagent.config import AgentConfig, preset
+from flows.stages import local_input, task_owned_ray
+from memagent.batch import Method
+from memagent.config import JOB_PRESET, AgentConfig, preset
 from memagent.data.demo import DemoCorpus
 from memagent.engines import EngineConfig
 from memagent.verify import Metric
@@ -48,19 +49,12 @@ def run_job(config: dict[str, Any]) -> dict[str, Any]:
     """Run the Ray Data job to completion; returns its summary (JSON-able)."""
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 
-    fail_once("batch-qa")
     cfg = BatchQAConfig.model_validate(config)
     with task_owned_ray():
         summary = run_batch_qa(cfg)
     for line in summary.lines():
         get_run_logger().info(line)
-    return {
-        "rows_in": summary.rows_in, "skipped": summary.skipped, "rows_out": summary.rows_out,
-        "error_rows": summary.error_rows, "infra_errors": summary.infra_errors, "accuracy": summary.accuracy,
-        "accuracy_answered": summary.accuracy_answered, "context_tokens": summary.context_tokens,
-        "seconds": round(summary.seconds, 2), "tokens_per_second": round(summary.tokens_per_second, 1),
-        "output": summary.output,
-    }
+    return summary.record()
 
 
 def example_traces(output: str, s3: S3Options, n: int) -> list[dict[str, Any]]:
@@ -113,11 +107,14 @@ def batch_qa(
     input: DatasetURI = DEMO_INPUT,
     output: DatasetURI = DEMO_OUTPUT,
     engine: EngineConfig = EngineConfig(),
-    agent: AgentConfig = preset("small"),
+    agent: AgentConfig = preset(JOB_PRESET),
     job: JobConfig = JobConfig(),
     s3: S3Options = S3Options(),
     question: str | None = None,
     metric: Metric = "sub_em",
+    method: Method = "memagent",
+    redo_changed: bool = False,
+    force_unlock: bool = False,
     demo: DemoCorpus | None = None,
     examples: NonNegativeInt = 3,
 ) -> dict[str, Any]:
@@ -128,6 +125,8 @@ def batch_qa(
         engine / agent / job / s3: model backend, budgets, Ray job shape, S3 endpoint.
         question: a job-level question for inputs without a ``question`` column.
         metric: how ``answers`` are scored.
+        method / redo_changed / force_unlock: as :class:`pipelines.batch_qa.BatchQAConfig` (every
+            field of the job's config is a parameter here; a test keeps the two in step).
         demo: when set and ``input`` (local) has no Parquet files, generate the demo corpus there.
         examples: traces shown in the Markdown artifact.
     """
@@ -136,6 +135,7 @@ def batch_qa(
     input, output = resolve_local(input), resolve_local(output)
     cfg = BatchQAConfig(  # cross-field checks (e.g. GPUs with device cpu) before any work
         input=input, output=output, s3=s3, engine=engine, agent=agent, question=question, metric=metric,
+        method=method, redo_changed=redo_changed, force_unlock=force_unlock,
         job=job.model_copy(update={"progress": False}),
     )
     if demo is not None:

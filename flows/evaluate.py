@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.params import CPU_EVAL, EvalStage, LocalDir, resolve_local
 from flows.report import publish_report
 from flows.stages import task_owned_ray
-from memagent.config import AgentConfig, preset
+from memagent.config import JOB_PRESET, AgentConfig, preset
 from memagent.engines import DEFAULT_MODEL
 from pipelines.job import JobConfig
 
@@ -55,7 +55,7 @@ def evaluate_model(model: str, evaluation: EvalStage, agent: AgentConfig, out_di
 def evaluate_memagent(
     model: str = DEFAULT_MODEL,
     evaluation: EvalStage = CPU_EVAL,
-    agent: AgentConfig = preset("small"),
+    agent: AgentConfig = preset(JOB_PRESET),
     job: JobConfig = JobConfig(),
     out: LocalDir = "runs/evaluate",
 ) -> dict[str, Any]:

@@ -15,13 +15,13 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.batch_qa import run_job
 from flows.params import DatasetURI, resolve_local
 from flows.report import publish_report
 from flows.stages import local_input
-from memagent.config import AgentConfig
+from memagent.config import JOB_PRESET, AgentConfig
 from memagent.data.contracts import CONTRACT_SCHEMA
 from memagent.engines import EngineConfig
 from memagent.extraction import ExtractionSchema
@@ -32,7 +32,7 @@ from pipelines.storage import S3Options
 CONTRACTS_INPUT = "runs/contracts/docs"
 CONTRACTS_OUTPUT = "runs/contracts/extractions"
 # The `small` CPU budgets with an answer budget that holds the contract schema's JSON object.
-EXTRACT_AGENT = AgentConfig(preset="small", answer_tokens=96)
+EXTRACT_AGENT = AgentConfig(preset=JOB_PRESET, answer_tokens=96)
 
 
 class ContractCorpus(BaseModel):

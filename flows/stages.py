@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -29,19 +28,7 @@ from typing import Any, Callable
 
 MANIFEST = "_stage.json"
 
-# Fault injection for tests: ``stage:marker`` makes that stage raise once (the marker file,
-# created on the failure, remembers that it happened), so task retries are observable.
-FAIL_ONCE_ENV = "MEMAGENT_FLOW_FAIL_ONCE"
-
 StageBody = Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]
-
-
-def fail_once(stage: str) -> None:
-    """Raise once per marker file named by ``$MEMAGENT_FLOW_FAIL_ONCE`` (``stage:path``)."""
-    want, _, marker = os.environ.get(FAIL_ONCE_ENV, "").partition(":")
-    if want == stage and marker and not Path(marker).exists():
-        Path(marker).write_text(f"{stage} failed once on purpose (pid {os.getpid()})\n")
-        raise RuntimeError(f"injected failure in stage {stage!r} ({FAIL_ONCE_ENV})")
 
 
 def local_input(input: str) -> tuple[str, int]:
@@ -81,7 +68,6 @@ def run_stage(workdir: str | Path, stage: str, inputs: dict[str, Any], body: Sta
     if done is not None:
         log(f"stage {stage}: already complete in {directory}; skipping")
         return {**done, "skipped": True}
-    fail_once(stage)
     if clear and directory.exists():
         log(f"stage {stage}: clearing an interrupted attempt in {directory}")
         shutil.rmtree(directory)

@@ -37,6 +37,7 @@ from memagent.error_kinds import INVALID_OUTPUT_PREFIX, error_prefix
 from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
+from memagent.result_schema import RESULT_COLUMNS, RESULT_SCHEMA
 from memagent.verify import METRICS
 from memagent.verify import score as score_metric
 
@@ -44,28 +45,6 @@ log = logging.getLogger(__name__)
 
 Method = Literal["memagent", "full-context"]
 READERS = {"memagent": read_document, "full-context": read_full_context}
-
-
-STEP_TYPE = pa.struct([
-    ("step", pa.int32()), ("kind", pa.string()), ("chunk_index", pa.int32()),
-    ("char_start", pa.int64()), ("char_end", pa.int64()), ("memory", pa.string()),
-    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
-    ("finish_reason", pa.string()), ("seconds", pa.float64()),
-    ("draft_tokens", pa.int32()), ("accepted_tokens", pa.int32()),  # speculation (0: none)
-])
-
-SPAN_TYPE = pa.struct([("char_start", pa.int64()), ("char_end", pa.int64())])
-
-RESULT_SCHEMA = pa.schema([
-    ("prediction", pa.string()), ("response", pa.string()), ("memory", pa.string()),
-    ("n_chunks", pa.int32()), ("context_tokens", pa.int64()), ("truncated", pa.bool_()),
-    ("steps", pa.list_(STEP_TYPE)), ("score", pa.float64()), ("error", pa.string()),
-    ("model", pa.string()), ("config", pa.string()), ("seconds", pa.float64()), ("method", pa.string()),
-    # Evidence attribution (memagent/attribution.py); null in error rows.
-    ("evidence_step", pa.int32()), ("evidence_char_start", pa.int64()), ("evidence_char_end", pa.int64()),
-    ("answer_spans", pa.list_(SPAN_TYPE)), ("answer_found_step", pa.int32()), ("answer_lost_step", pa.int32()),
-])
-RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 
 
 def result_schema(config: AgentConfig) -> pa.Schema:

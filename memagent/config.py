@@ -13,9 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.extraction.schema import ExtractionSchema
-from memagent.prompts import PromptTemplates
+from memagent.prompts import AnswerStyle, PromptTemplates  # AnswerStyle lives with the styles; still importable here
 
-AnswerStyle = Literal["boxed", "phrase", "json"]
 PresetName = Literal["paper", "small", "tiny"]
 
 # Named budget sets; fields a preset does not name keep the paper's defaults below.
@@ -27,6 +26,9 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
     # Tests and smoke runs: many short steps.
     "tiny": {"chunk_tokens": 256, "memory_tokens": 48, "answer_tokens": 24, "query_tokens": 96},
 }
+# The jobs (command line, batch, evaluation, flows) read on a CPU by default; AgentConfig's own
+# defaults are the paper's budgets.
+JOB_PRESET: PresetName = "small"
 
 
 class AgentConfig(BaseModel):

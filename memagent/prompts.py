@@ -34,12 +34,13 @@ import string
 import tomllib
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-if TYPE_CHECKING:  # config.py imports this module (AgentConfig.prompts), so no runtime import back
-    from memagent.config import AnswerStyle
+# The styles the final answer is asked for and extracted in; defined here, beside the
+# instructions and extractors, because config.py imports this module (AgentConfig.prompts).
+AnswerStyle = Literal["boxed", "phrase", "json"]
 
 NO_MEMORY = "No previous memory"
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memagent.config import AgentConfig
+from memagent.config import JOB_PRESET, AgentConfig
 from memagent.engines import EngineConfig
 from memagent_cli.flags import add_model_flags, build
 
-# The command line reads on a CPU by default; the configs' own default is the paper's budgets.
-CLI_PRESET = "small"
+CLI_PRESET = JOB_PRESET
 
 
 def add_agent_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = (), schema: bool = False) -> None:

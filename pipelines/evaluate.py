@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.batch import Method
-from memagent.config import AgentConfig, preset
+from memagent.config import JOB_PRESET, AgentConfig, preset
 from memagent.data.ruler import RulerItems
 from memagent.engines import EngineConfig
 from memagent.evaluate import plot_accuracy_vs_length, plot_heatmap, results_markdown, summarize
@@ -53,7 +53,7 @@ class EvalConfig(BaseModel):
     methods: list[Method] = Field(["memagent", "full-context"], min_length=1,
                                   description="Reading methods to compare: memagent, full-context")
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    agent: AgentConfig = Field(default_factory=lambda: preset("small"))
+    agent: AgentConfig = Field(default_factory=lambda: preset(JOB_PRESET))
     job: JobConfig = Field(default_factory=JobConfig)
 
     @model_validator(mode="after")

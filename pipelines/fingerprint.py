@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:
-    from pipelines.batch_qa import BatchQAConfig
+from pipelines.batch_config import BatchQAConfig
 
 COLUMN = "input_fingerprint"
 

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from memagent import report_html as rh
-from memagent.report_fields import fields_html, schema_fields
+from memagent.report import html as rh
+from memagent.report.fields import fields_html, schema_fields
 from pipelines import storage
 from pipelines.storage import S3Options
 

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memagent.error_kinds import INFRA_PREFIX
+from pipelines.admission import occupancy
 
 
 @dataclass
@@ -34,6 +41,56 @@ class BatchSummary:
     accepted_tokens: int = 0
     decode_steps: int | None = None
     stepped_tokens: int = 0  # completion tokens of the replies that reported decode steps
+
+    @classmethod
+    def from_rows(cls, table: pa.Table, *, rows_in: int, skipped: int, seconds: float, output: str) -> BatchSummary:
+        """Count this run's rows: ``table`` holds their ``id, error, score, context_tokens`` (and ``answers``)."""
+        has_answers = "answers" in table.column_names
+        scores = table.column("score").drop_null() if len(table) else pa.array([])
+        errors = table.column("error").drop_null().cast(pa.string()) if len(table) else pa.array([], pa.string())
+        # Rows that should have been scored: those with answers (error rows among them count as wrong).
+        scored = len(scores)
+        if has_answers and len(table):
+            errored_with_answers = pc.and_(pc.is_valid(table.column("answers")), pc.is_valid(table.column("error")))
+            scored += int(pc.sum(errored_with_answers).as_py() or 0)
+        return cls(
+            rows_in=rows_in,
+            skipped=skipped,
+            rows_out=len(table),
+            error_rows=len(errors),
+            infra_errors=int(pc.sum(pc.starts_with(errors, INFRA_PREFIX)).as_py() or 0) if len(errors) else 0,
+            accuracy=(pc.sum(scores).as_py() or 0.0) / scored if scored else None,
+            accuracy_answered=pc.mean(scores).as_py() if len(scores) else None,
+            scored_rows=scored,
+            context_tokens=int(pc.sum(table.column("context_tokens")).as_py() or 0) if len(table) else 0,
+            seconds=seconds,
+            output=output,
+        )
+
+    def add_actor_snapshots(self, snapshots: dict[str, dict], max_in_flight: int) -> None:
+        """Fill the admission and speculation figures from each actor's last gate/meter snapshot."""
+        self.occupancy, self.actor_occupancy = occupancy(snapshots)
+        self.max_in_flight = max_in_flight
+        self.peak_in_flight = max((s["peak"] for s in snapshots.values()), default=None)
+        starts = [s["first_start"] for s in snapshots.values() if s["first_start"] is not None]
+        ends = [s["last_done"] for s in snapshots.values() if s["last_done"] is not None]
+        self.reading_seconds = max(ends) - min(starts) if starts and ends else None
+        self.actor_windows = {k: (round(s["first_start"] - min(starts), 3), round(s["last_done"] - min(starts), 3))
+                              for k, s in snapshots.items() if s["first_start"] is not None and s["last_done"]}
+        lags = [s for s in snapshots.values() if s.get("loop_lag_mean_s") is not None]
+        if lags:
+            self.loop_lag_mean_s = sum(s["loop_lag_mean_s"] for s in lags) / len(lags)
+            self.loop_lag_max_s = max(s["loop_lag_max_s"] for s in lags)
+        for key in ("draft_tokens", "accepted_tokens", "stepped_tokens"):
+            setattr(self, key, sum(s.get(key, 0) for s in snapshots.values()))
+        self.decode_steps = sum(s.get("decode_steps", 0) for s in snapshots.values()) or None
+
+    def record(self) -> dict[str, Any]:
+        """The headline figures as plain JSON-able data (flow results, artifacts)."""
+        keys = ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors", "accuracy", "accuracy_answered",
+                "context_tokens")
+        return {**{k: getattr(self, k) for k in keys}, "seconds": round(self.seconds, 2),
+                "tokens_per_second": round(self.tokens_per_second, 1), "output": self.output}
 
     @property
     def tokens_per_second(self) -> float:

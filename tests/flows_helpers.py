@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -14,6 +14,23 @@ TINY_AGENT: dict[str, Any] = {"preset": "tiny", "chunk_tokens": 64, "memory_toke
 
 def tiny_engine(model_dir: Path) -> dict[str, Any]:
     return {"model": str(model_dir), "device": "cpu", "dtype": "fp32"}
+
+
+def fail_once(monkeypatch: Any, module: Any, name: str, marker: Path, *, when: Callable[..., bool] | None = None) -> None:
+    """Make ``module.name`` raise once (the marker file records that it did), so a task retry is observable.
+
+    The flows run in this process under the test harness, so patching the function a task calls
+    reaches the task (no switch in the product code).
+    """
+    real = getattr(module, name)
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if (when is None or when(*args, **kwargs)) and not marker.exists():
+            marker.write_text(f"{name} failed once on purpose\n")
+            raise RuntimeError(f"injected failure in {name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, failing)
 
 
 def artifacts_of(flow_run_id: Any) -> dict[str, Any]:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -10,6 +15,8 @@ import pyarrow.parquet as pq
 
 from memagent.config import AgentConfig
 from memagent.data.demo import niah_row
+from memagent.engines import EngineConfig
+from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 
 # Small enough that a random tiny model reads a document in well under a second.
 FAST_AGENT = AgentConfig(chunk_tokens=64, memory_tokens=8, answer_tokens=6, query_tokens=64)
@@ -31,3 +38,57 @@ def read_output(path: str | Path, filesystem=None) -> list[dict]:
     ds = pads.dataset(str(path), format="parquet", filesystem=filesystem, exclude_invalid_files=False,
                       ignore_prefixes=["_", "."])
     return ds.to_table().to_pylist()
+
+
+class CrashOnce:
+    """The batch job's ``build_engine`` seam, for crash tests: the engine it builds kills its own
+    process (the Ray actor) at its ``at_call``-th conversation, once per ``marker`` file."""
+
+    def __init__(self, at_call: int, marker: Path, build: Callable[[Any], Any] | None = None):
+        self.at_call, self.marker, self.build = at_call, str(marker), build
+
+    def __call__(self, engine_config: Any) -> Any:
+        from memagent.engines import make_engine
+
+        return _CrashingEngine((self.build or make_engine)(engine_config), self.at_call, self.marker)
+
+
+class _CrashingEngine:
+    def __init__(self, inner: Any, at_call: int, marker: str):
+        self.inner, self.at_call, self.marker, self.calls = inner, at_call, marker, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def chat(self, messages: Any, params: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.at_call and not os.path.exists(self.marker):
+            Path(self.marker).write_text(f"crashed at call {self.calls} on pid {os.getpid()}\n")
+            os._exit(1)
+        return await self.inner.chat(messages, params)
+
+
+class ScriptedEngine(Engine):
+    """Sleeps ``sleep_s`` per conversation and replies with a fixed text; logs (time, question) per call."""
+
+    def __init__(self, tokenizer, sleep_s: float, log: str | None):
+        self.name, self.context_window, self.tokenizer, self.stats = "scripted", 4096, tokenizer, EngineStats()
+        self.sleep_s, self.log = sleep_s, log
+
+    async def chat(self, messages, params: SamplingParams) -> Completion:
+        content = messages[-1]["content"]
+        question = content.split("<problem>\n", 1)[1].split("\n</problem>", 1)[0]
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(json.dumps({"t": time.time(), "q": question}) + "\n")
+        await asyncio.sleep(self.sleep_s)
+        self.stats.requests += 1
+        text = "mem" if "Updated memory" in content else "So the answer is 42."
+        return Completion(text=text, prompt_tokens=10, completion_tokens=3, finish_reason="stop")
+
+
+def scripted_engine(config: dict, engine_config: EngineConfig | None = None) -> ScriptedEngine:
+    """Bound to ``config`` with functools.partial: the job's ``build_engine`` (runs inside the Ray actor)."""
+    from transformers import AutoTokenizer
+
+    return ScriptedEngine(AutoTokenizer.from_pretrained(config["tokenizer"]), config["sleep_s"], config.get("log"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from pathlib import Path
@@ -10,37 +11,10 @@ from pathlib import Path
 import pytest
 
 from memagent.engines import EngineConfig
-from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 from pipelines.admission import AdmissionPlan, Gate, default_max_in_flight, occupancy, resolve_max_in_flight
-from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
+from tests.pipeline_helpers import FAST_AGENT, CrashOnce, ScriptedEngine, good_rows, read_output, scripted_engine, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class ScriptedEngine(Engine):
-    """Sleeps ``sleep_s`` per conversation and replies with a fixed text; logs (time, question) per call."""
-
-    def __init__(self, tokenizer, sleep_s: float, log: str | None):
-        self.name, self.context_window, self.tokenizer, self.stats = "scripted", 4096, tokenizer, EngineStats()
-        self.sleep_s, self.log = sleep_s, log
-
-    async def chat(self, messages, params: SamplingParams) -> Completion:
-        content = messages[-1]["content"]
-        question = content.split("<problem>\n", 1)[1].split("\n</problem>", 1)[0]
-        if self.log:
-            with open(self.log, "a") as f:
-                f.write(json.dumps({"t": time.time(), "q": question}) + "\n")
-        await asyncio.sleep(self.sleep_s)
-        self.stats.requests += 1
-        text = "mem" if "Updated memory" in content else "So the answer is 42."
-        return Completion(text=text, prompt_tokens=10, completion_tokens=3, finish_reason="stop")
-
-
-def scripted_engine(config: dict) -> ScriptedEngine:
-    """The job's ``engine_factory`` hook (runs inside the Ray actor)."""
-    from transformers import AutoTokenizer
-
-    return ScriptedEngine(AutoTokenizer.from_pretrained(config["tokenizer"]), config["sleep_s"], config.get("log"))
 
 
 # -- units --------------------------------------------------------------------------------------
@@ -150,7 +124,7 @@ def ray_local():
     ray.shutdown()
 
 
-def run_job(tiny_llama_dir, rows, tmp_path, name, *, log=None, sleep_s=0.03, max_in_flight=4, **job):
+def run_job(tiny_llama_dir, rows, tmp_path, name, *, log=None, sleep_s=0.03, max_in_flight=4, crash=None, **job):
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
     from pipelines.job import JobConfig
 
@@ -160,9 +134,11 @@ def run_job(tiny_llama_dir, rows, tmp_path, name, *, log=None, sleep_s=0.03, max
     cfg = BatchQAConfig(input=str(inp), output=str(tmp_path / f"{name}-out"), agent=FAST_AGENT,
                         engine=EngineConfig(model=str(tiny_llama_dir)),
                         job=JobConfig(batch_size=4, max_in_flight=max_in_flight, progress=False, **job))
-    factory = ("tests.test_admission:scripted_engine",
-               {"tokenizer": str(tiny_llama_dir), "sleep_s": sleep_s, "log": str(log) if log else None})
-    return run_batch_qa(cfg, engine_factory=factory), read_output(tmp_path / f"{name}-out")
+    build = functools.partial(scripted_engine, {"tokenizer": str(tiny_llama_dir), "sleep_s": sleep_s,
+                                                "log": str(log) if log else None})
+    if crash is not None:  # (at_call, marker)
+        build = CrashOnce(*crash, build=build)
+    return run_batch_qa(cfg, build_engine=build), read_output(tmp_path / f"{name}-out")
 
 
 def long_and_short_rows() -> list[dict]:
@@ -242,14 +218,11 @@ def test_longest_first_and_a_reserved_actor(ray_local, tiny_llama_dir, tmp_path)
 
 
 @pytest.mark.slow
-def test_crash_mid_job_and_rerun_give_every_id_once(ray_local, tiny_llama_dir, tmp_path, monkeypatch):
-    from pipelines.batch_qa import CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV
-
+def test_crash_mid_job_and_rerun_give_every_id_once(ray_local, tiny_llama_dir, tmp_path):
     rows = good_rows(12, tokens=150)
     marker = tmp_path / "crashed"
-    monkeypatch.setenv(CRASH_AT_BATCH_ENV, "6")  # the 6th call: rows in flight in other calls die with it
-    monkeypatch.setenv(CRASH_MARKER_ENV, str(marker))
-    summary, out = run_job(tiny_llama_dir, rows, tmp_path, "crash", sleep_s=0.05)
+    # The 20th conversation (~5 rows in): the rows in flight beside it die with the actor.
+    summary, out = run_job(tiny_llama_dir, rows, tmp_path, "crash", sleep_s=0.05, crash=(20, marker))
     assert marker.exists(), "the injected crash did not happen"
     assert sorted(r["id"] for r in out) == [r["id"] for r in rows] and summary.rows_out == 12
     again, out = run_job(tiny_llama_dir, rows, tmp_path, "crash")

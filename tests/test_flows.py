@@ -13,10 +13,10 @@ from prefect.exceptions import ParameterTypeError
 
 from flows.batch_qa import batch_qa
 from flows.evaluate import evaluate_memagent
-from flows.stages import FAIL_ONCE_ENV, MANIFEST
+from flows.stages import MANIFEST
 from flows.train import train_memagent
 from memagent.data.samples import HOTPOTQA_DEV
-from tests.flows_helpers import TINY_AGENT, artifacts_of, task_runs_of, tiny_engine
+from tests.flows_helpers import TINY_AGENT, artifacts_of, fail_once, task_runs_of, tiny_engine
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,6 +62,15 @@ def test_train_flow_rejects_bad_parameters(params, message):
         train_memagent.validate_parameters(params)
 
 
+def test_the_batch_flow_takes_every_field_of_the_job_config():
+    import inspect
+
+    from pipelines.batch_qa import BatchQAConfig
+
+    params = set(inspect.signature(batch_qa.fn).parameters)
+    assert set(BatchQAConfig.model_fields) <= params, set(BatchQAConfig.model_fields) - params
+
+
 def test_a_bad_parameter_fails_the_run_before_the_body(tmp_path):
     state = batch_qa(input="ftp://lake/docs", output=str(tmp_path / "out"), return_state=True)
     assert state.is_failed() and "unsupported scheme" in state.message
@@ -73,8 +82,10 @@ def test_a_bad_parameter_fails_the_run_before_the_body(tmp_path):
 
 @pytest.mark.slow
 def test_batch_qa_generates_demo_lake_retries_and_publishes_artifacts(tiny_llama_dir, tmp_path, monkeypatch):
+    import pipelines.batch_qa
+
     marker = tmp_path / "failed-once"
-    monkeypatch.setenv(FAIL_ONCE_ENV, f"batch-qa:{marker}")
+    fail_once(monkeypatch, pipelines.batch_qa, "run_batch_qa", marker)
     lake = tmp_path / "lake"
     state = batch_qa(
         input=str(lake / "docs"), output=str(lake / "answers"), engine=tiny_engine(tiny_llama_dir),
@@ -110,8 +121,10 @@ def test_batch_qa_generates_demo_lake_retries_and_publishes_artifacts(tiny_llama
 @pytest.mark.slow
 def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama_dir, tmp_path,
                                                                       monkeypatch):
+    import flows.train
+
     marker = tmp_path / "filter-failed-once"
-    monkeypatch.setenv(FAIL_ONCE_ENV, f"filter:{marker}")
+    fail_once(monkeypatch, flows.train, "run_stage", marker, when=lambda workdir, stage, *a, **k: stage == "filter")
     params = dict(
         workdir=str(tmp_path / "work"), model=str(tiny_llama_dir),
         synth={"source": str(HOTPOTQA_DEV), "samples": 2, "tokens": [256]},

@@ -3,8 +3,10 @@ never imports Prefect; nothing below the command line imports it."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 
 def imported(packages: tuple[str, ...], forbidden: set[str]) -> str:
@@ -30,3 +32,123 @@ def test_memagent_imports_no_ray_or_prefect():
 def test_pipelines_import_no_prefect_and_nothing_imports_the_command_line():
     bad = imported(("memagent", "pipelines"), {"prefect", "flows", "memagent_cli"})
     assert bad == "", f"pipelines/memagent imported: {bad}"
+
+
+# -- no import cycles between project modules -------------------------------------------------
+# A cycle makes the import order decide what works (a partially initialised module), and one
+# hidden under TYPE_CHECKING or inside a function still couples the two modules both ways, so
+# every import statement counts, wherever it sits.
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT_PACKAGES = ("memagent", "pipelines", "flows", "memagent_cli")
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> source file, for every module of the project's packages."""
+    modules: dict[str, Path] = {}
+    for package in PROJECT_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def import_edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules that ``name`` imports anywhere in its source (not the implicit parents)."""
+    is_package = path.name == "__init__.py"
+    edges: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                anchor = name.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            # ``from pkg import sub`` imports the submodule; ``from pkg import name`` the package.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # ``import pkg.mod.Thing``-style: nearest module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+    return edges
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Per strongly connected component (Tarjan): one cycle in it as a closed path of module
+    names, and all its modules (breaking that cycle may leave others among them)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for component in components:  # shortest way back to the start, within the component
+        start = min(component)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            node = queue.pop(0)
+            for nxt in sorted(graph[node] & component):
+                if nxt == start:
+                    queue = []
+                    cycles.append((paths[node] + [start], sorted(component)))
+                    break
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    queue.append(nxt)
+    return sorted(cycles)
+
+
+def test_no_import_cycles_between_project_modules():
+    modules = project_modules()
+    graph = {name: import_edges(name, path, modules) for name, path in modules.items()}
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(
+        f"{' -> '.join(cycle)}  (all of: {', '.join(members)})" for cycle, members in cycles)
+
+
+def test_cycle_finder_sees_type_checking_and_function_imports(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("def f():\n    from pkg import a\n")
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import X\n")
+    (package / "b.py").write_text("from . import a\n")
+    (package / "c.py").write_text("import pkg.b\n")
+    modules = {"pkg": package / "__init__.py", "pkg.a": package / "a.py", "pkg.b": package / "b.py",
+               "pkg.c": package / "c.py"}
+    graph = {name: import_edges(name, path, modules) for name, path in modules.items()}
+    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.b"}}
+    assert find_cycles(graph) == [(["pkg.a", "pkg.b", "pkg.a"], ["pkg.a", "pkg.b"])]

@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from pipelines.batch_qa import CRASH_AT_BATCH_ENV, CRASH_MARKER_ENV, BatchQAConfig, plan_input, run_batch_qa
+from pipelines.batch_qa import BatchQAConfig, plan_input, run_batch_qa
 from pipelines.job import JobConfig
 from pipelines.storage import QUARANTINE_DIR, S3Options
 from memagent.engines import EngineConfig
-from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
+from tests.pipeline_helpers import FAST_AGENT, CrashOnce, good_rows, read_output, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -138,14 +138,13 @@ def test_resume_skips_done_ids_and_redoes_partial_files(ray_local, tiny_llama_di
     check_output(rows, read_output(out))
 
 
-def test_actor_crash_mid_job_is_retried(ray_local, tiny_llama_dir, tmp_path, monkeypatch):
+def test_actor_crash_mid_job_is_retried(ray_local, tiny_llama_dir, tmp_path):
     rows = good_rows(8)
     for i in range(4):
         write_rows(tmp_path / "in" / f"p{i}.parquet", rows[2 * i : 2 * i + 2])
     marker = tmp_path / "crashed"
-    monkeypatch.setenv(CRASH_AT_BATCH_ENV, "2")
-    monkeypatch.setenv(CRASH_MARKER_ENV, str(marker))
-    summary = run_batch_qa(job(tiny_llama_dir, tmp_path / "in", tmp_path / "out", batch_size=2))
+    summary = run_batch_qa(job(tiny_llama_dir, tmp_path / "in", tmp_path / "out", batch_size=2),
+                           build_engine=CrashOnce(5, marker))  # the 5th conversation: the second row or later
     assert marker.exists(), "the injected crash did not happen"
     check_output(rows, read_output(tmp_path / "out"))
     assert summary.rows_out == 8 and summary.error_rows == 0

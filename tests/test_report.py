@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memagent.report_html import diff_ops, error_pattern, group_errors, row_view, word_diff
+from memagent.report.html import diff_ops, error_pattern, group_errors, row_view, word_diff
 from pipelines.report import build_report
-from pipelines.report_browser import find_chromium, open_page
+from infra.report_browser import find_chromium, open_page
 
 CONTEXT = "Filler text here. The special magic number is 4417. More filler text follows after it."
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memagent.report_html import render, row_view
+from memagent.report.html import render, row_view
 from pipelines.report import build_report
-from pipelines.report_browser import find_chromium, open_page
+from infra.report_browser import find_chromium, open_page
 
 HOSTILE = ["<!--<script>", "</script>", "<!--", "a\u2028b\u2029c", "</script><b id=\"injected\">x</b><script>",
            "<!--<script>alert(1)//", "<img id=\"injected-img\" src=x onerror=\"document.body.dataset.pwned=1\">",
@@ -49,7 +49,7 @@ def error_row(i: int, text: str) -> dict:
 
 
 def test_script_json_escapes_for_a_script_context():
-    from memagent.report_html import script_json
+    from memagent.report.html import script_json
 
     data = {"k": "</script><!--<script>&\u2028\u2029>"}
     text = script_json(data)

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memagent.report_fields import field_view, fields_html, schema_fields
-from memagent.report_html import row_view
+from memagent.report.fields import field_view, fields_html, schema_fields
+from memagent.report.html import row_view
 from pipelines.report import build_report
-from pipelines.report_browser import open_page
+from infra.report_browser import open_page
 from tests.test_report import data_of, needs_chromium, step
 
 SCHEMA = {"type": "object", "required": ["party", "law"],

@@ -40,3 +40,18 @@ def test_shipped_samples_are_package_data():
     assert (HOTPOTQA_DEV.parent / "SOURCES.md").read_text().count("CC BY-SA 4.0") >= 1
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"memagent.data.samples" = ["*.json", "*.md"]' in pyproject
+
+
+def test_report_assets_are_package_data():
+    """The report page inlines its CSS and JS from files: each must install with the package."""
+    import fnmatch
+    import tomllib
+
+    from memagent.report import html
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package = ROOT / "memagent" / "report"
+    assets = [p.relative_to(package).as_posix() for p in (package / "assets").iterdir()]
+    assert {"assets/report.css", "assets/report.js"} <= set(assets)
+    assert all(any(fnmatch.fnmatch(a, g) for g in declared["memagent.report"]) for a in assets), assets
+    assert html.CSS.startswith(":root{") and "report-data" in html.JS

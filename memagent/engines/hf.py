@@ -25,6 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
+from memagent.engines.config import SPECULATE_BY_DEFAULT, EngineConfig
 from memagent.engines.constraint import TokenConstraint
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
@@ -395,15 +396,11 @@ class TransformersEngine(Engine):
 def _speculation(speculate: bool | None, tokens: int | None, lookup_min: int | None,
                  lookup_max: int | None) -> Speculation:
     """:class:`Speculation` from the engine's arguments; None takes EngineConfig's default (written once there)."""
-    from memagent.engines import EngineConfig
-
     fields = EngineConfig.model_fields
     pick = lambda v, name: fields[name].default if v is None else v  # noqa: E731
     n_min, n_max = pick(lookup_min, "prompt_lookup_min"), pick(lookup_max, "prompt_lookup_max")
     if not 0 < n_min <= n_max:
         raise ValueError(f"prompt_lookup_min={n_min} and prompt_lookup_max={n_max}: need 0 < min <= max")
-    from memagent.engines import SPECULATE_BY_DEFAULT
-
     on = SPECULATE_BY_DEFAULT["hf"] if speculate is None else speculate
     draft = pick(tokens, "speculative_tokens") if on else 0
     return Speculation(max_draft=draft, ngram_min=n_min, ngram_max=n_max)

@@ -29,7 +29,6 @@ from typing import Any
 
 import httpx
 
-from memagent.engines import EngineConfig
 from memagent.engines.base import (
     Completion,
     EndpointError,
@@ -38,6 +37,7 @@ from memagent.engines.base import (
     Messages,
     SamplingParams,
 )
+from memagent.engines.config import EngineConfig
 from memagent.engines.grammar import render_schema
 from memagent.redact import redact_url
 

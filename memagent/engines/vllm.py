@@ -49,7 +49,7 @@ from memagent.engines.grammar import render_schema
 if TYPE_CHECKING:
     import torch
 
-    from memagent.engines import EngineConfig
+    from memagent.engines.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

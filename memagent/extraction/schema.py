@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 from pydantic import PrivateAttr, RootModel, model_validator
 
+from memagent.result_schema import RESULT_COLUMNS
+
 FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array"]
 
 TOP_KEYWORDS = {"type", "properties", "required", "description", "title", "$schema", "$id", "additionalProperties"}
@@ -41,7 +43,7 @@ SUPPORTED = ("string, number, integer, boolean, string with format date, enum of
              "array of strings")
 
 # Input columns a job reads or passes with a meaning, and the columns a batch job adds besides
-# memagent.batch.RESULT_COLUMNS (pipelines' node_id and input_fingerprint; the extraction's own).
+# memagent.result_schema.RESULT_COLUMNS (pipelines' node_id and input_fingerprint; the extraction's own).
 INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
 EXTRA_OUTPUT_COLUMNS = ("extraction", "field_evidence", "node_id", "input_fingerprint")
 
@@ -75,8 +77,6 @@ class FieldSpec:
 
 
 def _reserved_columns() -> tuple[str, ...]:
-    from memagent.batch import RESULT_COLUMNS  # at validation time: memagent.batch imports config
-
     return (*INPUT_COLUMNS, *RESULT_COLUMNS, *EXTRA_OUTPUT_COLUMNS)
 
 

@@ -40,6 +40,7 @@ import torch
 
 from memagent.agent import check_config
 from memagent.config import AgentConfig
+from memagent.models import DEFAULT_MODEL
 from memagent.rl.advantages import expand_to_conversations, group_advantages
 from memagent.rl.batching import (Sample, behaviour_gap, collate, micro_batches, response_log_probs, score_samples,
                                   stack_right)
@@ -62,7 +63,7 @@ def train(
     agent_config: AgentConfig,
     data: str | Path | Sequence[Mapping[str, Any]],
     out_dir: str | Path,
-    model: str = "smollm2-135m",
+    model: str = DEFAULT_MODEL,
     resume: bool = False,
     reward_fn: RewardFn = default_reward,
     on_step: Callable[[dict[str, Any]], None] | None = None,

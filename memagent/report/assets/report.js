@@ -1,72 +1,3 @@
-"""The report page's inline CSS and JavaScript (no CDN, no network: the page is one file).
-
-The script reads the row data embedded as JSON (``#report-data``), renders the filterable,
-sortable row table a page at a time, and renders one row's timeline on demand. Hash routes:
-``#row=KEY`` shows a row's timeline; ``#filter=method=M&task=T&length=L&status=S&err=N&q=TEXT``
-sets the table filters (the eval table's cells and the error groups link to them);
-``#filter=field=F&value=V`` lists the rows whose extracted field F is V (a value's JSON text; ``*``
-any value, empty: no value). Extraction rows (``x``: per field [name, value JSON, step, start, end])
-get one column per field and, in the timeline, each value linked to its evidence span.
-"""
-
-CSS = r"""
-:root{--fg:#1d232b;--mut:#5b6673;--bd:#d8dde3;--bg:#f6f8fa;--ok:#1a7f37;--bad:#c62828;--warn:#b26a00;
---gold:#ffd54f;--pred:#b3e5fc;--ev:#7e57c2;--ins:#d7f5dd;--del:#fbdada}
-*{box-sizing:border-box}
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);margin:0;background:#fff}
-header{background:#24292f;color:#fff;padding:10px 20px}header h1{font-size:18px;margin:0}
-header .sub{color:#c9d1d9;font-size:12px}
-main{padding:12px 20px;max-width:1500px}
-h2{font-size:16px;margin:18px 0 8px;border-bottom:1px solid var(--bd);padding-bottom:4px}
-table{border-collapse:collapse}td,th{border:1px solid var(--bd);padding:3px 6px;vertical-align:top;text-align:left}
-th{background:var(--bg);font-weight:600}
-table.kv th{width:190px}
-.grid{display:flex;flex-wrap:wrap;gap:18px}.grid>div{flex:1 1 520px;min-width:0}
-code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
-pre{white-space:pre-wrap;word-break:break-word;background:var(--bg);padding:8px;border:1px solid var(--bd);margin:4px 0}
-img{max-width:100%;border:1px solid var(--bd)}
-.ok{color:var(--ok)}.bad{color:var(--bad)}.warn{color:var(--warn)}.mut{color:var(--mut)}
-a{color:#0969da;text-decoration:none}a:hover{text-decoration:underline}
-#filters{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:6px 0}
-#filters input[type=search]{width:280px;padding:3px 6px}
-#rows{width:100%;table-layout:fixed}#rows th{cursor:pointer;user-select:none;white-space:nowrap}
-#rows td{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
-#rows tbody tr{cursor:pointer}#rows tbody tr:hover{background:#eef4ff}#rows tr.sel{background:#dbe9ff}
-#rows th.sorted::after{content:" \25B4"}#rows th.sorted.desc::after{content:" \25BE"}
-.pager{margin:6px 0;display:flex;gap:8px;align-items:center}
-.evtab td.cell{text-align:center;cursor:pointer}.evtab td.cell a{display:block;color:inherit}
-#detail{position:fixed;top:0;right:0;bottom:0;width:min(1000px,78%);overflow:auto;background:#fff;
-border-left:1px solid var(--bd);box-shadow:-6px 0 18px rgba(0,0,0,.18);padding:4px 18px 18px;z-index:5}
-#detail:empty{display:none}#detail .close{float:right;font-size:22px;line-height:1;margin-top:10px}
-.bar{position:relative;height:34px;background:#eceff3;border:1px solid var(--bd);margin:6px 0 18px}
-.seg{position:absolute;top:0;bottom:0;border-right:1px solid #fff;background:#b0bec5;cursor:pointer;
-font-size:10px;color:#263238;overflow:hidden;text-align:center;line-height:34px}
-.seg.held{background:#a5d6a7}.seg.ev{background:var(--ev);color:#fff}.seg.found{box-shadow:inset 0 -5px 0 var(--ok)}
-.seg.lost{box-shadow:inset 0 -5px 0 var(--bad)}
-.gm{position:absolute;top:-5px;bottom:-5px;width:3px;margin-left:-1px;background:#e53935}
-.ticks{position:relative;height:14px;font-size:10px;color:var(--mut);margin-top:-16px}
-.ticks span{position:absolute;transform:translateX(-50%)}
-.legend{font-size:12px;color:var(--mut)}.legend i{display:inline-block;width:12px;height:10px;margin:0 3px 0 10px;vertical-align:middle}
-.step{border:1px solid var(--bd);border-left:5px solid #b0bec5;margin:8px 0;padding:6px 10px}
-.step.held{border-left-color:#66bb6a}.step.ev{border-left-color:var(--ev)}.step.lost{border-left-color:var(--bad)}
-.step .hd{font-size:12px;color:var(--mut);margin-bottom:4px}
-.badge{display:inline-block;border-radius:9px;padding:0 7px;font-size:11px;color:#fff;margin-left:6px}
-.b-found{background:var(--ok)}.b-lost{background:var(--bad)}.b-ev{background:var(--ev)}.b-ans{background:#455a64}
-.mem{white-space:pre-wrap;word-break:break-word}
-ins{background:var(--ins);text-decoration:none}del{background:var(--del);color:#8e2424}del+ins{margin-left:.3em}
-mark.gold{background:var(--gold)}mark.pred{background:var(--pred)}
-.snip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;background:var(--bg);
-border:1px solid var(--bd);padding:6px;margin:4px 0}
-details summary{cursor:pointer}
-table.fields td{vertical-align:middle}.dist{display:flex;align-items:center;gap:6px;white-space:nowrap}
-.dist .dl{display:inline-block;min-width:110px}.dist .db{display:inline-block;width:120px;height:9px;background:#eceff3}
-.dist .db i{display:block;height:100%;background:var(--ev)}
-mark.fld{background:#c8e6c9;outline:1px solid #43a047}.b-fld{background:#2e7d32}
-.fmk{position:absolute;top:-5px;bottom:-5px;width:3px;margin-left:-1px;background:#2e7d32}
-.snip.flash{outline:3px solid #43a047}
-"""
-
-JS = r"""
 (function () {
 "use strict";
 const D = JSON.parse(document.getElementById("report-data").textContent);
@@ -349,4 +280,3 @@ const b = document.body.dataset;
 b.tableMs = (t1 - t0).toFixed(1); b.routeMs = (performance.now() - t1).toFixed(1);
 b.readyMs = performance.now().toFixed(1); b.ready = "1";
 })();
-"""

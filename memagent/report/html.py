@@ -3,7 +3,8 @@
 :func:`row_view` turns one batch output row into the compact record the page embeds (memory
 steps as word diffs against the previous memory, snippets of the source text around the gold
 answers and the evidence, never the whole context); :func:`render` lays out the summary, the
-eval pictures and table, and the row table + on-demand timeline (:mod:`memagent.report_assets`).
+eval pictures and table, and the row table + on-demand timeline (``assets/report.css`` and
+``report.js``, inlined: see :mod:`memagent.report`).
 """
 
 from __future__ import annotations
@@ -13,18 +14,28 @@ import html
 import json
 import re
 from collections import Counter
+from importlib import resources
 from typing import Any, Iterable, Mapping, Sequence
 
 from memagent.attribution import attribute, holds, memory_steps
 from memagent.evaluate import TASK_LABELS, length_label, wilson_interval
-from memagent.report_assets import CSS, JS
-from memagent.report_fields import field_view
+from memagent.report.fields import field_view
 
 SNIPPET_CHARS = 90  # context kept either side of a highlighted span
 MAX_SNIPPETS = 4
 CLIP = 400  # question / prediction / response characters kept per row
 # Words and the whitespace between them; the page's script splits memories the same way.
 _TOKENS = re.compile(r"[ \t\n\r\f\v]+|[^ \t\n\r\f\v]+")
+
+
+def _asset(name: str) -> str:
+    """A file of ``assets/``: package data, so it is read wherever the package is installed."""
+    return (resources.files("memagent.report") / "assets" / name).read_text(encoding="utf-8")
+
+
+# Read once, at import; every page inlines them (no CDN, no network: the page is one file).
+CSS = _asset("report.css")
+JS = _asset("report.js")
 
 
 def clip(text: Any, limit: int = CLIP) -> str | None:
@@ -212,7 +223,7 @@ def attribution_counts(views: Iterable[Mapping[str, Any]]) -> dict[str, int]:
             continue  # error rows, and rows without memory steps (the full-context baseline)
         if v.get("a"):
             c["lost" if v.get("l") is not None else "never" if v.get("f") is None else "kept"] += 1
-        if v.get("p") and "x" not in v:  # an extraction's evidence is per field (report_fields)
+        if v.get("p") and "x" not in v:  # an extraction's evidence is per field (report.fields)
             c["evidence" if v.get("ev") else "noev"] += 1
     return dict(c)
 
@@ -317,7 +328,8 @@ def render(title: str, subtitle: str, summary: str, views: list[dict[str, Any]],
         f"<h2>Task × length</h2><p class=mut>Click a cell to list its rows.</p>{eval_table}" if eval_table else "")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
-<title>{_e(title)}</title><style>{CSS}</style></head>
+<title>{_e(title)}</title><style>
+{CSS}</style></head>
 <body><header><h1>{_e(title)}</h1><div class="sub">{_e(subtitle)}</div></header><main>
 <section id="summary"><h2>Run summary</h2>{summary}</section>
 {evals}
@@ -326,6 +338,7 @@ def render(title: str, subtitle: str, summary: str, views: list[dict[str, Any]],
 <section id="detail"></section>
 </main>
 <script type="application/json" id="report-data">{data}</script>
-<script>{JS}</script>
+<script>
+{JS}</script>
 </body></html>
 """

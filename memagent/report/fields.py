@@ -53,7 +53,7 @@ def _evidence(row: Mapping[str, Any]) -> list[dict[str, Any]]:
 def field_view(row: Mapping[str, Any], context: str | None) -> dict[str, Any]:
     """``{"x": [[field, value JSON or None, step, char_start, char_end], ...], "xs": [snippet, ...]}``
     of an extraction row (empty for other rows). A snippet is ``[field, offset, text, [[start, end, "fld"]]]``
-    like :func:`memagent.report_html.snippets`' windows."""
+    like :func:`memagent.report.html.snippets`' windows."""
     if "field_evidence" not in row and "extraction" not in row:
         return {}
     try:

@@ -61,7 +61,7 @@ def open_page(page: str | Path, *, fragment: str = "", screenshot: str | Path | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m pipelines.report_browser REPORT --row ID --screenshot OUT.png``: picture one row's timeline."""
+    """``python -m infra.report_browser REPORT --row ID --screenshot OUT.png``: picture one row's timeline."""
     import argparse
 
     p = argparse.ArgumentParser(description="Screenshot a report page (optionally one row's timeline).")

@@ -1,0 +1,31 @@
+"""The Arrow schema of a batch result record: the columns a batch job adds to every input row.
+
+A module of its own, importing nothing of the project, so that memagent.extraction.schema can
+keep property names off these columns without importing memagent.batch (which imports the
+config, which imports the extraction schema).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+STEP_TYPE = pa.struct([
+    ("step", pa.int32()), ("kind", pa.string()), ("chunk_index", pa.int32()),
+    ("char_start", pa.int64()), ("char_end", pa.int64()), ("memory", pa.string()),
+    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
+    ("finish_reason", pa.string()), ("seconds", pa.float64()),
+    ("draft_tokens", pa.int32()), ("accepted_tokens", pa.int32()),  # speculation (0: none)
+])
+
+SPAN_TYPE = pa.struct([("char_start", pa.int64()), ("char_end", pa.int64())])
+
+RESULT_SCHEMA = pa.schema([
+    ("prediction", pa.string()), ("response", pa.string()), ("memory", pa.string()),
+    ("n_chunks", pa.int32()), ("context_tokens", pa.int64()), ("truncated", pa.bool_()),
+    ("steps", pa.list_(STEP_TYPE)), ("score", pa.float64()), ("error", pa.string()),
+    ("model", pa.string()), ("config", pa.string()), ("seconds", pa.float64()), ("method", pa.string()),
+    # Evidence attribution (memagent/attribution.py); null in error rows.
+    ("evidence_step", pa.int32()), ("evidence_char_start", pa.int64()), ("evidence_char_end", pa.int64()),
+    ("answer_spans", pa.list_(SPAN_TYPE)), ("answer_found_step", pa.int32()), ("answer_lost_step", pa.int32()),
+])
+RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)

@@ -1,0 +1,68 @@
+"""The batch job's configuration: one frozen, validated :class:`BatchQAConfig` per run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memagent.batch import Method
+from memagent.config import JOB_PRESET, AgentConfig, preset
+from memagent.engines import EngineConfig
+from memagent.verify import Metric
+from pipelines import lease, storage
+from pipelines.job import JobConfig
+from pipelines.storage import S3Options
+
+
+class BatchQAConfig(BaseModel):
+    """One batch QA job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str = Field(..., description="Parquet file or directory, local or s3://bucket/prefix. In a directory: "
+                       "files named *.parquet (any case) at any depth, except under names starting with _ or . "
+                       "(docs/deployment.md).")
+    output: str = Field(..., description="Output directory, local or s3://; reruns resume into it.")
+    s3: S3Options = Field(default_factory=S3Options)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    agent: AgentConfig = Field(default_factory=lambda: preset(JOB_PRESET))
+    question: str | None = Field(None, description="Job-level question for inputs without a question column.")
+    metric: Metric = Field(
+        "sub_em", description="Score against `answers` when the input has them; a `metric` column overrides it per row."
+    )
+    method: Method = Field(
+        "memagent", description="'memagent' reads chunk by chunk; 'full-context' is the one-prompt baseline."
+    )
+    job: JobConfig = Field(default_factory=JobConfig, description="Actors, batching, resources and timeouts.")
+    redo_changed: bool = Field(
+        False, description="On a rerun into the same output, redo (and replace) the rows whose input (question, "
+        "context) or answer-changing settings differ from what they were answered from, instead of refusing.")
+    force_unlock: bool = Field(False, description=lease.FORCE_UNLOCK_HELP)
+
+    @model_validator(mode="after")
+    def _check(self) -> BatchQAConfig:
+        storage.check_uri(self.input, "input")
+        storage.check_uri(self.output, "output")
+        if self.question is not None and not self.question.strip():
+            raise ValueError("question must not be empty")
+        if self.agent.extraction is not None and (self.question is not None or self.method != "memagent"):
+            raise ValueError("an extraction schema's field list is the question: give no question with it, "
+                             "and keep method 'memagent'")
+        if self.job.num_gpus > 0 and self.engine.device == "cpu":
+            raise ValueError("num_gpus > 0 with engine device 'cpu': use device 'auto' or 'cuda'")
+        if self.engine.engine == "openai" and self.job.num_gpus > 0:
+            # The model runs behind the endpoint; a GPU held by an HTTP client is a GPU wasted.
+            raise ValueError("num_gpus > 0 with engine 'openai': the actors only call the endpoint; use num_gpus 0")
+        if self.engine.engine == "vllm" and self.job.num_gpus <= 0 and self.engine.device != "cpu":
+            # vLLM places its engine on the GPUs Ray grants the actor; with none it cannot start.
+            raise ValueError(f"engine 'vllm' needs num_gpus > 0 per actor (e.g. num_gpus="
+                             f"{self.engine.tensor_parallel_size}) unless device is 'cpu'")
+        return self
+
+
+def config_dict(cfg: BatchQAConfig) -> dict[str, Any]:
+    """The job's config as plain JSON-able data (for logs and artifacts), secrets redacted."""
+    from memagent.redact import redact
+
+    return redact(cfg.model_dump(mode="json"))

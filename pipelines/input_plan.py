@@ -1,0 +1,116 @@
+"""The plan phase of a batch job: validate the input and the output before any work, find done ids.
+
+Nothing here starts Ray or loads a model: a bad input or output is refused in seconds, naming
+the file, column or row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memagent.batch import result_schema
+from pipelines import fingerprint, storage
+from pipelines.batch_config import BatchQAConfig
+
+log = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("id", "context")
+
+
+@dataclass
+class InputPlan:
+    """What the up-front validation found."""
+
+    schema: pa.Schema
+    total_rows: int
+    done_ids: pa.Array
+    skipped: int  # input ids already in the output
+    output_schema: pa.Schema
+    redo_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # in the output, to redo
+    files: list[str] = field(default_factory=list)  # the input files checked: exactly what the job reads
+
+
+def plan_input(cfg: BatchQAConfig) -> InputPlan:
+    """Validate input and output before any work; find done ids.
+
+    Input: every file readable (a corrupt one is named), the required columns in *every* file
+    (a file lacking one is named), the files' schemas unified (columns of every file kept, nulls
+    where a file lacks an optional one; compatible types widened; incompatible types name the
+    column and both files), ids strings, non-null, unique. Output: a directory or prefix (never
+    a file), writable (a probe object is written and deleted), holding only batch outputs.
+    """
+    endpoint = storage.s3_endpoint(cfg.s3)
+    in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
+    storage.check_not_nested(cfg.input, in_path, cfg.output, storage.filesystem(cfg.output, cfg.s3)[1])
+    with storage.io_errors("input", cfg.input, endpoint):
+        files = storage.parquet_files(in_fs, in_path)
+        if not files:
+            raise ValueError(f"input {cfg.input}: no Parquet files found")
+        schemas = storage.read_schemas(in_fs, files, cfg.input)
+    # With an extraction schema the field list is the question: a question column is not needed.
+    required = [*REQUIRED_COLUMNS, *(["question"] if cfg.question is None and cfg.agent.extraction is None else [])]
+    for file, file_schema in schemas:
+        missing = [c for c in required if c not in file_schema.names]
+        if missing:
+            named = [c if c != "question" else "question (or a job-level --question)" for c in missing]
+            where = f"input {cfg.input}" if len(files) == 1 else f"input file {file}"
+            raise ValueError(f"{where}: missing column(s) {', '.join(named)}; have {', '.join(file_schema.names)}")
+    schema = storage.unify_schemas(schemas, cfg.input)
+    if "question" in schema.names and cfg.question is not None:
+        raise ValueError("input has a question column and a job-level question was given: drop one of them")
+    if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
+        raise ValueError(f"input column id must be strings, got {schema.field('id').type}; cast the ids to strings")
+    results = result_schema(cfg.agent)  # with a schema: its field columns, extraction, field_evidence
+    clash = [c for c in [*results.names, "node_id", fingerprint.COLUMN] if c in schema.names]
+    if clash:
+        raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
+    with storage.io_errors("input", cfg.input, endpoint):
+        ids = storage.read_column(in_fs, files, "id")
+    if ids.null_count:
+        raise ValueError(f"input column id has {ids.null_count} null value(s); every row needs an id")
+    dup = storage.duplicates(ids)
+    if dup:
+        raise ValueError(f"input column id has duplicates, e.g. {', '.join(dup)}; ids must be unique")
+
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)
+    with storage.io_errors("output", cfg.output, endpoint):
+        done_files = storage.complete_parquet_files(out_fs, out_path)
+        # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
+        done, retry = storage.output_ids(out_fs, done_files)
+        dup = storage.duplicates(pa.chunked_array([done, retry.cast(pa.string())], pa.string()))
+        if dup:  # not trusting the lease alone: two writers, or a store ignoring conditional writes
+            raise ValueError(f"output {cfg.output} holds duplicate ids, e.g. {', '.join(sorted(dup))}; repair it with: "
+                             f"memagent repair-output --output {cfg.output}")
+        if len(done):  # resume checks what it skips: same question, context and answer-changing settings?
+            changed = fingerprint.changed_ids(in_fs, files, out_fs, done_files, done, fingerprint.job_question(cfg),
+                                              fingerprint.answer_key(cfg))
+            if len(changed) and not cfg.redo_changed:
+                raise ValueError(f"{len(changed)} id(s) already in {cfg.output} were answered from a different input "
+                                 "(question, context, schema or answer-changing settings), "
+                                 f"e.g. {changed[0].as_py()!r}; "
+                                 "use a new output, or --redo-changed to answer them again")
+            if len(changed):
+                log.warning("%d id(s) in %s changed since they were answered: redoing them", len(changed), cfg.output)
+                done = done.filter(pc.invert(pc.is_in(done, value_set=changed)))
+                retry = pa.concat_arrays([retry.cast(pa.string()), changed])
+    retry = retry.filter(pc.is_in(retry, value_set=ids.combine_chunks())) if len(retry) else retry
+    extra = [f for f in results if f.name not in schema.names] + [pa.field("node_id", pa.string()),
+                                                                        pa.field(fingerprint.COLUMN, pa.string())]
+    output_schema = pa.schema(list(schema) + extra)
+    skipped = int(pc.sum(pc.is_in(ids, value_set=done)).as_py() or 0) if len(done) else 0
+    return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, skipped=skipped, output_schema=output_schema,
+                     redo_ids=retry, files=files)
+
+
+def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:
+    """Remove from the output the rows this run redoes (infrastructure errors of an earlier run)."""
+    if not len(plan.redo_ids):
+        return
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    n = storage.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
+    log.warning("%d row(s) in %s failed on the infrastructure in an earlier run: redoing them", n, cfg.output)

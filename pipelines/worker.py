@@ -1,0 +1,96 @@
+"""The batch job's Ray Data actor: one engine, up to ``max_in_flight`` documents reading at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+import ray
+
+from memagent.engines import EngineConfig
+from memagent.error_kinds import InfraBreaker
+from pipelines.admission import AdmissionPlan, Gate, is_long_document
+from pipelines.batch_config import BatchQAConfig
+from pipelines.job import JobConfig
+
+if TYPE_CHECKING:
+    from memagent.engines.base import Engine
+
+# Builds the actor's engine from the job's engine config, inside the actor (so it must pickle).
+# The default is memagent.engines.make_engine; a custom engine (or a benchmark's model of one)
+# plugs in here.
+EngineBuilder = Callable[[EngineConfig], "Engine"]
+
+
+def breaker_options(job: JobConfig) -> dict[str, Any]:
+    """The circuit breaker's thresholds (:class:`memagent.error_kinds.InfraBreaker`) from the job config."""
+    return dict(consecutive=job.max_consecutive_infra_errors, window=job.infra_error_window,
+                rate=job.max_infra_error_rate)
+
+
+class AgentWorker:
+    """Ray Data actor: one engine; up to ``admission.max_in_flight`` documents reading at once.
+
+    Ray Data hands the actor many small calls at once (``max_concurrent_calls_per_actor``); each
+    row of each call waits at one actor-wide gate (:class:`pipelines.admission.Gate`) and starts
+    the moment a document finishes, whichever call it came in; each call returns its own rows as
+    soon as they are done. ``ledger`` names the run's :class:`pipelines.admission.OccupancyLedger`.
+    """
+
+    def __init__(self, cfg: BatchQAConfig, admission: AdmissionPlan, output_schema: pa.Schema,
+                 ledger: str | None = None, build_engine: EngineBuilder | None = None):
+        import torch
+
+        from memagent.agent import check_config
+        from memagent.engines import make_engine
+        from pipelines.engine_metrics import ActorMeter, MeteredEngine
+
+        job = cfg.job
+        torch.set_num_threads(job.torch_threads or max(1, (os.cpu_count() or 1) // job.concurrency))
+        inner = (build_engine or make_engine)(cfg.engine)
+        memagent = cfg.method == "memagent"
+        self.engine = MeteredEngine(inner, memory_tokens=cfg.agent.memory_tokens if memagent else None)
+        if memagent:
+            check_config(self.engine, cfg.agent)
+        self.cfg, self.schema = cfg, output_schema
+        ctx = ray.get_runtime_context()
+        self.node_id = ctx.get_node_id()
+        actor_id = ctx.get_actor_id() or f"local{os.getpid()}"
+        self.key = f"{actor_id[:8]}:{os.getpid()}"
+        limit = admission.max_in_flight
+        reserve = min(job.long_document_in_flight or limit, limit) if job.long_document_tokens else None
+        self.gate = Gate(limit, reserve_limit=reserve)
+        self.meter = ActorMeter(actor_id[:8], self.engine, self.gate)
+        self.ledger_name = ledger
+        self.breaker = InfraBreaker(**breaker_options(job))  # stop when infrastructure errors dominate
+        self._ledger = None
+
+    async def _report(self) -> None:
+        """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""
+        if not self.ledger_name:
+            return
+        if self._ledger is None:
+            self._ledger = ray.get_actor(self.ledger_name)
+        await self._ledger.report.remote(self.key, {**self.gate.snapshot(), **self.meter.lag_snapshot(),
+                                                    **self.meter.spec_snapshot()})
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        from memagent.batch import answer_row
+
+        cfg = self.cfg
+        self.meter.start()
+
+        async def one(row: dict) -> dict:
+            long = is_long_document(self.engine.tokenizer, row.get("context"), cfg.job.long_document_tokens)
+            async with self.gate.slot(long=long):
+                return self.breaker.check(await answer_row(self.engine, row, cfg.agent, question=cfg.question,
+                                                           metric=cfg.metric, method=cfg.method))
+
+        records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))
+        for r in records:
+            r["node_id"] = self.node_id  # which node read the row (placement checks, debugging)
+        self.meter.publish()
+        await self._report()
+        return pa.Table.from_pylist(records, schema=self.schema)
