@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -92,3 +93,13 @@ def scripted_engine(config: dict, engine_config: EngineConfig | None = None) -> 
     from transformers import AutoTokenizer
 
     return ScriptedEngine(AutoTokenizer.from_pretrained(config["tokenizer"]), config["sleep_s"], config.get("log"))
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: SIGINT back to its default action.
+
+    A suite started in the background by a non-interactive shell (``nohup``, ``cmd &`` in a
+    script or a CI step) runs with SIGINT ignored, and children inherit that: Python then
+    installs no KeyboardInterrupt handler and the child never sees the test's Ctrl-C.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

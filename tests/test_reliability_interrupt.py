@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.pipeline_helpers import good_rows, read_output, write_rows
+from tests.pipeline_helpers import good_rows, interruptible, read_output, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,8 @@ def test_ctrl_c_stops_within_seconds_with_a_resume_hint(tiny_llama_dir, tmp_path
            "--model", str(tiny_llama_dir), "--chunk-tokens", "64", "--memory-tokens", "8", "--answer-tokens", "6",
            "--batch-size", "2", "--max-in-flight", "2", "--torch-threads", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                            preexec_fn=interruptible)
     deadline = time.monotonic() + 300
     while not list(out.glob("*.parquet")):  # the job is under way: its first file is written
         assert proc.poll() is None, proc.communicate()[1][-3000:]

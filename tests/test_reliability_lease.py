@@ -24,7 +24,7 @@ import pytest
 from pipelines import lease
 from pipelines.batch_qa import BatchQAConfig, plan_input
 from pipelines.job import JobConfig
-from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
+from tests.pipeline_helpers import FAST_AGENT, good_rows, interruptible, read_output, write_rows
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -152,7 +152,8 @@ def test_ctrl_c_releases_the_lease(where):
     code = ("import sys, time; from pipelines import lease; from pipelines.storage import S3Options\n"
             f"s3 = S3Options(endpoint_url={s3.endpoint_url if s3 else None!r}) if {s3 is not None} else None\n"
             f"with lease.hold({output!r}, s3):\n    print('held', flush=True); time.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interruptible)
     assert proc.stdout.readline().strip() == "held", proc.stderr.read()
     assert json.loads(read())["pid"] == proc.pid
     proc.send_signal(signal.SIGINT)
