@@ -68,20 +68,16 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_dir: Path):
-    """One transformers engine on the packaged model for the whole session.
-
-    fp32 whatever the CPU: dtype "auto" picks bf16 on CPUs with bf16 units, whose rounding
-    differs with the batch shape, and the tests compare tokens and log-probs across shapes.
-    """
+    """One transformers engine on the packaged model for the whole session."""
     from memagent.engines.hf import TransformersEngine
 
-    return TransformersEngine(smollm2_dir, max_batch_size=16, name="smollm2-135m", dtype="fp32")
+    return TransformersEngine(smollm2_dir, max_batch_size=16, name="smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_llama_dir: Path):
     from memagent.engines.hf import TransformersEngine
 
-    return TransformersEngine(tiny_llama_dir, max_batch_size=16, name="tiny-llama", dtype="fp32")  # as smollm2_engine
+    return TransformersEngine(tiny_llama_dir, max_batch_size=16, name="tiny-llama")
 
 

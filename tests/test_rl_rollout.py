@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import random
 
-import pytest
 import torch
 
 from memagent.config import AgentConfig
@@ -65,7 +64,11 @@ def test_records_line_up_and_only_the_final_answer_is_rewarded(tiny_engine):
     assert batch.conv_traj_index.tolist() == sorted(batch.conv_traj_index.tolist())
 
 
-def test_masks_line_up_with_token_ids_and_logprobs_recompute(tiny_engine):
+def test_masks_line_up_with_token_ids_and_logprobs_recompute(tiny_llama_dir):
+    from memagent.engines.hf import TransformersEngine
+
+    # fp32 whatever the CPU (dtype "auto" is bf16 on CPUs with bf16 units): log-probs compared at 1e-3.
+    tiny_engine = TransformersEngine(tiny_llama_dir, max_batch_size=16, name="tiny-llama", dtype="fp32")
     batch, _ = run(tiny_engine, niah(1), batch_size=1, group_size=2)
     samples = [Sample(c, 1.0) for c in batch.conversations]
     b = collate(samples, tiny_engine.pad_id)
@@ -77,7 +80,6 @@ def test_masks_line_up_with_token_ids_and_logprobs_recompute(tiny_engine):
         assert b["response_mask"][i].sum().item() == r
         assert b["targets"][i, T - r:].tolist() == s.conv.response_ids
         assert b["response_mask"][i, : T - r].sum().item() == 0
-    assert tiny_engine.dtype == torch.float32  # the fixture's: log-probs compared at 1e-3
     with torch.no_grad():
         logp, _ = response_log_probs(tiny_engine.model, b)
     for i, s in enumerate(samples):
