@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.extraction.schema import ExtractionSchema
-from memagent.prompts import AnswerStyle, PromptTemplates  # AnswerStyle lives with the styles; still importable here
+from memagent.prompts import AnswerStyle, PromptTemplates
 
 PresetName = Literal["paper", "small", "tiny"]
 

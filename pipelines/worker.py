@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 import ray
@@ -13,7 +13,6 @@ from memagent.engines import EngineConfig
 from memagent.error_kinds import InfraBreaker
 from pipelines.admission import AdmissionPlan, Gate, is_long_document
 from pipelines.batch_config import BatchQAConfig
-from pipelines.job import JobConfig
 
 if TYPE_CHECKING:
     from memagent.engines.base import Engine
@@ -22,12 +21,6 @@ if TYPE_CHECKING:
 # The default is memagent.engines.make_engine; a custom engine (or a benchmark's model of one)
 # plugs in here.
 EngineBuilder = Callable[[EngineConfig], "Engine"]
-
-
-def breaker_options(job: JobConfig) -> dict[str, Any]:
-    """The circuit breaker's thresholds (:class:`memagent.error_kinds.InfraBreaker`) from the job config."""
-    return dict(consecutive=job.max_consecutive_infra_errors, window=job.infra_error_window,
-                rate=job.max_infra_error_rate)
 
 
 class AgentWorker:
@@ -64,7 +57,9 @@ class AgentWorker:
         self.gate = Gate(limit, reserve_limit=reserve)
         self.meter = ActorMeter(actor_id[:8], self.engine, self.gate)
         self.ledger_name = ledger
-        self.breaker = InfraBreaker(**breaker_options(job))  # stop when infrastructure errors dominate
+        # Stop when infrastructure errors dominate.
+        self.breaker = InfraBreaker(consecutive=job.max_consecutive_infra_errors, window=job.infra_error_window,
+                                    rate=job.max_infra_error_rate)
         self._ledger = None
 
     async def _report(self) -> None:
