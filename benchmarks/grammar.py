@@ -2,6 +2,9 @@
 
     python -m benchmarks.grammar --threads 1 --out benchmarks/results/grammar.json
     PYTHONPATH=/tmp/xg python -m benchmarks.grammar --libraries llguidance,xgrammar --no-engine --out /tmp/g.json
+    python -m benchmarks.grammar --libraries '' --out benchmarks/results/grammar.json   # engine only
+
+A part not run (no libraries, or ``--no-engine``) keeps the figures ``--out`` already holds.
 
 1. ``libraries``: each grammar library that imports (llguidance is a dependency; xgrammar and
    outlines-core only when installed, e.g. ``pip install --no-deps --target /tmp/xg xgrammar
@@ -26,8 +29,9 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from benchmarks.common import add_threads_option, loadavg, print_table, set_threads, write_json
+from benchmarks.common import add_threads_option, loadavg, machine, print_table, set_threads, write_json
 
 SCHEMA = {"type": "object", "properties": {
     "party": {"type": "string", "description": "the counterparty's name"},
@@ -235,16 +239,21 @@ def main() -> None:
                 [[r["library"], *(r.get(k, r.get("error", "")) for k in
                                   ("tokenizer_s", "compile_s", "mask_ms_mean", "mask_ms_p50", "mask_ms_max",
                                    "peak_rss_mb"))] for r in libs])
-    result = {"libraries": libs, "threads": threads, "schema": SCHEMA}
+    # A part not run this time (``--libraries ''`` or ``--no-engine``) keeps its figures from ``--out``.
+    out = Path(args.out) if args.out else None
+    result = {k: v for k, v in json.loads(out.read_text()).items() if k != "machine"} if out and out.exists() else {}
+    result["schema"] = SCHEMA
+    if libs:
+        result.update(libraries=libs, threads=threads, libraries_machine=machine())
     if not args.no_engine:
         e = engine(args.prompts, args.answer_tokens)
-        result["engine"] = e
+        result.update(engine=e, engine_threads=threads)  # "machine" (written below) is the engine run's
         print_table(["answer", "decode ms per token", "ms per token (with prefill)", "tokens", "valid JSON"],
                     [[k, e[k]["decode_ms_per_token"], e[k]["ms_per_token"], e[k]["tokens"], e[k]["valid_rate"]]
                      for k in ("constrained", "free")])
-        print(f"constraint overhead: {e['overhead_ms_per_token']:.2f} ms per answer token")
-    if args.out:
-        write_json(args.out, result)
+        print(f"constraint overhead: {e['overhead_ms_per_token']:.2f} ms per decode step")
+    if out:
+        write_json(out, result)
 
 
 if __name__ == "__main__":
