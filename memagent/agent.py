@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from typing import Awaitable, Callable
 
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
@@ -31,6 +31,10 @@ from memagent.prompts import (
 
 class InputError(ValueError):
     """A document/question the agent cannot read; the message names the field and what was expected."""
+
+
+class ResumeMismatch(InputError):
+    """A resume state that is not a state of this document cut with this config."""
 
 
 @dataclass
@@ -57,6 +61,22 @@ class Step:
     accepted_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class ChainState:
+    """The chain after ``len(steps)`` memory updates: what a reader needs to go on from there.
+
+    ``next_chunk`` is the position (in the document's list of chunks) of the first chunk not yet
+    read, ``char_offset`` where that chunk starts in the text (the document's length once every
+    chunk is read; a check that the document is cut the same way on resume), ``memory`` the
+    memory the next conversation reads, ``steps`` the memory steps so far.
+    """
+
+    next_chunk: int
+    char_offset: int
+    memory: str
+    steps: tuple[Step, ...]
+
+
 @dataclass
 class Result:
     """Everything one read produced."""
@@ -69,6 +89,7 @@ class Result:
     context_tokens: int
     truncated: bool
     completions: list[Completion] | None = field(default=None, repr=False)
+    resumed_at_chunk: int | None = None  # the chunk position a checkpoint resumed the read at (None: from the start)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -145,6 +166,8 @@ async def read_document(
     on_step: Callable[[Step, int], None] | None = None,
     keep_completions: bool = False,
     logprobs: bool = False,
+    resume: ChainState | None = None,
+    on_state: Callable[[ChainState], Awaitable[None]] | None = None,
 ) -> Result:
     """Read ``context`` with the memory agent and answer ``question``.
 
@@ -158,9 +181,14 @@ async def read_document(
         on_step: called after each conversation with (step, total conversations): progress bars.
         keep_completions: keep every conversation's token ids (RL rollouts).
         logprobs: ask the engine for behaviour log-probs (RL rollouts).
+        resume: a state an earlier read of the same document with the same config handed to
+            ``on_state``: the read goes on from its next chunk with its memory and trace, and
+            ends as the uninterrupted read would have (greedy decoding in fp32: token for token).
+        on_state: awaited after each memory update with the chain's state (chain checkpoints).
 
     Raises:
-        InputError: empty/missing question or context, or a question over ``query_tokens``.
+        InputError: empty/missing question or context, a question over ``query_tokens``, or a
+            ``resume`` state that does not fit this document's chunks.
     """
     schema = config.extraction
     if schema is not None:
@@ -179,14 +207,17 @@ async def read_document(
     answer_params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, logprobs, priority=-1,
                                    json_schema=schema.decoding_schema_json() if schema else None)
 
-    memory = NO_MEMORY
-    steps: list[Step] = []
+    state = resume or ChainState(0, 0, NO_MEMORY, ())
+    if resume is not None:
+        check_resume(resume, doc.chunks, len(context))
+    memory, steps = state.memory, list(state.steps)
     # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked
     # for, or a 3.5M-token document holds 860 prompts' ids until its answer (actor peak 795 MB
     # against 704 MB: benchmarks/README.md, long_document).
     completions: list[Completion] = []
     keep = completions.append if keep_completions else (lambda _: None)
-    for k, chunk in enumerate(doc.chunks):
+    for k in range(state.next_chunk, len(doc.chunks)):
+        chunk = doc.chunks[k]
         t0 = time.perf_counter()
         messages = memory_update_messages(question, memory, chunk.text, config.instruction, config.prompts)
         # A document's reads are a chain: the one with most conversations left goes first.
@@ -197,6 +228,9 @@ async def read_document(
         keep(reply)
         if on_step:
             on_step(steps[-1], len(doc.chunks) + 1)
+        if on_state:
+            nxt = doc.chunks[k + 1].char_start if k + 1 < len(doc.chunks) else len(context)
+            await on_state(ChainState(k + 1, nxt, memory, tuple(steps)))
 
     t0 = time.perf_counter()
     messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts,
@@ -216,4 +250,14 @@ async def read_document(
         context_tokens=doc.context_tokens,
         truncated=doc.truncated,
         completions=completions if keep_completions else None,
+        resumed_at_chunk=resume.next_chunk if resume is not None else None,
     )
+
+
+def check_resume(state: ChainState, chunks: list[Chunk], text_len: int) -> None:
+    """Refuse a resume state that is not a state of this document cut into these chunks."""
+    n = len(chunks)
+    where = chunks[state.next_chunk].char_start if state.next_chunk < n else text_len
+    if state.next_chunk > n or state.char_offset != where or len(state.steps) != state.next_chunk:
+        raise ResumeMismatch(f"the resume state (next chunk {state.next_chunk}, char {state.char_offset}, "
+                         f"{len(state.steps)} steps) is not a state of this document ({n} chunks)")

@@ -22,18 +22,19 @@ schema is an ``invalid_output:`` error row.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
 
 import pyarrow as pa
 
-from memagent.agent import InputError, Result, read_document
+from memagent.agent import ChainState, InputError, ResumeMismatch, Result, read_document
 from memagent.attribution import attribute
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
-from memagent.error_kinds import INVALID_OUTPUT_PREFIX, error_prefix
+from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
 from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
@@ -102,6 +103,7 @@ def result_record(
         method=method,
     )
     record.update(attribute(result.steps, prediction, answers, row.get("context"), metric).columns())
+    record.update(resumed_at_chunk=result.resumed_at_chunk)
     return record
 
 
@@ -121,7 +123,7 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         prediction=columns["extraction"], response=result.response, memory=result.memory, n_chunks=result.n_chunks,
         context_tokens=result.context_tokens, truncated=result.truncated, steps=[vars(s) for s in result.steps],
         error=error, model=model, config=config.model_dump_json(), seconds=round(seconds, 3), method=method,
-        **columns,
+        resumed_at_chunk=result.resumed_at_chunk, **columns,
     )
     return record
 
@@ -145,6 +147,9 @@ async def answer_row(
     question: str | None = None,
     metric: str = "sub_em",
     method: Method = "memagent",
+    resume: ChainState | None = None,
+    on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+    checkpoint_ignored: str | None = None,
 ) -> dict[str, Any]:
     """Read one row; any failure of the row itself becomes an error record.
 
@@ -152,6 +157,12 @@ async def answer_row(
     (``config.extraction``) the schema's field list is the question: a ``question`` column is
     not read (it passes through). A ``metric`` column, when the row has one, overrides
     ``metric`` for that row (evaluation sets mix tasks scored differently).
+
+    An engine that died (:func:`memagent.error_kinds.engine_is_dead`) is raised, not recorded.
+
+    Chain checkpoints (method ``memagent``): ``resume`` goes on from a checkpointed state (one
+    that does not fit the document is ignored and the row read from the start), ``on_state``
+    receives each new state, ``checkpoint_ignored`` says why a checkpoint found was not used.
     """
     t0 = time.perf_counter()
     q = question if question is not None else row.get("question")
@@ -164,15 +175,27 @@ async def answer_row(
     if row_metric not in METRICS:
         return error_record(row, f"input: metric {row_metric!r} is not one of {', '.join(METRICS)}",
                             config, engine.name, method)
+    reader = READERS[method]
+    if method == "memagent":
+        reader = functools.partial(read_document, resume=resume, on_state=on_state)
     try:
-        result = await READERS[method](engine, q, row.get("context"), config)  # type: ignore[arg-type]
+        try:
+            result = await reader(engine, q, row.get("context"), config)  # type: ignore[arg-type]
+        except ResumeMismatch as exc:  # a checkpoint of another cut of the document: read it from the start
+            checkpoint_ignored = str(exc)
+            result = await read_document(engine, q, row.get("context"), config, on_state=on_state)
     except InputError as exc:
-        return error_record(row, f"input: {exc}", config, engine.name, method)
+        record = error_record(row, f"input: {exc}", config, engine.name, method)
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
+        if engine_is_dead(exc):
+            raise  # not the row's failure: the caller replaces the engine and reads the row again
         kind = error_prefix(exc)  # "infra" (redone by a rerun; its message says it all) or "agent"
         log.warning("row %s failed: %s", row.get("id"), exc, exc_info=kind == "agent")
-        return error_record(row, f"{kind}: {type(exc).__name__}: {exc}", config, engine.name, method)
-    return result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
+        record = error_record(row, f"{kind}: {type(exc).__name__}: {exc}", config, engine.name, method)
+    else:
+        record = result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
+    record["checkpoint_ignored"] = checkpoint_ignored
+    return record
 
 
 async def answer_rows(

@@ -185,9 +185,11 @@ def chunk_document(
     for i, (s, e, idx) in enumerate(zip(starts, ends, indices)):
         c0 = bounds[i]
         # Next kept chunk's start, unless the middle was dropped right after this chunk.
-        c1 = bounds[i + 1] if (i + 1 == len(starts) or starts[i + 1] == e) else offsets[e][0]
+        c1 = bounds[i + 1] if (e == n if i + 1 == len(starts) else starts[i + 1] == e) else offsets[e][0]
         chunks.append(Chunk(idx, s, e, c0, c1, text[c0:c1]))
     if truncated:
-        gap = next(i for i in range(len(chunks) - 1) if chunks[i].char_end != chunks[i + 1].char_start)
-        dropped = (chunks[gap].char_end, chunks[gap + 1].char_start)
+        gap = next((i for i in range(len(chunks) - 1) if chunks[i].char_end != chunks[i + 1].char_start), None)
+        # max_chunks=1 keeps no tail: the middle dropped is everything after the head.
+        dropped = (chunks[gap].char_end, chunks[gap + 1].char_start) if gap is not None \
+            else (chunks[-1].char_end, len(text))
     return ChunkedDocument(chunks=chunks, context_tokens=n, truncated=truncated, dropped_char_span=dropped)

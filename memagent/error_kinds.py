@@ -56,6 +56,18 @@ def error_prefix(exc: BaseException) -> str:
     return "infra" if error_kind(exc) == "infra" else "agent"
 
 
+# An engine that raised one of these cannot read another row: its process must go (a Ray actor is
+# restarted by Ray and its calls retried; chain checkpoints make long documents resume).
+_DEAD_CLASSES = {"EngineDeadError", "AcceleratorError"}
+
+
+def engine_is_dead(exc: BaseException) -> bool:
+    """Whether ``exc`` says the engine itself is gone (not the row, not a passing endpoint failure)."""
+    if any(cls.__name__ in _DEAD_CLASSES for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and ("VLLMEngine is shut down" in str(exc) or "CUDA error" in str(exc))
+
+
 def is_infra_error(message: str | None) -> bool:
     """Whether an ``error`` column value is an infrastructure error (redone by a rerun)."""
     return bool(message) and message.startswith(INFRA_PREFIX)

@@ -32,7 +32,7 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext
 
 from memagent.error_kinds import InfrastructureFailure
-from pipelines import fingerprint, lease, resources, storage
+from pipelines import checkpoints, fingerprint, lease, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, resolve_max_in_flight
 from pipelines.batch_config import BatchQAConfig, config_dict
 from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows
@@ -64,6 +64,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         t0 = time.perf_counter()
         plan = plan_input(cfg)
         take_out_redo_rows(cfg, plan)
+        # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
+        checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
         run = _start(cfg, admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
                                                      rows_per_call=ROWS_PER_CALL))
         if plan.skipped >= plan.total_rows:
@@ -145,7 +147,8 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
     rows_per_file = cfg.job.batch_size if run.admission.rows_per_call < cfg.job.batch_size else None
     stopped = failed = None
     try:
-        with storage.quiet_write_failures(cfg.output):
+        # Each committed row's chain checkpoints go as its file lands (and all at the end).
+        with storage.quiet_write_failures(cfg.output), checkpoints.Sweeper(cfg.output, cfg.s3):
             ds.write_parquet(out_path, filesystem=out_fs, min_rows_per_file=rows_per_file)
     except Exception as exc:
         stopped = breaker_message(exc)
@@ -173,7 +176,8 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     has_answers = "answers" in plan.output_schema.names
     table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
-                                 ["id", "error", "score", "context_tokens", *(["answers"] if has_answers else [])])
+                                 ["id", "error", "score", "context_tokens", "resumed_at_chunk", "checkpoint_ignored",
+                                  *(["answers"] if has_answers else [])])
     if len(plan.done_ids):
         table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
     return BatchSummary.from_rows(table, rows_in=plan.total_rows, skipped=plan.skipped, seconds=seconds,

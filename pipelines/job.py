@@ -60,6 +60,14 @@ class JobConfig(BaseModel):
         0.5, gt=0, le=1, description="Stop the job when at least this fraction of the last --infra-error-window "
         "rows of an actor failed on the infrastructure.")
 
+    checkpoint_every_steps: int = Field(
+        10, ge=0, description="Checkpoint a document's chain (memory, position, trace) under the output's _progress/ "
+        "every this many memory updates, so that a retried task or a rerun resumes inside the document (0: never; "
+        "documents with fewer chunks write none unless --checkpoint-every-s passes first).")
+    checkpoint_every_s: float = Field(
+        300.0, gt=0, description="Also checkpoint a chain when this many seconds passed since its last checkpoint "
+        "(slow engines: bounds the work a kill loses).",)
+
     @model_validator(mode="after")
     def _check(self) -> JobConfig:
         if (self.long_document_tokens is not None and self.max_in_flight is not None

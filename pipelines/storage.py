@@ -82,12 +82,18 @@ def read_column(fs: pafs.FileSystem, files: Iterable[str], column: str) -> pa.Ch
 
 
 def read_columns(fs: pafs.FileSystem, files: Iterable[str], columns: list[str]) -> pa.Table:
-    """Several small columns from many Parquet files, concatenated."""
+    """Several small columns from many Parquet files, concatenated; a column a file lacks (an
+    output written by an older version) reads as nulls."""
     tables = []
     for file in files:
         with fs.open_input_file(file) as f:
-            tables.append(pq.read_table(f, columns=columns))
-    return pa.concat_tables(tables) if tables else pa.table({c: pa.array([], pa.null()) for c in columns})
+            pf = pq.ParquetFile(f)
+            have = [c for c in columns if c in pf.schema_arrow.names]
+            t = pf.read(columns=have)
+        tables.append(pa.table({c: t.column(c) if c in have else pa.nulls(len(t)) for c in columns}))
+    if not tables:
+        return pa.table({c: pa.array([], pa.null()) for c in columns})
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def duplicates(ids: pa.ChunkedArray, limit: int = 5) -> list[str]:

@@ -41,6 +41,11 @@ class BatchSummary:
     accepted_tokens: int = 0
     decode_steps: int | None = None
     stepped_tokens: int = 0  # completion tokens of the replies that reported decode steps
+    # Chain checkpoints: rows whose read resumed inside the document, the chunks they did not
+    # read again, and checkpoints found but not used (stale: the input or config changed).
+    resumed_rows: int = 0
+    resumed_chunks: int = 0
+    checkpoints_ignored: int = 0
 
     @classmethod
     def from_rows(cls, table: pa.Table, *, rows_in: int, skipped: int, seconds: float, output: str) -> BatchSummary:
@@ -65,6 +70,7 @@ class BatchSummary:
             context_tokens=int(pc.sum(table.column("context_tokens")).as_py() or 0) if len(table) else 0,
             seconds=seconds,
             output=output,
+            **_resume_counts(table),
         )
 
     def add_actor_snapshots(self, snapshots: dict[str, dict], max_in_flight: int) -> None:
@@ -88,7 +94,7 @@ class BatchSummary:
     def record(self) -> dict[str, Any]:
         """The headline figures as plain JSON-able data (flow results, artifacts)."""
         keys = ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors", "accuracy", "accuracy_answered",
-                "context_tokens")
+                "context_tokens", "resumed_rows", "resumed_chunks", "checkpoints_ignored")
         return {**{k: getattr(self, k) for k in keys}, "seconds": round(self.seconds, 2),
                 "tokens_per_second": round(self.tokens_per_second, 1), "output": self.output}
 
@@ -112,9 +118,18 @@ class BatchSummary:
             f"accuracy:       {acc}",
             f"tokens read/s:  {self.tokens_per_second:.1f} ({self.context_tokens} tokens in {self.seconds:.1f} s)",
             f"output:         {self.output}",
+            *self.resume_lines(),
             *self.occupancy_lines(),
             *self.speculation_lines(),
         ]
+
+    def resume_lines(self) -> list[str]:
+        if not (self.resumed_rows or self.checkpoints_ignored):
+            return []
+        ignored = f"; {self.checkpoints_ignored} checkpoint(s) ignored (stale or unreadable)" \
+            if self.checkpoints_ignored else ""
+        return [f"resumed:        {self.resumed_rows} document(s) inside the text, {self.resumed_chunks} chunk(s) not "
+                f"read again{ignored}"]
 
     def speculation_lines(self) -> list[str]:
         if not self.decode_steps:
@@ -135,3 +150,12 @@ class BatchSummary:
             lines.append(f"  loop lag:     mean {self.loop_lag_mean_s * 1e3:.0f} ms, "
                          f"max {(self.loop_lag_max_s or 0) * 1e3:.0f} ms (how late the actors' event loops woke)")
         return lines
+
+
+def _resume_counts(table: pa.Table) -> dict[str, int]:
+    if "resumed_at_chunk" not in table.column_names or not len(table):
+        return {}
+    resumed = table.column("resumed_at_chunk").drop_null()
+    ignored = table.column("checkpoint_ignored") if "checkpoint_ignored" in table.column_names else pa.array([])
+    return dict(resumed_rows=len(resumed), resumed_chunks=int(pc.sum(resumed).as_py() or 0),
+                checkpoints_ignored=len(ignored) - ignored.null_count)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import TYPE_CHECKING, Callable
 
@@ -10,12 +11,17 @@ import pyarrow as pa
 import ray
 
 from memagent.engines import EngineConfig
+from memagent.error_kinds import engine_is_dead
 from memagent.error_kinds import InfraBreaker
+from pipelines import fingerprint
 from pipelines.admission import AdmissionPlan, Gate, is_long_document
 from pipelines.batch_config import BatchQAConfig
+from pipelines.checkpoints import ChainLog
 
 if TYPE_CHECKING:
     from memagent.engines.base import Engine
+
+log = logging.getLogger(__name__)
 
 # Builds the actor's engine from the job's engine config, inside the actor (so it must pickle).
 # The default is memagent.engines.make_engine; a custom engine (or a benchmark's model of one)
@@ -61,6 +67,9 @@ class AgentWorker:
         self.breaker = InfraBreaker(consecutive=job.max_consecutive_infra_errors, window=job.infra_error_window,
                                     rate=job.max_infra_error_rate)
         self._ledger = None
+        # Chain checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
+        every = job.checkpoint_every_steps
+        self.chains = ChainLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
 
     async def _report(self) -> None:
         """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""
@@ -71,6 +80,18 @@ class AgentWorker:
         await self._ledger.report.remote(self.key, {**self.gate.snapshot(), **self.meter.lag_snapshot(),
                                                     **self.meter.spec_snapshot()})
 
+    async def _chain(self, row: dict) -> dict:
+        """answer_row's checkpoint arguments for ``row``: its checkpointed state, if any, and a writer."""
+        row_id, key = row.get("id"), row.get(fingerprint.COLUMN)
+        if self.chains is None or not isinstance(row_id, str) or not isinstance(key, str):
+            return {}
+        try:
+            state, ignored = await asyncio.to_thread(self.chains.load, row_id, key)
+        except OSError as exc:  # an unreadable _progress/ costs a re-read, never the row
+            log.warning("row %s: could not read its checkpoints (%s); reading it from the start", row_id, exc)
+            state, ignored = None, f"unreadable: {exc}"
+        return dict(resume=state, on_state=self.chains.writer(row_id, key, state), checkpoint_ignored=ignored)
+
     async def __call__(self, batch: pa.Table) -> pa.Table:
         from memagent.batch import answer_row
 
@@ -80,10 +101,18 @@ class AgentWorker:
         async def one(row: dict) -> dict:
             long = is_long_document(self.engine.tokenizer, row.get("context"), cfg.job.long_document_tokens)
             async with self.gate.slot(long=long):
+                chain = await self._chain(row)
                 return self.breaker.check(await answer_row(self.engine, row, cfg.agent, question=cfg.question,
-                                                           metric=cfg.metric, method=cfg.method))
+                                                           metric=cfg.metric, method=cfg.method, **chain))
 
-        records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))
+        try:
+            records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))
+        except Exception as exc:
+            if engine_is_dead(exc):  # Ray restarts the actor and retries its calls; checkpoints resume the chains
+                log.error("actor %s: the engine died (%s: %s); exiting so that Ray restarts the actor",
+                          self.key, type(exc).__name__, exc)
+                os._exit(1)
+            raise
         for r in records:
             r["node_id"] = self.node_id  # which node read the row (placement checks, debugging)
         self.meter.publish()

@@ -81,3 +81,12 @@ def test_no_truncation_when_within_cap(tok):
 def test_rejects_non_positive_chunk(tok):
     with pytest.raises(ValueError, match="chunk_tokens"):
         chunk_document(tok, TEXT, chunk_tokens=0)
+
+
+def test_max_chunks_one_keeps_the_head_only(tok):
+    doc = chunk_document(tok, TEXT, chunk_tokens=50, max_chunks=1)
+    assert doc.truncated and len(doc.chunks) == 1
+    (head,) = doc.chunks
+    assert head.token_start == 0 and head.n_tokens == 50
+    assert head.text == TEXT[head.char_start:head.char_end] and head.char_end < len(TEXT)
+    assert doc.dropped_char_span == (head.char_end, len(TEXT))

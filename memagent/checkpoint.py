@@ -1,0 +1,109 @@
+"""Chain checkpoints as data: a :class:`memagent.agent.ChainState` stored as a log of segments.
+
+The memory agent's whole state after chunk ``k`` is small and textual: the memory written from
+it, where the next chunk starts, and the trace so far. :func:`memagent.agent.read_document`
+takes one (``resume=``) and hands one out after each memory update (``on_state=``); this
+module turns states into stored segments and back. Where they are kept (beside a batch output:
+``pipelines.checkpoints``) is the caller's business.
+
+A state is kept as a *log of segments*: each holds only the steps since the previous one, so
+a checkpoint of a 700-chunk document costs the same few KB at chunk 10 and at chunk 690, and
+the log read back in order is the state. Reading is defensive: the log is data from disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from memagent.agent import ChainState, Step
+
+FORMAT = 1  # bump when a segment's fields change meaning; an older log is then ignored, never misread
+
+
+class SegmentStep(BaseModel):
+    """One memory step, as a segment stores it (``memagent.agent.Step``, validated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=0)
+    kind: str
+    chunk_index: int | None
+    char_start: int | None
+    char_end: int | None
+    memory: str
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    finish_reason: str
+    seconds: float
+    draft_tokens: int = Field(0, ge=0)
+    accepted_tokens: int = Field(0, ge=0)
+
+
+class Segment(BaseModel):
+    """One checkpoint: the steps ``[first_step, first_step + len(steps))`` and the state after them.
+
+    ``key`` identifies what the chain reads (the batch job: the row's input fingerprint, which
+    covers question, context, model and agent config); a log whose key differs is stale.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int
+    id: str
+    key: str
+    first_step: int = Field(ge=0)
+    steps: list[SegmentStep]
+    next_chunk: int = Field(ge=0)
+    char_offset: int = Field(ge=0)
+    memory: str
+
+
+class BadSegment(ValueError):
+    """A segment that is not one (torn, hand-edited, another format); the message says what is wrong."""
+
+
+def new_segment(row_id: str, key: str, state: ChainState, first_step: int) -> dict[str, Any]:
+    """The segment (JSON-able) that takes a log holding ``first_step`` steps to ``state``."""
+    if not 0 <= first_step <= len(state.steps):
+        raise ValueError(f"first_step {first_step} outside the state's {len(state.steps)} steps")
+    return dict(format=FORMAT, id=row_id, key=key, first_step=first_step,
+                steps=[asdict(s) for s in state.steps[first_step:]], next_chunk=state.next_chunk,
+                char_offset=state.char_offset, memory=state.memory)
+
+
+def parse_segment(data: bytes | str) -> Segment:
+    """Validate one stored segment; raise :class:`BadSegment` naming the first problem."""
+    try:
+        seg = Segment.model_validate_json(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "the segment"
+        raise BadSegment(f"{where}: {err['msg']}") from None
+    if seg.format != FORMAT:
+        raise BadSegment(f"format {seg.format}, this version reads format {FORMAT}")
+    for i, s in enumerate(seg.steps):
+        if s.step != seg.first_step + i or s.kind != "memory":
+            raise BadSegment(f"steps.{i}: expected memory step {seg.first_step + i}, got {s.kind} step {s.step}")
+    return seg
+
+
+def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainState | None, str | None]:
+    """The state a log of segments (in step order) ends in, and why any part of it was not used.
+
+    Returns ``(None, reason)`` for a log of another row or key (stale: the input or the config
+    changed since it was written); otherwise the state of the longest prefix of segments that
+    follow each other without a gap (``reason`` says where it stopped, or is None).
+    """
+    state: ChainState | None = None
+    steps: list[Step] = []
+    for seg in segments:
+        if seg.id != row_id or seg.key != key:
+            return None, "written for another input or config (stale)"
+        if seg.first_step != len(steps):
+            return state, f"a gap: a segment starts at step {seg.first_step}, the log holds {len(steps)} step(s)"
+        steps.extend(Step(**s.model_dump()) for s in seg.steps)
+        state = ChainState(seg.next_chunk, seg.char_offset, seg.memory, tuple(steps))
+    return state, None

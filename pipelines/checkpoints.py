@@ -1,0 +1,226 @@
+"""Chain checkpoints beside a batch output: a long document resumes inside itself.
+
+While an actor reads a document, its chain state (:class:`memagent.agent.ChainState`) is
+appended to a log under the output, every ``checkpoint_every_steps`` memory updates or
+``checkpoint_every_s`` seconds, whichever comes first::
+
+    OUTPUT/_progress/<sha256(id)[:32]>/00000000-00000010.json   steps 0..9, the state after step 9
+                                       00000010-00000020.json   steps 10..19, the state after 19
+
+Each segment holds only its own steps (a few KB whatever the document's length) and is written
+atomically: local disk writes a hidden file and renames it, S3 puts one object. When a task is
+retried (actor or node death) or the job is rerun, the actor replays the row's log and the read
+goes on from its next chunk (:func:`memagent.agent.read_document` ``resume=``). A log is keyed
+by the row's input fingerprint (question, context, model, agent config): a log written for
+another input or config is stale, counted in the row (``checkpoint_ignored``) and removed,
+never used. A malformed segment is named in a warning; the segments before it are used.
+
+A log is removed once its row is committed as done: the driver sweeps the output's new files
+while the job writes (:class:`Sweeper`) and once at its end, and a rerun's plan removes the logs
+of ids already done (a driver killed between commit and sweep). Rows written as infrastructure
+errors keep their logs: the rerun that redoes them resumes. ``memagent repair-output`` removes
+what is left of ids that are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from typing import Awaitable, Callable, Iterable
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from memagent.agent import ChainState
+from memagent.checkpoint import BadSegment, Segment, new_segment, parse_segment, replay
+from pipelines import storage
+from pipelines.storage import S3Options
+
+log = logging.getLogger(__name__)
+
+PROGRESS_DIR = "_progress"  # "_": never read as input or as output rows
+_SEGMENT = re.compile(r"^(\d{8})-(\d{8})\.json$")
+
+OnState = Callable[[ChainState], Awaitable[None]]
+
+
+def log_key(row_id: str) -> str:
+    """The directory name of a row's log: ids may hold any character, hashes only hex."""
+    return hashlib.sha256(row_id.encode()).hexdigest()[:32]
+
+
+class ChainLog:
+    """The checkpoint logs of one output (used inside the actors; every call is blocking I/O)."""
+
+    def __init__(self, output: str, s3: S3Options | None, every_steps: int, every_s: float):
+        self.fs, path = storage.filesystem(output, s3)
+        self.root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.every_steps, self.every_s = every_steps, every_s
+        self.bytes_written = 0
+        self.segments_written = 0
+
+    def _dir(self, row_id: str) -> str:
+        return f"{self.root}/{log_key(row_id)}"
+
+    def load(self, row_id: str, key: str) -> tuple[ChainState | None, str | None]:
+        """The state the row's log ends in (None: no usable log) and why a log was not (fully) used."""
+        directory = self._dir(row_id)
+        files = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+        names = sorted((f.base_name for f in files if _SEGMENT.match(f.base_name)), key=lambda n: int(n[:8]))
+        if not names:
+            return None, None
+        segments: list[Segment] = []
+        reason = None
+        for name in names:
+            try:
+                with self.fs.open_input_stream(f"{directory}/{name}") as f:
+                    segments.append(parse_segment(f.read()))
+            except (BadSegment, OSError, UnicodeDecodeError) as exc:
+                reason = f"checkpoint {directory}/{name} is unreadable ({exc}); using the steps before it"
+                log.warning("row %s: %s", row_id, reason)
+                break
+        state, why = replay(segments, row_id, key)
+        reason = why or reason
+        if state is None:  # stale or unreadable from the first segment: start over, and never read it again
+            self.remove(row_id)
+            return None, reason or "unreadable"
+        # Segments past the state used (after a gap or a bad one) would be misread next time.
+        for name in names:
+            if int(name[:8]) >= len(state.steps):
+                self.fs.delete_file(f"{directory}/{name}")
+        return state, reason
+
+    def write(self, row_id: str, key: str, state: ChainState, first_step: int) -> int:
+        """Append the segment taking the log from ``first_step`` steps to ``state``; bytes written."""
+        directory = self._dir(row_id)
+        data = json.dumps(new_segment(row_id, key, state, first_step), ensure_ascii=False).encode()
+        name = f"{directory}/{first_step:08d}-{len(state.steps):08d}.json"
+        if self.local:  # atomic: a reader sees the whole segment or none of it
+            self.fs.create_dir(directory, recursive=True)
+            tmp = f"{directory}/.{uuid.uuid4().hex[:8]}.tmp"
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+            self.fs.move(tmp, name)
+        else:  # one object: S3 makes it visible whole, on close
+            with self.fs.open_output_stream(name) as f:
+                f.write(data)
+        self.bytes_written += len(data)
+        self.segments_written += 1
+        return len(data)
+
+    def remove(self, row_id: str) -> None:
+        self.fs.delete_dir_contents(self._dir(row_id), missing_dir_ok=True)
+        if self.local:
+            try:
+                self.fs.delete_dir(self._dir(row_id))
+            except (FileNotFoundError, OSError):
+                pass
+
+    def writer(self, row_id: str, key: str, resumed: ChainState | None) -> OnState:
+        """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds."""
+        written = len(resumed.steps) if resumed else 0
+        last = time.monotonic()
+
+        async def on_state(state: ChainState) -> None:
+            nonlocal written, last
+            due = len(state.steps) - written >= self.every_steps or time.monotonic() - last >= self.every_s
+            if not due or len(state.steps) == written:
+                return
+            try:
+                await asyncio.to_thread(self.write, row_id, key, state, written)
+            except OSError as exc:  # a lost checkpoint costs re-reading, never the row
+                log.warning("row %s: could not write a checkpoint at step %d (%s)", row_id, len(state.steps), exc)
+                return
+            written, last = len(state.steps), time.monotonic()
+
+        return on_state
+
+
+def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:
+    """Remove the logs of ``ids`` (rows committed as done); how many there were."""
+    fs, path = storage.filesystem(output, s3)
+    root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
+    present = {f.base_name for f in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+               if f.type == pafs.FileType.Directory}
+    if not present:
+        return 0
+    removed = 0
+    for key in {log_key(i) for i in ids} & present:
+        fs.delete_dir_contents(f"{root}/{key}", missing_dir_ok=True)
+        try:
+            fs.delete_dir(f"{root}/{key}")
+        except OSError:
+            pass  # S3 has no directories: nothing left to delete
+        removed += 1
+    return removed
+
+
+def committed_done_ids(fs: pafs.FileSystem, file: str) -> list[str]:
+    """Ids of a written output file's rows that are done (not infrastructure errors); [] while it is written."""
+    from memagent.error_kinds import INFRA_PREFIX
+
+    try:
+        with fs.open_input_file(file) as f:
+            t = pq.read_table(f, columns=["id", "error"])
+    except (OSError, pa.ArrowInvalid):
+        return []  # no footer yet: the writer is still at it
+    return [i for i, e in zip(t.column("id").to_pylist(), t.column("error").to_pylist())
+            if not (isinstance(e, str) and e.startswith(INFRA_PREFIX))]
+
+
+class Sweeper:
+    """While the job writes, remove the logs of rows in output files that appeared since it started."""
+
+    def __init__(self, output: str, s3: S3Options | None, every_s: float = 30.0):
+        self.output, self.s3, self.every_s = output, s3, every_s
+        self.fs, self.path = storage.filesystem(output, s3)
+        self.seen = set(storage.parquet_files(self.fs, self.path))  # files before this run: swept by the plan
+        self.removed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memagent-checkpoint-sweeper", daemon=True)
+
+    def __enter__(self) -> Sweeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None:
+            self.sweep()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.sweep()
+            except Exception as exc:  # noqa: BLE001 - logs left are swept by the next run
+                log.warning("output %s: checkpoint sweep failed (%s)", self.output, exc)
+
+    def sweep(self) -> None:
+        ids: list[str] = []
+        for file in storage.parquet_files(self.fs, self.path):
+            if file in self.seen:
+                continue
+            done = committed_done_ids(self.fs, file)
+            if done or _has_footer(self.fs, file):
+                self.seen.add(file)
+                ids.extend(done)
+        if ids:
+            self.removed += remove_logs(self.output, self.s3, ids)
+
+
+def _has_footer(fs: pafs.FileSystem, file: str) -> bool:
+    try:
+        with fs.open_input_file(file) as f:
+            pq.read_metadata(f)
+        return True
+    except (OSError, pa.ArrowInvalid):
+        return False
