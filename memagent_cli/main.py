@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import signal
 import sys
+import threading
 
 from pydantic import ValidationError
 
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)  # a scheduler's stop acts like Ctrl-C
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -86,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _all_actions(parser: argparse.ArgumentParser):

@@ -22,6 +22,8 @@ import gc
 import logging
 import os
 import re
+import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -223,7 +225,13 @@ def ensure_ray(cfg: BatchQAConfig) -> bool:
     # No address: a fresh local Ray (as JobConfig.ray_address documents), not whatever cluster
     # `ray start` left in /tmp/ray/ray_current_cluster; RAY_ADDRESS (`ray job submit`) still wins.
     address = cfg.job.ray_address or (None if os.environ.get("RAY_ADDRESS") else "local")
+    # ray.init replaces SIGTERM's handler with sys.exit; a handler the process owner installed
+    # (the CLI's: SIGTERM acts like Ctrl-C, so a scheduler's stop releases the lease) is kept.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
     ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    if callable(previous):
+        signal.signal(signal.SIGTERM, previous)
     return True
 
 

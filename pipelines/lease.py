@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "_memagent.lease"  # "_": never read as input or as output rows
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # another host's lease without a heartbeat this long is taken over
+_MAX_TIME = 2.0**36  # a timestamp past year 4000 is not one (time.gmtime overflows further on)
 FORCE_UNLOCK_HELP = ("Take the output's lease even if another run seems to hold it (only when that run is known "
                      "to be gone, e.g. its host died); two runs writing one output duplicate rows.")
 
@@ -84,10 +85,18 @@ class Holder:
 
     @classmethod
     def decode(cls, data: bytes) -> Holder | None:
+        """The holder a lease file names, or None for torn, foreign or hand-edited content (a
+        holder that is gone): every field is checked, since anything may have touched the file."""
         try:
-            return cls(**json.loads(data))
-        except (ValueError, TypeError):
-            return None  # torn or foreign content: treated as a holder that is gone
+            fields = json.loads(data)
+            holder = cls(**fields)
+        except (ValueError, TypeError, RecursionError):
+            return None
+        ok = (isinstance(holder.run_id, str) and isinstance(holder.host, str)
+              and type(holder.pid) is int and 0 < holder.pid < 2**31
+              and (holder.pid_start is None or isinstance(holder.pid_start, str))
+              and all(type(t) in (int, float) and 0 <= t < _MAX_TIME for t in (holder.started, holder.heartbeat)))
+        return holder if ok else None
 
 
 def _pid_start(pid: int) -> str | None:

@@ -9,6 +9,7 @@ duplicate ids, naming the ``memagent repair-output`` command that keeps one row 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -279,3 +280,22 @@ def test_two_runs_racing_on_one_output_write_every_id_once(store, cluster, tiny_
             fs = pafs.S3FileSystem(endpoint_override=endpoint.split("://")[1], scheme="http", region="us-east-1")
             written = read_output("lake/out", filesystem=fs)
     assert sorted(r["id"] for r in written) == [r["id"] for r in rows]  # every id exactly once
+
+
+@pytest.mark.parametrize("edit", [
+    {"pid": "1234"}, {"heartbeat": "yesterday"}, {"pid": 10**30}, {"started": 1e300}, {"pid_start": 7},
+    {"host": None}, {"pid": True},
+])
+def test_a_hand_edited_lease_is_taken_over_never_a_traceback(tmp_path, edit):
+    """A lease file is data anything may have touched: a field of the wrong type or range makes
+    it a lease of nobody (taken over with a warning), not a TypeError or OverflowError."""
+    now = time.time()
+    fields = {**dataclasses.asdict(lease.Holder("feed00000009", socket.gethostname(), os.getpid(), None, now, now)),
+              **edit}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / lease.LEASE_NAME).write_text(json.dumps(fields))
+    assert lease.Holder.decode((out / lease.LEASE_NAME).read_bytes()) is None
+    taken = lease.acquire(str(out))
+    assert json.loads((out / lease.LEASE_NAME).read_text())["run_id"] == taken.holder.run_id
+    taken.release()
