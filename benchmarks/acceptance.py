@@ -63,13 +63,13 @@ def replay(prompt: list[int], reply: list[int], k: int, n_min: int, n_max: int) 
 
 async def read_rows(rows: list[dict], agent, threads: int) -> list[dict]:
     from memagent.agent import read_document
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
-    from memagent.models import resolve_model
 
     import torch
 
     torch.set_num_threads(threads)  # batch 1 on a shared machine: one thread, no spinning over the others
-    engine = TransformersEngine(resolve_model("smollm2-135m"), dtype="fp32", max_batch_size=1)
+    engine = TransformersEngine.from_config(EngineConfig(dtype="fp32", max_batch_size=1))
     out = []
     try:
         for row in rows:

@@ -49,7 +49,7 @@ def child(text_path: str, model: str, chunk_tokens: int) -> None:
     import resource
 
     from memagent.chunking import chunk_document
-    from memagent.data.io import load_tokenizer
+    from memagent.models import load_tokenizer
 
     tok = load_tokenizer(model)
     text = Path(text_path).read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -77,6 +78,35 @@ def timed(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> dict:
         seconds.append(time.perf_counter() - t0)
     return {"seconds": [round(s, 6) for s in seconds], "median": statistics.median(seconds),
             "min": min(seconds), "max": max(seconds), "result": result}
+
+
+class DecodeForwards(logging.Handler):
+    """The hf decode loop's DEBUG records, collected: ``steps`` holds one (k, rows, active rows,
+    seconds) per decode forward while the handler is attached (``with DecodeForwards() as f:``)."""
+
+    LOGGER = "memagent.engines.hf_decode"
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.steps: list[tuple[int, int, int, float]] = []
+        self._level = logging.NOTSET
+
+    def emit(self, record: logging.LogRecord) -> None:
+        step = getattr(record, "decode_forward", None)
+        if step is not None:
+            self.steps.append(step)
+
+    def __enter__(self) -> DecodeForwards:
+        logger = logging.getLogger(self.LOGGER)
+        self._level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
 
 
 def median(xs: Sequence[float]) -> float:

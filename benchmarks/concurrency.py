@@ -33,6 +33,7 @@ import statistics
 import time
 
 from benchmarks.common import (
+    DecodeForwards,
     add_threads_option,
     bench_model,
     loadavg,
@@ -192,27 +193,26 @@ def main() -> None:
 def compare_speculation(engine, rows, concurrent, args, config, threads, load_start) -> None:
     """Concurrent reads with speculation off, then on (the engine's settings): wall, outputs, k chosen."""
     from collections import Counter, defaultdict
-
-    from memagent.engines.hf_decode import Speculation
+    from dataclasses import replace
 
     spec_on = engine.speculation
     runs = {}
-    for label, spec in (("off", Speculation(max_draft=0)), ("on", spec_on)):
+    for label, spec in (("off", replace(spec_on, max_draft=0)), ("on", spec_on)):
         engine.speculation = spec
-        engine.decode_log.clear()
-        t0 = time.perf_counter()
-        results = asyncio.run(concurrent(rows))
-        wall = time.perf_counter() - t0
+        with DecodeForwards() as forwards:
+            t0 = time.perf_counter()
+            results = asyncio.run(concurrent(rows))
+            wall = time.perf_counter() - t0
         by_active: dict[int, Counter] = defaultdict(Counter)
-        for k, _b, active, _s in engine.decode_log:
+        for k, _b, active, _s in forwards.steps:
             by_active[active][k] += 1
-        runs[label] = {"wall_s": round(wall, 2), "results": results, "decode_forwards": len(engine.decode_log),
+        runs[label] = {"wall_s": round(wall, 2), "results": results, "decode_forwards": len(forwards.steps),
                        "loadavg_end": loadavg(),
                        "k_by_active_rows": {a: dict(sorted(c.items())) for a, c in sorted(by_active.items())},
                        "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
                        "drafted": sum(st.draft_tokens for r in results for st in r.steps),
                        "accepted": sum(st.accepted_tokens for r in results for st in r.steps)}
-        print(f"speculation {label}: {wall:.1f}s, {len(engine.decode_log)} decode forwards; load {loadavg()}",
+        print(f"speculation {label}: {wall:.1f}s, {len(forwards.steps)} decode forwards; load {loadavg()}",
               flush=True)
     engine.speculation = spec_on
     off, on = runs["off"], runs["on"]

@@ -297,7 +297,7 @@ class LatencyEngine(Engine):
     def __init__(self, model: LatencyModel | None = None, tokenizer: Any = None, *, name: str = "latency-model",
                  context_window: int = 131072):
         from memagent.bpe_offsets import tiktoken_bpe_for
-        from memagent.data.io import load_tokenizer
+        from memagent.models import load_tokenizer
 
         self.model = model or LatencyModel()
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer("smollm2-135m")

@@ -30,16 +30,17 @@ def main() -> None:
     from memagent.config import preset
     from memagent.data.demo import niah_row
     from memagent.data.hotpotqa import count_tokens
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
     from memagent.models import resolve_model
 
     t0 = time.perf_counter()
     model_dir = resolve_model("smollm2-135m")
     materialise = time.perf_counter() - t0
-    engine = TransformersEngine(model_dir)
+    engine = TransformersEngine.from_config(EngineConfig(model=str(model_dir)))
     first = time.perf_counter() - t0
     t1 = time.perf_counter()
-    engine = TransformersEngine(resolve_model("smollm2-135m"))
+    engine = TransformersEngine.from_config(EngineConfig(model="smollm2-135m"))
     cached = time.perf_counter() - t1
 
     config = preset(args.preset)

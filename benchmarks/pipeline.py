@@ -56,7 +56,7 @@ def main() -> None:
     from memagent.config import preset
     from memagent.data.demo import niah_row
     from memagent.data.hotpotqa import count_tokens
-    from memagent.data.io import load_tokenizer
+    from memagent.models import load_tokenizer
     from memagent.engines import EngineConfig, make_engine
 
     load_start = loadavg()

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.train_curve import niah
     from memagent.agent import read_document
     from memagent.config import AgentConfig
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
     from memagent.models import resolve_model
     from memagent.verify import contains_any
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"machine": machine(), "agent_config": agent.model_dump(), "seed": args.seed,
                     "examples": len(rows), "models": {}}
     for name, path in (("base", resolve_model(args.base)), ("trained", args.checkpoint)):
-        engine = TransformersEngine(path, dtype="fp32", device="cpu")
+        engine = TransformersEngine.from_config(EngineConfig(model=str(path), dtype="fp32", device="cpu"))
 
         async def read_all(engine=engine):
             return await asyncio.gather(*(read_document(engine, r["question"], r["context"], agent) for r in rows))

@@ -437,7 +437,7 @@ def main() -> None:
     import ray
 
     from memagent.config import AgentConfig
-    from memagent.data.io import load_tokenizer
+    from memagent.models import load_tokenizer
 
     if args.hf:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -60,6 +60,7 @@ def main() -> None:
 
     from memagent.agent import check_config, read_document
     from memagent.config import preset
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
     from memagent.full_context import read_full_context
 
@@ -67,7 +68,7 @@ def main() -> None:
     previous = json.loads(out.read_text()) if args.append and out.exists() else {}
     runs: list[dict] = list(previous.get("runs", []))
     model_dir, label = resolve_bench_model(args.model, tempfile.mkdtemp(prefix="bench-scaling-"))
-    engine = TransformersEngine(model_dir, max_batch_size=16, name=label)
+    engine = TransformersEngine.from_config(EngineConfig(model=str(model_dir)), name=label)
     threads = set_threads(args.threads)
     config = preset(args.preset).with_overrides(memory_tokens=args.memory_tokens)
     check_config(engine, config)

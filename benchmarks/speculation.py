@@ -22,32 +22,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import functools
 import json
 import resource
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import add_threads_option, loadavg, machine, print_table, set_threads, write_json
+from benchmarks.common import (DecodeForwards, add_threads_option, loadavg, machine, print_table, set_threads,
+                               write_json)
 
 
 class Lockstep:
-    """An engine wrapper: one call at a time across wrappers sharing ``lock``; times each call alone."""
+    """An engine wrapper: one call at a time across wrappers sharing ``lock``; times each call alone
+    and keeps the decode forwards (``all_forwards``' records) made during its own calls."""
 
-    def __init__(self, inner, lock: asyncio.Lock, label: str):
-        self.inner, self.lock, self.label = inner, lock, label
+    def __init__(self, inner, lock: asyncio.Lock, label: str, all_forwards: DecodeForwards):
+        self.inner, self.lock, self.label, self.all_forwards = inner, lock, label, all_forwards
         self.name, self.context_window = inner.name, inner.context_window
         self.tokenizer, self.stats = inner.tokenizer, inner.stats
         self.seconds: list[float] = []
         self.loads: list[float] = []
+        self.forwards: list[tuple[int, int, int, float]] = []
 
     async def chat(self, messages, params):
         async with self.lock:
-            t0 = time.perf_counter()
+            t0, seen = time.perf_counter(), len(self.all_forwards.steps)
             reply = await self.inner.chat(messages, params)
             self.seconds.append(time.perf_counter() - t0)
+            self.forwards.extend(self.all_forwards.steps[seen:])
             self.loads.append(loadavg()[0])
             await asyncio.sleep(0)  # let the other read take the lock next
             return reply
@@ -113,11 +117,10 @@ def main() -> None:
     from memagent.config import preset
     from memagent.data.demo import niah_row
     from memagent.data.hotpotqa import count_tokens
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
-    from memagent.engines.hf_decode import Speculation
-    from memagent.models import resolve_model
 
-    engine = TransformersEngine(resolve_model(args.model), name=args.model)
+    engine = TransformersEngine.from_config(EngineConfig(model=args.model), name=args.model)
     out: dict = {"settings": {**vars(args), "threads": threads}, "machine": machine(), "loadavg_start": loadavg()}
     if args.cost:
         out["forward_cost"] = forward_cost(engine)
@@ -128,12 +131,12 @@ def main() -> None:
     row = niah_row(0, args.tokens, depth=0.6, seed=23, count=functools.partial(count_tokens, engine.tokenizer))
     import copy
 
-    off = copy.copy(engine)
-    off.speculation = Speculation(max_draft=0)
-    off.decode_log = collections.deque(maxlen=100_000)  # its own log; the model and cost model are shared
+    off = copy.copy(engine)  # the model and cost model are shared
+    off.speculation = replace(engine.speculation, max_draft=0)
     on = engine  # the engine's defaults (EngineConfig's): speculation on
     lock = asyncio.Lock()
-    wrapped = {"off": Lockstep(off, lock, "off"), "on": Lockstep(on, lock, "on")}
+    forwards = DecodeForwards()  # both reads' decode forwards; each wrapper keeps its own
+    wrapped = {"off": Lockstep(off, lock, "off", forwards), "on": Lockstep(on, lock, "on", forwards)}
     results: dict = {}
     per_step: list[dict] = []
 
@@ -143,7 +146,7 @@ def main() -> None:
                          "seconds": wrapped["on"].seconds[-1] if wrapped["on"].seconds else None})
         out["per_step"] = per_step
         out["partial"] = {"seconds_each": {k: [round(x, 3) for x in w.seconds] for k, w in wrapped.items()},
-                          "decode_forwards_on": [(k, round(sec, 4)) for k, _b, _a, sec in engine.decode_log]}
+                          "decode_forwards_on": [(k, round(sec, 4)) for k, _b, _a, sec in wrapped["on"].forwards]}
         write_json(args.out, out)  # partial results after every step
         print(f"step {step.step + 1}/{total}: drafted {step.draft_tokens} accepted {step.accepted_tokens} "
               f"tokens {step.completion_tokens} load {loadavg()[0]}", flush=True)
@@ -155,7 +158,8 @@ def main() -> None:
         await asyncio.gather(one("off"), one("on"))
 
     t0 = time.perf_counter()
-    asyncio.run(both())
+    with forwards:
+        asyncio.run(both())
     wall = time.perf_counter() - t0
     a, b = results["off"], results["on"]
     for s, c in zip(per_step, b.completions or []):
@@ -183,7 +187,7 @@ def main() -> None:
         "completion_tokens_off": sum(c.completion_tokens for c in a.completions or []),
         "seconds_each": {"off": [round(x, 3) for x in sec_off], "on": [round(x, 3) for x in sec_on]},
         "loadavg_each": wrapped["on"].loads,
-        "decode_forwards_on": [(k, round(sec, 4)) for k, _b, _a, sec in engine.decode_log],
+        "decode_forwards_on": [(k, round(sec, 4)) for k, _b, _a, sec in wrapped["on"].forwards],
         "cost_model": {"c0": engine.cost.c0, "c_row": engine.cost.c_row, "c_tok": engine.cost.c_tok},
         "wall_seconds": wall, "loadavg_end": loadavg(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

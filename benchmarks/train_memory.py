@@ -202,7 +202,8 @@ def allocate_optimizer_state(optimizer: Any) -> None:
 
 
 def make_data(path: Path, length: int, samples: int, model: str) -> None:
-    from memagent.data.io import load_tokenizer, write_parquet
+    from memagent.data.io import write_parquet
+    from memagent.models import load_tokenizer
     from memagent.data.ruler import RULER_SCHEMA, RulerGenerator
 
     rows = list(RulerGenerator(load_tokenizer(model)).generate(["niah_single_1"], [length], samples))

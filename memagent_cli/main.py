@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_ray(args.verbose)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)  # a scheduler's stop acts like Ctrl-C
     try:
@@ -90,6 +91,22 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def quiet_ray(verbose: bool) -> None:
+    """Ray's own INFO lines (a local Ray started, each dataset's execution) only under ``-v``.
+
+    Its console handlers go to WARNING, so warnings still show and its log files keep everything.
+    (``ray.init``'s ``logging_level`` would do for the "ray" logger only, and resets on each init.)
+    """
+    if verbose:
+        return
+    import ray.data  # noqa: F401 - configures Ray's and Ray Data's handlers (the parser has imported it)
+
+    for name in ("ray", "ray.data"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.WARNING)
 
 
 def _terminated(signum: int, frame: object) -> None:

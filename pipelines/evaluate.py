@@ -113,7 +113,8 @@ def build_items(cfg: EvalConfig, path: Path) -> int:
             raise ValueError(f"{path.parent} holds an evaluation generated differently ({old}); use a new --out")
         log.info("item selection changed (%s); regenerating items, predictions of shared items are kept",
                  {k: spec[k] for k in SELECTION_KEYS})
-    from memagent.data.io import load_tokenizer, read_records
+    from memagent.data.io import read_records
+    from memagent.models import load_tokenizer
 
     if cfg.items_file:
         rows = read_records(cfg.items_file)

@@ -21,9 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from memagent.result_schema import FINGERPRINT_COLUMN as COLUMN  # the output column this module fills
 from pipelines.batch_config import BatchQAConfig
-
-COLUMN = "input_fingerprint"
 
 
 def answer_key(cfg: BatchQAConfig) -> str:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memagent.batch import result_schema
+from memagent.result_schema import JOB_SCHEMA
 from pipelines import fingerprint, storage
 from pipelines.batch_config import BatchQAConfig
 
@@ -35,17 +36,33 @@ class InputPlan:
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
-    """Validate input and output before any work; find done ids.
+    """Validate input and output before any work; find done ids. Phases: input, output, resume."""
+    storage.check_not_nested(cfg.input, storage.filesystem(cfg.input, cfg.s3)[1], cfg.output,
+                             storage.filesystem(cfg.output, cfg.s3)[1])
+    source = check_input(cfg)
+    done_files = check_output(cfg)
+    done, redo = resume_state(cfg, source, done_files)
+    skipped = int(pc.sum(pc.is_in(source.ids, value_set=done)).as_py() or 0) if len(done) else 0
+    return InputPlan(schema=source.schema, total_rows=len(source.ids), done_ids=done, skipped=skipped,
+                     output_schema=output_schema(cfg, source.schema), redo_ids=redo, files=source.files)
 
-    Input: every file readable (a corrupt one is named), the required columns in *every* file
-    (a file lacking one is named), the files' schemas unified (columns of every file kept, nulls
-    where a file lacks an optional one; compatible types widened; incompatible types name the
-    column and both files), ids strings, non-null, unique. Output: a directory or prefix (never
-    a file), writable (a probe object is written and deleted), holding only batch outputs.
-    """
+
+@dataclass(frozen=True)
+class CheckedInput:
+    """The input as :func:`check_input` found it."""
+
+    files: list[str]
+    schema: pa.Schema  # every file's columns, unified
+    ids: pa.ChunkedArray
+
+
+def check_input(cfg: BatchQAConfig) -> CheckedInput:
+    """Every file readable (a corrupt one is named), the required columns in *every* file (a file
+    lacking one is named), the files' schemas unified (columns of every file kept, nulls where a
+    file lacks an optional one; compatible types widened; incompatible types name the column and
+    both files), no column named like an output column, ids strings, non-null, unique."""
     endpoint = storage.s3_endpoint(cfg.s3)
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
-    storage.check_not_nested(cfg.input, in_path, cfg.output, storage.filesystem(cfg.output, cfg.s3)[1])
     with storage.io_errors("input", cfg.input, endpoint):
         files = storage.parquet_files(in_fs, in_path)
         if not files:
@@ -64,8 +81,8 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
         raise ValueError("input has a question column and a job-level question was given: drop one of them")
     if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
         raise ValueError(f"input column id must be strings, got {schema.field('id').type}; cast the ids to strings")
-    results = result_schema(cfg.agent)  # with a schema: its field columns, extraction, field_evidence
-    clash = [c for c in [*results.names, "node_id", fingerprint.COLUMN] if c in schema.names]
+    # With a schema the results include its field columns, extraction and field_evidence.
+    clash = [c for c in [*result_schema(cfg.agent).names, *JOB_SCHEMA.names] if c in schema.names]
     if clash:
         raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
     with storage.io_errors("input", cfg.input, endpoint):
@@ -75,11 +92,23 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
     dup = storage.duplicates(ids)
     if dup:
         raise ValueError(f"input column id has duplicates, e.g. {', '.join(dup)}; ids must be unique")
+    return CheckedInput(files, schema, ids)
 
+
+def check_output(cfg: BatchQAConfig) -> list[str]:
+    """The output is a directory or prefix (never a file), writable (a probe object is written and
+    deleted), holding only batch outputs; returns its complete Parquet files."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)
-    with storage.io_errors("output", cfg.output, endpoint):
-        done_files = storage.complete_parquet_files(out_fs, out_path)
+    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
+        return storage.complete_parquet_files(out_fs, out_path)
+
+
+def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]) -> tuple[pa.Array, pa.Array]:
+    """The ids already answered (skipped) and those in the output to redo (infrastructure errors,
+    and with ``redo_changed`` rows whose input changed); refuses a changed input otherwise."""
+    out_fs, _ = storage.filesystem(cfg.output, cfg.s3)
+    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
         # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
         done, retry = storage.output_ids(out_fs, done_files)
         dup = storage.duplicates(pa.chunked_array([done, retry.cast(pa.string())], pa.string()))
@@ -87,8 +116,9 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
             raise ValueError(f"output {cfg.output} holds duplicate ids, e.g. {', '.join(sorted(dup))}; repair it with: "
                              f"memagent repair-output --output {cfg.output}")
         if len(done):  # resume checks what it skips: same question, context and answer-changing settings?
-            changed = fingerprint.changed_ids(in_fs, files, out_fs, done_files, done, fingerprint.job_question(cfg),
-                                              fingerprint.answer_key(cfg))
+            in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
+            changed = fingerprint.changed_ids(in_fs, source.files, out_fs, done_files, done,
+                                              fingerprint.job_question(cfg), fingerprint.answer_key(cfg))
             if len(changed) and not cfg.redo_changed:
                 raise ValueError(f"{len(changed)} id(s) already in {cfg.output} were answered from a different input "
                                  "(question, context, schema or answer-changing settings), "
@@ -98,13 +128,14 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
                 log.warning("%d id(s) in %s changed since they were answered: redoing them", len(changed), cfg.output)
                 done = done.filter(pc.invert(pc.is_in(done, value_set=changed)))
                 retry = pa.concat_arrays([retry.cast(pa.string()), changed])
-    retry = retry.filter(pc.is_in(retry, value_set=ids.combine_chunks())) if len(retry) else retry
-    extra = [f for f in results if f.name not in schema.names] + [pa.field("node_id", pa.string()),
-                                                                        pa.field(fingerprint.COLUMN, pa.string())]
-    output_schema = pa.schema(list(schema) + extra)
-    skipped = int(pc.sum(pc.is_in(ids, value_set=done)).as_py() or 0) if len(done) else 0
-    return InputPlan(schema=schema, total_rows=len(ids), done_ids=done, skipped=skipped, output_schema=output_schema,
-                     redo_ids=retry, files=files)
+    retry = retry.filter(pc.is_in(retry, value_set=source.ids.combine_chunks())) if len(retry) else retry
+    return done, retry
+
+
+def output_schema(cfg: BatchQAConfig, schema: pa.Schema) -> pa.Schema:
+    """The input's columns, then the result columns it lacks, then the job's own."""
+    results = [f for f in result_schema(cfg.agent) if f.name not in schema.names]
+    return pa.schema([*schema, *results, *JOB_SCHEMA])
 
 
 def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:

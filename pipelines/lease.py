@@ -166,7 +166,7 @@ class _S3Store:
         s3 = s3 or S3Options()
         self.bucket, _, prefix = path.partition("/")
         self.key = f"{prefix.rstrip('/')}/{LEASE_NAME}" if prefix.strip("/") else LEASE_NAME
-        region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        region = s3.region_name()
         # botocore's DEBUG records print the signed request, session token included: a --verbose
         # job must not log them (raise the level to INFO, never lower it: a quiet job stays quiet).
         botocore_log = logging.getLogger("botocore")

@@ -16,8 +16,9 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from memagent.data.hotpotqa import TRAINING_SCHEMA, DocPool, HotpotSynthConfig, load_hotpotqa, make_sample
-from memagent.data.io import load_tokenizer, write_parquet
+from memagent.data.io import write_parquet
 from memagent.data.ruler import RULER_SCHEMA, RulerItems
+from memagent.models import load_tokenizer
 
 
 class SynthJob(BaseModel):

@@ -33,10 +33,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -44,13 +43,11 @@ from memagent.config import AgentConfig
 from memagent.engines import DEFAULT_MODEL
 from memagent.rl.config import TrainConfig
 
+if TYPE_CHECKING:
+    from memagent.rl.rollout import RewardFn
+
 log = logging.getLogger(__name__)
 
-# Fault injection for tests: "STEP" or "STEP:RANK" (rank 0 by default) -- that worker kills its own
-# process (SIGKILL, like the OOM killer) during the rollout of that step, once: the marker file
-# (batch QA's MEMAGENT_FAULT_MARKER) records that it happened.
-KILL_AT_STEP_ENV = "MEMAGENT_FAULT_TRAIN_KILL_AT"
-KILL_MARKER_ENV = "MEMAGENT_FAULT_MARKER"
 # In the run directory, written by rank 0 of each worker-group start (first launch and restarts).
 LAUNCHES = "launches.jsonl"
 
@@ -179,7 +176,7 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
 
 def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfig,
                  data: str | Path | Sequence[Mapping[str, Any]], out_dir: str | Path, model: str = DEFAULT_MODEL,
-                 resume: bool = False, force: bool = False,
+                 resume: bool = False, force: bool = False, reward_fn: RewardFn | None = None,
                  on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train with ``job.workers`` ranks; returns the run's per-step metric records (``metrics.jsonl``).
 
@@ -188,6 +185,8 @@ def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfi
     as is). ``resume``: continue from ``out_dir``'s latest checkpoint (refused when it was
     written by another worker count, :func:`check_resume_world`); without it an ``out_dir``
     holding checkpoints is refused. After a worker failure the restarted group always resumes.
+    ``reward_fn``: ``(final response, answers) -> float`` (default: strict boxed EM); with Ray it
+    is pickled into every worker, so it must be a picklable callable.
     ``on_step`` sees each step's metrics in this process (progress bars; in-process runs only).
     """
     out = Path(out_dir).resolve()
@@ -199,11 +198,13 @@ def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfi
     if step is not None:
         check_resume_world(out, job.workers, config.zero_stage)
     if not job.uses_ray:
+        from memagent.rl.rollout import default_reward
         from memagent.rl.trainer import train
 
         trim_metrics(out, step or 0)
         train(config=config, agent_config=agent_config, data=str(data) if isinstance(data, Path) else data,
-              out_dir=out, model=model, resume=step is not None, force=force, on_step=on_step)
+              out_dir=out, model=model, resume=step is not None, force=force, on_step=on_step,
+              reward_fn=reward_fn or default_reward)
         return read_metrics(out)
     from memagent.rl.data import check_source
 
@@ -215,16 +216,8 @@ def run_training(job: TrainJob, *, config: TrainConfig, agent_config: AgentConfi
     if Path(model).exists():
         model = str(Path(model).resolve())
     _fit(job, {"config": config, "agent_config": agent_config, "data": data, "out_dir": str(out), "model": model,
-               "force": force, "fault": _fault_spec()}, out)
+               "force": force, "reward_fn": reward_fn}, out)
     return read_metrics(out)
-
-
-def _fault_spec() -> dict[str, Any] | None:
-    at, marker = os.environ.get(KILL_AT_STEP_ENV), os.environ.get(KILL_MARKER_ENV)
-    if not (at and marker):
-        return None
-    step, _, rank = at.partition(":")
-    return {"step": int(step), "rank": int(rank or 0), "marker": marker}
 
 
 def _fit(job: TrainJob, loop_config: dict[str, Any], out: Path) -> None:
@@ -279,18 +272,6 @@ def _train_worker(cfg: dict[str, Any]) -> None:
     start = checkpoint_step(out)
     if rank == 0:  # before train(): no rank writes metrics until the first step's collectives
         trim_metrics(out, start or 0)
-    state = {"step": start or 0}
-    fault = cfg.get("fault")
-
-    def reward_fn(response: str, answers: Any) -> float:
-        if (fault and rank == fault["rank"] and state["step"] == fault["step"]
-                and not Path(fault["marker"]).exists()):
-            Path(fault["marker"]).write_text(f"killed rank {rank} (pid {os.getpid()}) at step {state['step']}\n")
-            os.kill(os.getpid(), signal.SIGKILL)
-        return default_reward(response, answers)
-
-    def on_step(record: dict[str, Any]) -> None:
-        state["step"] = int(record["step"]) + 1
 
     import ray
     import torch.distributed as dist
@@ -308,5 +289,5 @@ def _train_worker(cfg: dict[str, Any]) -> None:
     if start is not None:
         log.info("rank %d: resuming %s from step %d", rank, out, start)
     train(config=cfg["config"], agent_config=cfg["agent_config"], data=cfg["data"],
-          out_dir=out, model=cfg["model"], resume=start is not None, reward_fn=reward_fn if fault else default_reward,
-          on_step=on_step, force=cfg["force"])
+          out_dir=out, model=cfg["model"], resume=start is not None, reward_fn=cfg["reward_fn"] or default_reward,
+          force=cfg["force"])

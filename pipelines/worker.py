@@ -12,7 +12,7 @@ import ray
 
 from memagent.engines import EngineConfig
 from memagent.error_kinds import engine_is_dead
-from memagent.error_kinds import InfraBreaker
+from pipelines.breaker import InfraBreaker
 from pipelines import fingerprint
 from pipelines.admission import AdmissionPlan, Gate, is_long_document
 from pipelines.batch_config import BatchQAConfig

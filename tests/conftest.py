@@ -69,15 +69,17 @@ def ray_local():
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_dir: Path):
     """One transformers engine on the packaged model for the whole session."""
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
 
-    return TransformersEngine(smollm2_dir, max_batch_size=16, name="smollm2-135m")
+    return TransformersEngine.from_config(EngineConfig(model=str(smollm2_dir)), name="smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_llama_dir: Path):
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
 
-    return TransformersEngine(tiny_llama_dir, max_batch_size=16, name="tiny-llama")
+    return TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)), name="tiny-llama")
 
 

@@ -69,6 +69,25 @@ class _CrashingEngine:
         return await self.inner.chat(messages, params)
 
 
+class KillInRollout:
+    """Training's ``reward_fn`` seam, for fail-over tests: rank ``rank`` kills its own process
+    (SIGKILL, like the OOM killer) in the first rollout after checkpoint ``after_tag`` is the
+    latest in ``out_dir``, once per ``marker`` file; otherwise the default reward."""
+
+    def __init__(self, out_dir: Path, after_tag: str, marker: Path, rank: int = 0):
+        self.ckpt, self.after_tag, self.marker, self.rank = str(Path(out_dir) / "checkpoints"), after_tag, str(marker), rank
+
+    def __call__(self, response: str, answers: Any) -> float:
+        from memagent.rl.checkpoint import latest_tag
+        from memagent.rl.rollout import default_reward
+
+        rank = int(os.environ.get("RANK", 0))  # set by Ray Train in each worker
+        if rank == self.rank and not os.path.exists(self.marker) and latest_tag(Path(self.ckpt)) == self.after_tag:
+            Path(self.marker).write_text(f"killed rank {rank} (pid {os.getpid()}) after {self.after_tag}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return default_reward(response, answers)
+
+
 class ScriptedEngine(Engine):
     """Sleeps ``sleep_s`` per conversation and replies with a fixed text; logs (time, question) per call."""
 

@@ -53,10 +53,11 @@ def serve_on(app: FastAPI, sock: socket.socket) -> Iterator[str]:
 
 def served_app(tiny_llama_dir: Path, seen_auth: list[str] | None = None) -> FastAPI:
     """`memagent serve`'s app over the tiny random Llama; records each request's Authorization header."""
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
     from memagent.serve import create_app
 
-    engine = TransformersEngine(tiny_llama_dir, max_batch_size=16, batch_wait_s=0.05, name=SERVED)
+    engine = TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)), batch_wait_s=0.05, name=SERVED)
     app = create_app(engine)
     if seen_auth is not None:
         @app.middleware("http")

@@ -78,7 +78,7 @@ def test_meter_reports_a_blocked_event_loop():
 
 
 def test_long_documents_are_counted_in_tokens():
-    from memagent.data.io import load_tokenizer
+    from memagent.models import load_tokenizer
     from pipelines.admission import is_long_document
 
     text = "The river runs past the old mill. " * 300  # ~2,400 tokens, ~10,000 characters

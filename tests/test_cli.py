@@ -193,3 +193,27 @@ def test_schema_flag_builds_the_extraction_config(tmp_path):
     assert cfg.agent.preset == "small" and cfg.question is None
     with pytest.raises(SystemExit):  # only the job that extracts takes a schema
         build_parser().parse_args(["ask", "--question", "q", "--schema", str(path)])
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_ray_info_lines_only_under_verbose(capsys, verbose):
+    import logging
+
+    import ray.data  # noqa: F401 - its import sets up Ray's console handlers
+
+    from memagent_cli.main import quiet_ray
+
+    handlers = [h for name in ("ray", "ray.data") for h in logging.getLogger(name).handlers]
+    levels = [h.level for h in handlers]
+    try:
+        quiet_ray(verbose)
+        capsys.readouterr()
+        logging.getLogger("ray._private.worker").info("Started a local Ray instance.")
+        logging.getLogger("ray.data._internal.execution").info("Dataset execution finished")
+        logging.getLogger("ray.data._internal.execution").warning("a warning that matters")
+        err = capsys.readouterr().err
+        assert "a warning that matters" in err
+        assert ("Started a local Ray instance." in err) == verbose and ("execution finished" in err) == verbose
+    finally:
+        for handler, level in zip(handlers, levels):
+            handler.setLevel(level)

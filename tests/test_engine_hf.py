@@ -32,7 +32,7 @@ def test_concurrent_requests_share_one_forward(tiny_engine: TransformersEngine):
 
 
 def test_per_request_max_tokens_and_max_batch_size(tiny_llama_dir):
-    engine = TransformersEngine(tiny_llama_dir, max_batch_size=2)
+    engine = TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir), max_batch_size=2))
 
     async def run():
         return await asyncio.gather(*(engine.chat(msgs("hi there"), SamplingParams(max_tokens=n)) for n in (2, 5, 9)))
@@ -120,6 +120,26 @@ def test_sampling_params_validation():
 def test_make_engine_by_name(tiny_llama_dir):
     engine = make_engine(EngineConfig(model=str(tiny_llama_dir), max_batch_size=3))
     assert engine.max_batch_size == 3 and engine.context_window == 4096
+    assert engine.name == tiny_llama_dir.name and engine.dtype in (torch.float32, torch.bfloat16)
+
+
+def test_the_engine_is_built_from_its_config_and_rejects_another_backends(tiny_llama_dir):
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="fp32", context_window=512, speculate=False,
+                          prompt_lookup_min=1, prompt_lookup_max=3)
+    engine = TransformersEngine.from_config(config, name="tiny")
+    assert (engine.name, engine.dtype, engine.context_window) == ("tiny", torch.float32, 512)
+    assert (engine.speculation.max_draft, engine.speculation.ngram_min, engine.speculation.ngram_max) == (0, 1, 3)
+    with pytest.raises(ValueError, match="engine='hf'"):
+        TransformersEngine(tiny_llama_dir, EngineConfig(engine="vllm", model=str(tiny_llama_dir)))
+
+
+def test_loading_prints_no_progress_bar(tiny_llama_dir, capfd):
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)))
+    assert "Loading weights" not in capfd.readouterr().err  # one bar per actor, every update, in a batch job
+    assert hf_logging.is_progress_bar_enabled()  # switched off for the load only
 
 
 def test_missing_model_says_how_to_install():

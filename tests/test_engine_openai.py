@@ -66,7 +66,7 @@ def served_engine(tiny_llama_dir):
     """The engine behind the server; its own instance, so its stats are the server's alone."""
     from memagent.engines.hf import TransformersEngine
 
-    return TransformersEngine(tiny_llama_dir, max_batch_size=16, batch_wait_s=0.05, name=SERVED)
+    return TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)), batch_wait_s=0.05, name=SERVED)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +196,7 @@ EXTRACT = {"type": "object", "properties": {
 
 
 def test_json_schema_is_sent_as_response_format(tokenizer):
-    from memagent.engines.grammar import render_schema
+    from memagent.engines.json_schema import render_schema
 
     engine = OpenAIEngine("http://127.0.0.1:9/v1", "m", tokenizer, 512)
     body = engine._request_body(HELLO, SamplingParams(max_tokens=40, json_schema=json.dumps(EXTRACT)))

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from memagent.engines import EngineConfig, SamplingParams, make_engine
-from memagent.engines.grammar import render_schema
+from memagent.engines.json_schema import render_schema
 from memagent.engines.vllm import (
     VLLMEngine,
     check_device,

@@ -1,4 +1,4 @@
-"""JSON-Schema constrained decoding (memagent/engines/grammar.py) with a tiny random model.
+"""JSON-Schema constrained decoding (memagent/engines/json_schema.py, grammar.py) with a tiny random model.
 
 A random model is the hardest case for a grammar: it has no idea of JSON, so every reply that
 parses and validates does so because of the constraint. The model's embedding is padded past the
@@ -14,13 +14,13 @@ import jsonschema
 import pytest
 import torch
 
-from memagent.engines.grammar import (
+from memagent.engines.grammar import make_constraint
+from memagent.engines.json_schema import (
     DATE_PATTERN,
     MAX_ARRAY_ITEMS,
     MAX_MAGNITUDE,
     MAX_STRING_CHARS,
     NUMBER_STEP,
-    make_constraint,
     render_schema,
 )
 
@@ -141,34 +141,23 @@ def test_padded_ids_are_masked_and_refused(tokenizer):
         c.mask_logits(torch.zeros(len(tokenizer)))  # the width the constraint was built for
 
 
-def test_accept_and_rollback_round_trip(tokenizer):
+def test_accept_walks_a_reply_and_a_refused_token_changes_nothing(tokenizer):
     vocab = len(tokenizer) + PAD
     schema = json.dumps(ALL_FIELDS)
     # Keys come in the schema's order (the grammar's rule: a key out of order is refused).
     reply = '{"string":"Harlow Freight Ltd","number":48250.5,"date":"2021-03-14","enum":"GBP","array":["A. Smith"]}'
     tokens = tokenizer(reply, add_special_tokens=False)["input_ids"]
     c = make_constraint(schema, tokenizer, vocab)
-    masks = []
-    for t in tokens:
-        masks.append(allowed(c, vocab))
-        assert masks[-1][t]
-        assert c.accept(t)
-    assert c.is_finished()
-    c.rollback(7)
-    assert not c.is_finished()
-    assert torch.equal(allowed(c, vocab), masks[-7])
-    for t in tokens[-7:]:  # the same tokens are accepted again: the state came back exactly
-        assert c.accept(t)
-    assert c.is_finished()
-    c.rollback(len(tokens))
-    assert torch.equal(allowed(c, vocab), masks[0])
-    assert torch.equal(masks[0], allowed(make_constraint(schema, tokenizer, vocab), vocab))
-    with pytest.raises(ValueError, match="roll back"):
-        c.rollback(1)
-    # A refused token leaves the state as it was (a speculative draft the grammar rejects).
+    assert torch.equal(allowed(c, vocab), allowed(make_constraint(schema, tokenizer, vocab), vocab))
+    # A refused token leaves the state as it was.
     before = allowed(c, vocab)
     assert not c.accept(tokenizer.convert_tokens_to_ids("hello"))
-    assert torch.equal(allowed(c, vocab), before) and c.accept(tokens[0])
+    assert torch.equal(allowed(c, vocab), before)
+    for t in tokens:
+        assert allowed(c, vocab)[t]
+        assert not c.is_finished()
+        assert c.accept(t)
+    assert c.is_finished()
 
 
 def test_is_finished_exactly_at_the_end_of_the_object(tokenizer):
@@ -181,8 +170,6 @@ def test_is_finished_exactly_at_the_end_of_the_object(tokenizer):
     assert c.accept(tokens[-1]) and c.is_finished()
     assert torch.nonzero(allowed(c, vocab)).flatten().tolist() == [tokenizer.eos_token_id]
     assert c.accept(tokenizer.eos_token_id) and c.is_finished()
-    c.rollback(2)
-    assert not c.is_finished()
 
 
 def feed(c, tokenizer, text: str) -> bool:

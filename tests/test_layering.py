@@ -1,5 +1,6 @@
 """Data flows one way: memagent/ never imports Ray, Prefect or the layers above it; pipelines/
-never imports Prefect; nothing below the command line imports it."""
+never imports Prefect; nothing below the command line imports it; no import cycle between
+modules, nor between subpackages."""
 
 from __future__ import annotations
 
@@ -138,6 +139,33 @@ def test_no_import_cycles_between_project_modules():
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(
         f"{' -> '.join(cycle)}  (all of: {', '.join(members)})" for cycle, members in cycles)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each subpackage as one node (``memagent.engines.hf`` -> ``memagent.engines``);
+    a top-level module (``memagent.models``, ``pipelines.worker``) stays a node of its own."""
+    unit = lambda name: ".".join(name.split(".")[:2])  # noqa: E731
+    packages: dict[str, set[str]] = {unit(name): set() for name in graph}
+    for name, targets in graph.items():
+        packages[unit(name)].update(unit(t) for t in targets if unit(t) != unit(name))
+    return packages
+
+
+def test_no_import_cycles_between_project_packages():
+    # Two subpackages that import each other (even through different modules) are one knot: neither
+    # can be read, tested or moved without the other.
+    modules = project_modules()
+    graph = package_graph({name: import_edges(name, path, modules) for name, path in modules.items()})
+    cycles = find_cycles(graph)
+    assert not cycles, "package import cycles:\n" + "\n".join(
+        f"{' -> '.join(cycle)}  (all of: {', '.join(members)})" for cycle, members in cycles)
+
+
+def test_package_graph_sees_a_knot_that_no_module_cycle_shows():
+    graph = {"m.engines.openai": {"m.data.io"}, "m.data.io": set(), "m.data.filter": {"m.engines"},
+             "m.engines": set(), "m.models": set()}
+    assert find_cycles(graph) == []
+    assert find_cycles(package_graph(graph)) == [(["m.data", "m.engines", "m.data"], ["m.data", "m.engines"])]
 
 
 def test_cycle_finder_sees_type_checking_and_function_imports(tmp_path):

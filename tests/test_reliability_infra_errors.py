@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from memagent.engines.openai import EndpointError
-from memagent.error_kinds import InfraBreaker, InfrastructureFailure, error_kind, error_prefix, is_infra_error
+from memagent.error_kinds import InfrastructureFailure, error_kind, error_prefix, is_infra_error
+from pipelines.breaker import InfraBreaker
 from tests.pipeline_helpers import good_rows, read_output, write_rows
 from tests.reliability_helpers import SERVED, free_port, served_app, serving
 

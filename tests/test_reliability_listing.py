@@ -183,6 +183,7 @@ def test_s3_bucket_gone_during_the_job_is_one_line(ray_local, tiny_llama_dir, tm
     import urllib.request
 
     import boto3
+    import ray
 
     from infra.local_s3 import CREDENTIALS, s3_server
     from pipelines.batch_qa import run_batch_qa
@@ -194,17 +195,19 @@ def test_s3_bucket_gone_during_the_job_is_one_line(ray_local, tiny_llama_dir, tm
     with s3_server(buckets=("lake",)) as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint)
 
-        def drop_bucket_once_leased() -> None:
+        def drop_bucket_once_the_actors_start() -> None:
+            # The job holds the lease and its checks are done once it creates the run's occupancy
+            # ledger (a named actor, made just before the dataset's actors): then the bucket goes.
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 keys = [o["Key"] for o in client.list_objects_v2(Bucket="lake").get("Contents", [])]
-                if f"out/{LEASE_NAME}" in keys:
-                    time.sleep(3)  # the checks are done; the actors are starting
+                started = any(n.startswith("memagent-occupancy-") for n in ray.util.list_named_actors())
+                if f"out/{LEASE_NAME}" in keys and started:
                     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
                     return
                 time.sleep(0.05)
 
-        thread = threading.Thread(target=drop_bucket_once_leased, daemon=True)
+        thread = threading.Thread(target=drop_bucket_once_the_actors_start, daemon=True)
         thread.start()
         cfg = job(tmp_path / "in", "s3://lake/out", engine=EngineConfig(model=str(tiny_llama_dir)),
                   s3={"endpoint_url": endpoint})

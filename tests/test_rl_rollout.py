@@ -65,10 +65,11 @@ def test_records_line_up_and_only_the_final_answer_is_rewarded(tiny_engine):
 
 
 def test_masks_line_up_with_token_ids_and_logprobs_recompute(tiny_llama_dir):
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
 
     # fp32 whatever the CPU (dtype "auto" is bf16 on CPUs with bf16 units): log-probs compared at 1e-3.
-    tiny_engine = TransformersEngine(tiny_llama_dir, max_batch_size=16, name="tiny-llama", dtype="fp32")
+    tiny_engine = TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir), dtype="fp32"), name="tiny-llama")
     batch, _ = run(tiny_engine, niah(1), batch_size=1, group_size=2)
     samples = [Sample(c, 1.0) for c in batch.conversations]
     b = collate(samples, tiny_engine.pad_id)

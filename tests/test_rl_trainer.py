@@ -93,6 +93,7 @@ def test_load_examples_checks_columns(tmp_path):
 
 @pytest.mark.slow
 def test_train_checkpoint_export_and_resume(tiny_llama_dir, tmp_path):
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
     from memagent.rl.checkpoint import export_checkpoint
     from memagent.rl.trainer import train
@@ -120,7 +121,7 @@ def test_train_checkpoint_export_and_resume(tiny_llama_dir, tmp_path):
     changed = [k for k in old if not torch.equal(old[k], new[k])]
     assert len(changed) == len(old), f"unchanged: {set(old) - set(changed)}"
 
-    engine = TransformersEngine(hf, dtype="fp32")  # the export loads and generates
+    engine = TransformersEngine.from_config(EngineConfig(model=str(hf), dtype="fp32"))  # the export loads and generates
     reply = __import__("asyncio").run(engine.chat([{"role": "user", "content": "hi"}],
                                                   __import__("memagent.engines.base", fromlist=["x"]).SamplingParams(4)))
     assert reply.completion_tokens > 0

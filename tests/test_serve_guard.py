@@ -50,9 +50,10 @@ def running(app) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir):
+    from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
 
-    return TransformersEngine(tiny_llama_dir, max_batch_size=16, batch_wait_s=0.02, name="tiny-llama")
+    return TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)), batch_wait_s=0.02, name="tiny-llama")
 
 
 @pytest.fixture

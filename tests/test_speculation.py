@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,8 +14,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TopPLogitsWarper
 
-from memagent.engines import SamplingParams
+from memagent.engines import EngineConfig, SamplingParams
 from memagent.engines.hf import TransformersEngine
+from memagent.engines import hf_decode
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.speculation import (
@@ -113,21 +115,27 @@ def exact_distribution(model, temperature: float) -> dict[tuple[int, ...], float
 
 def sample_replies(model, n: int, rule, seed: int, temperature: float) -> Counter:
     gen = torch.Generator().manual_seed(seed)
-    loop = DecodeLoop(model, eos_ids=set(), pad_id=0, spec=Speculation(max_draft=4, adaptive=False),
-                      accept_rule=rule, generator=gen)
+    loop = DecodeLoop(model, eos_ids=set(), pad_id=0, spec=Speculation(max_draft=4, ngram_min=2, ngram_max=4, adaptive=False),
+                      generator=gen)
     counts: Counter = Counter()
     batch = 500
-    for _ in range(n // batch):
-        cache = ReservedCache(1, len(PROMPT) + 10)
-        with torch.no_grad():
-            model(input_ids=torch.tensor([PROMPT[:-1]] * batch), cache=cache, use_cache=True)
-        rows = [Row(list(PROMPT), STEPS, temperature=temperature) for _ in range(batch)]
-        loop.run(rows, cache, torch.ones(batch, len(PROMPT) - 1, dtype=torch.long))
-        counts.update(tuple(r.tokens) for r in rows)
-        drafted = sum(r.draft_tokens for r in rows)
-        accepted = sum(r.accepted_tokens for r in rows)
-        assert drafted > 0 and 0 < accepted < drafted  # drafts were made, some kept, some not
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hf_decode, "accept_sampled", rule)  # the loop's sampled verification
+        for _ in range(n // batch):
+            _sample_batch(model, loop, batch, temperature, counts)
     return counts
+
+
+def _sample_batch(model, loop: DecodeLoop, batch: int, temperature: float, counts: Counter) -> None:
+    cache = ReservedCache(1, len(PROMPT) + 10)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([PROMPT[:-1]] * batch), cache=cache, use_cache=True)
+    rows = [Row(list(PROMPT), STEPS, temperature=temperature) for _ in range(batch)]
+    loop.run(rows, cache, torch.ones(batch, len(PROMPT) - 1, dtype=torch.long))
+    counts.update(tuple(r.tokens) for r in rows)
+    drafted = sum(r.draft_tokens for r in rows)
+    accepted = sum(r.accepted_tokens for r in rows)
+    assert drafted > 0 and 0 < accepted < drafted  # drafts were made, some kept, some not
 
 
 def chi_square_pvalue(counts: Counter, expected: dict, n: int) -> float:
@@ -195,7 +203,7 @@ def _prompts(engine: TransformersEngine) -> list[tuple[list[dict[str, str]], int
 def smollm2_fp32(smollm2_dir):
     """The packaged model in fp32 whatever the CPU: dtype "auto" is bf16 on CPUs with bf16 units,
     where a (k+1)-token verification rounds differently from k+1 single steps (docs/engines.md)."""
-    return TransformersEngine(smollm2_dir, max_batch_size=16, name="smollm2-135m", dtype="fp32")
+    return TransformersEngine.from_config(EngineConfig(model=str(smollm2_dir), dtype="fp32"), name="smollm2-135m")
 
 
 @pytest.mark.slow
@@ -214,8 +222,8 @@ def test_greedy_speculation_gives_the_same_tokens_and_logprobs(smollm2_fp32):
 
     saved = engine.speculation
     try:
-        plain = run(Speculation(max_draft=0))
-        fast = run(Speculation(max_draft=8, adaptive=False))
+        plain = run(replace(saved, max_draft=0))
+        fast = run(replace(saved, max_draft=8, adaptive=False))
     finally:
         engine.speculation = saved
     assert sum(c.draft_tokens for c in fast) > 0 and sum(c.accepted_tokens for c in fast) > 0
@@ -246,7 +254,6 @@ class DigitsThenEos:
     def __init__(self, digit_ids: list[int], eos: int, vocab: int):
         self.digits, self.eos, self.vocab = set(digit_ids), eos, vocab
         self.accepted: list[int] = []
-        self.rollbacks = 0
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
         allowed = set(self.digits) if len(self.accepted) < 3 else set()
@@ -259,10 +266,6 @@ class DigitsThenEos:
     def accept(self, token: int) -> bool:
         self.accepted.append(token)
         return True
-
-    def rollback(self, n: int) -> None:
-        self.rollbacks += n
-        del self.accepted[len(self.accepted) - n:]
 
     def is_finished(self) -> bool:
         return bool(self.accepted) and self.accepted[-1] == self.eos
@@ -287,7 +290,7 @@ def test_constrained_rows_follow_their_constraint_beside_free_rows(tiny_engine, 
     constrained, free = asyncio.run(go())
     assert constrained.finish_reason == "stop" and constrained.token_ids[-1] == eos
     assert 1 <= len(constrained.token_ids) - 1 <= 3 and set(constrained.token_ids[:-1]) <= set(digits)
-    assert made[0].accepted == constrained.token_ids and made[0].rollbacks == 0
+    assert made[0].accepted == constrained.token_ids
     assert constrained.draft_tokens == 0  # constrained rows never draft
     assert free.completion_tokens <= 12
 
@@ -295,7 +298,7 @@ def test_constrained_rows_follow_their_constraint_beside_free_rows(tiny_engine, 
 def test_speculation_flags_come_from_the_engine_config(tiny_llama_dir):
     import argparse
 
-    from memagent.engines import EngineConfig, make_engine
+    from memagent.engines import make_engine
     from memagent_cli.flags import add_model_flags, build
 
     parser = argparse.ArgumentParser()

@@ -9,8 +9,8 @@ import pytest
 
 from memagent.config import preset
 from memagent.rl.config import TrainConfig
-from pipelines.train_job import (KILL_AT_STEP_ENV, KILL_MARKER_ENV, LAUNCHES, TrainJob, check_resume_world,
-                                 read_metrics, run_training, trim_metrics)
+from pipelines.train_job import LAUNCHES, TrainJob, check_resume_world, read_metrics, run_training, trim_metrics
+from tests.pipeline_helpers import KillInRollout
 from test_rl_rollout import niah
 
 AGENT = preset("tiny").with_overrides(chunk_tokens=64, memory_tokens=16, answer_tokens=8)
@@ -131,14 +131,12 @@ def test_two_workers_give_the_run_of_one(tiny_llama_dir: Path, tmp_path: Path, l
 
 
 @pytest.mark.slow
-def test_a_killed_worker_fails_over_to_the_last_checkpoint(tiny_llama_dir: Path, tmp_path: Path, local_ray,
-                                                            monkeypatch):
+def test_a_killed_worker_fails_over_to_the_last_checkpoint(tiny_llama_dir: Path, tmp_path: Path, local_ray):
     marker = tmp_path / "killed"
-    monkeypatch.setenv(KILL_AT_STEP_ENV, "1:1")  # rank 1 kills itself during step 1's rollout
-    monkeypatch.setenv(KILL_MARKER_ENV, str(marker))
     out = tmp_path / "run"
+    kill = KillInRollout(out, "step_000001", marker, rank=1)  # rank 1 kills itself during step 1's rollout
     records = run_training(TrainJob(workers=2, max_failures=1), config=config(steps=3), agent_config=AGENT,
-                           data=niah(8), out_dir=out, model=str(tiny_llama_dir))
+                           data=niah(8), out_dir=out, model=str(tiny_llama_dir), reward_fn=kill)
     assert "killed rank 1" in marker.read_text()
     # The restarted group began at the checkpoint of step 1 and finished the run.
     assert [(x["start_step"], x["resumed"]) for x in launches(out)] == [(0, False), (1, True)]

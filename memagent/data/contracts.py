@@ -292,8 +292,7 @@ def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_t
     import pyarrow.parquet as pq
 
     from memagent.data.hotpotqa import count_tokens
-    from memagent.data.io import load_tokenizer
-    from memagent.models import DEFAULT_MODEL
+    from memagent.models import DEFAULT_MODEL, load_tokenizer
 
     count = functools.partial(count_tokens, load_tokenizer(model or DEFAULT_MODEL))
     rows = contract_corpus(n, min_tokens, max_tokens, seed, count)

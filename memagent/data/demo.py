@@ -168,7 +168,7 @@ def write_demo_corpus(
     import pyarrow.parquet as pq
 
     from memagent.data.hotpotqa import count_tokens
-    from memagent.data.io import load_tokenizer
+    from memagent.models import load_tokenizer
 
     count = functools.partial(count_tokens, load_tokenizer(model))
     rows = demo_corpus(lengths=tuple(lengths), qa_items=qa_items, seed=seed, count=count)

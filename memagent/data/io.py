@@ -18,8 +18,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from memagent.models import DEFAULT_MODEL
-
 
 class S3Options(BaseModel):
     """S3 connection settings; credentials come from the AWS chain, never from here."""
@@ -34,6 +32,10 @@ class S3Options(BaseModel):
     def endpoint(self) -> str | None:
         """The endpoint in force: this option, else ``$AWS_ENDPOINT_URL``, else AWS (None)."""
         return self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+
+    def region_name(self) -> str:
+        """The region in force: this option, else ``$AWS_REGION``, ``$AWS_DEFAULT_REGION``, else us-east-1."""
+        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
 def is_s3(uri: str) -> bool:
@@ -62,8 +64,7 @@ def filesystem(uri: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, 
         return pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve())
     s3 = s3 or S3Options()
     endpoint = s3.endpoint()
-    region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    kwargs: dict = {"region": region}
+    kwargs: dict = {"region": s3.region_name()}
     if endpoint:
         scheme, _, host = endpoint.partition("://")
         kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
@@ -158,15 +159,6 @@ def read_parquet_table(path: str) -> pa.Table:
     if fs.get_file_info(inner).type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"no such file or directory: {path}")
     return pq.read_table(inner, filesystem=fs)
-
-
-def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
-    """The HF tokenizer of a registered model name, model directory or GGUF file (no downloads)."""
-    from transformers import AutoTokenizer
-
-    from memagent.models import resolve_model
-
-    return AutoTokenizer.from_pretrained(str(resolve_model(name_or_path)))
 
 
 def read_records(path: str) -> list[dict]:

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 from memagent.engines.config import EngineConfig
 from memagent.models import DEFAULT_MODEL
@@ -14,30 +16,15 @@ from memagent.models import DEFAULT_MODEL
 __all__ = ["DEFAULT_MODEL", "Completion", "Engine", "EngineConfig", "EngineStats", "SamplingParams", "make_engine"]
 
 
+# Engine name -> its class, imported only when used (vllm and torch are heavy, and optional).
+_ENGINES = {
+    "hf": "memagent.engines.hf:TransformersEngine",
+    "vllm": "memagent.engines.vllm:VLLMEngine",
+    "openai": "memagent.engines.openai:OpenAIEngine",
+}
+
+
 def make_engine(config: EngineConfig) -> Engine:
     """Build the engine ``config`` names (loads the model, or connects to the endpoint)."""
-    if config.engine == "hf":
-        from memagent.engines.hf import TransformersEngine
-        from memagent.models import resolve_model
-
-        return TransformersEngine(
-            resolve_model(config.model),
-            device=config.device,
-            dtype=config.dtype,
-            max_batch_size=config.max_batch_size,
-            name=config.model if "/" not in config.model else None,
-            context_window=config.context_window,
-            speculate=config.speculates(),
-            speculative_tokens=config.speculative_tokens,
-            prompt_lookup_min=config.prompt_lookup_min,
-            prompt_lookup_max=config.prompt_lookup_max,
-        )
-    if config.engine == "vllm":
-        from memagent.engines.vllm import VLLMEngine
-
-        return VLLMEngine.from_config(config)
-    if config.engine == "openai":
-        from memagent.engines.openai import OpenAIEngine
-
-        return OpenAIEngine.from_config(config)
-    raise ValueError(f"unknown engine {config.engine!r}")  # pragma: no cover - Literal guards it
+    module, cls = _ENGINES[config.engine].split(":")
+    return getattr(importlib.import_module(module), cls).from_config(config)

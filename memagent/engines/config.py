@@ -6,7 +6,7 @@ package's :func:`~memagent.engines.make_engine` imports them: no import cycle be
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -89,6 +89,11 @@ class EngineConfig(BaseModel):
                                         json_schema_extra=_only("vllm", flag="prefix-caching"))
     enable_sleep_mode: bool = Field(False, description="vllm: allow sleep()/wake_up() to share a GPU with a trainer.",
                                     json_schema_extra=_only("vllm", flag="sleep-mode"))
+
+    @classmethod
+    def default(cls, field: str) -> Any:
+        """A field's default: for an engine's constructor called without a config (written once, here)."""
+        return cls.model_fields[field].default
 
     def speculates(self) -> bool:
         """Whether this engine speculates: ``speculate`` if set, else the engine's measured default."""

@@ -1,16 +1,9 @@
-"""JSON-Schema constrained decoding: a :class:`TokenConstraint` per reply, over llguidance.
+"""JSON-Schema constrained decoding for the hf engine: a :class:`TokenConstraint` per reply, over llguidance.
 
-The schema every engine constrains to is :func:`render_schema` of the user's schema (one place,
-so the hf grammar, vLLM's structured outputs and an OpenAI ``response_format`` agree):
-``additionalProperties: false`` on objects, every value bounded (a small model caught in a loop
-inside a string or a number would otherwise spend the whole answer budget and leave unclosed
-JSON: a random model's greedy decode wrote 3,000 sixes): free strings at ``MAX_STRING_CHARS``,
-arrays at ``MAX_ARRAY_ITEMS``, numbers within ``±MAX_MAGNITUDE`` with at most 6 decimals
-(``multipleOf`` 1e-6; plain decimals, no exponent), and ``format: date`` backed by a YYYY-MM-DD
-``pattern`` for any grammar engine that ignores formats. The reply is compact (``,`` and ``:``,
+The grammar is compiled from :func:`~memagent.engines.json_schema.render_schema` of the user's
+schema (the bounded schema every engine constrains to). The reply is compact (``,`` and ``:``,
 no whitespace: tokens go to values, not indentation) and its keys come in the schema's order
-(optional ones may be left out). Validate replies against the user's schema, not this one:
-``jsonschema`` checks a float ``multipleOf`` by float division (0.3 / 1e-6 is not an integer there).
+(optional ones may be left out).
 
 **Library choice, by measurement** (the method of ``benchmarks/grammar.py``, which reruns it: one
 process per library, 1 torch thread). The packaged model's tokenizer (``smollm2-135m``, 49,152 tokens), a 5-field extraction
@@ -47,7 +40,6 @@ Caches: the llguidance tokenizer per (tokenizer, vocabulary size), the compiled 
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 from collections import OrderedDict
@@ -57,60 +49,10 @@ import numpy as np
 import torch
 
 from memagent.engines.constraint import TokenConstraint
+from memagent.engines.json_schema import render_schema
 
-MAX_STRING_CHARS = 200  # a free-text value longer than this is a loop, not an extraction
-MAX_ARRAY_ITEMS = 20
-MAX_MAGNITUDE = 10**15  # numbers: at most 16 integer digits ...
-NUMBER_STEP = 1e-6  # ... and 6 decimals, no exponent (a digit loop cannot run on)
-DATE_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 _MAX_CACHED = 64
-
-
-def _types(node: dict[str, Any]) -> list[str]:
-    t = node.get("type")
-    return [t] if isinstance(t, str) else list(t or [])
-
-
-def _bound(node: Any) -> None:
-    """Add the size bounds and the date pattern to one (sub)schema, in place."""
-    if not isinstance(node, dict):
-        return
-    types = _types(node)
-    if "string" in types and "enum" not in node and "const" not in node:
-        if node.get("format") == "date":
-            node.setdefault("pattern", DATE_PATTERN)
-        elif "pattern" not in node and "format" not in node:
-            node.setdefault("maxLength", MAX_STRING_CHARS)
-    if ("number" in types or "integer" in types) and "enum" not in node and "const" not in node:
-        node.setdefault("minimum", -MAX_MAGNITUDE)
-        node.setdefault("maximum", MAX_MAGNITUDE)
-        if "integer" not in types:
-            node.setdefault("multipleOf", NUMBER_STEP)
-    if "array" in types:
-        node.setdefault("maxItems", MAX_ARRAY_ITEMS)
-        _bound(node.get("items"))
-    if "object" in types or "properties" in node:
-        node.setdefault("additionalProperties", False)
-        for sub in (node.get("properties") or {}).values():
-            _bound(sub)
-
-
-def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema the engines constrain to (see the module docstring); the input is not changed.
-
-    Raises ``ValueError`` when ``schema`` is not a JSON object.
-    """
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
-    if not isinstance(schema, dict):
-        raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-    out = copy.deepcopy(schema)
-    _bound(out)
-    return out
 
 
 class _LRU:
@@ -190,7 +132,6 @@ class JsonSchemaConstraint:
         self._n = tokenizer_vocab
         self.vocab_size = vocab_size
         self._eos = eos_token_id
-        self._accepted = 0
         self._bits = torch.zeros((self._n + 31) // 32, dtype=torch.int32)
 
     def allowed(self) -> torch.Tensor:
@@ -219,15 +160,7 @@ class JsonSchemaConstraint:
             return False
         if not self._m.consume_token(token):  # pragma: no cover - validated just above
             raise RuntimeError(f"grammar refused token {token} it had allowed: {self._m.get_error()}")
-        self._accepted += 1
         return True
-
-    def rollback(self, n: int) -> None:
-        if not 0 <= n <= self._accepted:
-            raise ValueError(f"cannot roll back {n} tokens: {self._accepted} accepted")
-        if n and not self._m.rollback(n):  # pragma: no cover - within the accepted tokens
-            raise RuntimeError(f"grammar rollback of {n} tokens failed: {self._m.get_error()}")
-        self._accepted -= n
 
     def is_finished(self) -> bool:
         return self._m.is_stopped() and not self._m.is_error()

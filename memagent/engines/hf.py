@@ -14,7 +14,6 @@ Models with a sliding attention window fall back to ``model.generate`` without s
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -25,11 +24,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
-from memagent.engines.config import SPECULATE_BY_DEFAULT, EngineConfig
+from memagent.engines.config import EngineConfig
 from memagent.engines.constraint import TokenConstraint
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.speculation import AcceptanceTracker, CostModel
+from memagent.models import quiet_weight_loading
 
 log = logging.getLogger(__name__)
 
@@ -104,67 +104,60 @@ class _Request:
 
 
 class TransformersEngine(Engine):
-    """A Hugging Face causal LM behind the async engine interface.
+    """A Hugging Face causal LM behind the async engine interface; build it with :meth:`from_config`.
 
     Args:
-        model_dir: local HF model directory (config + safetensors + tokenizer).
-        device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
-        dtype: "auto" (bf16 where fast), "bf16", "fp16" or "fp32".
-        max_batch_size: most requests in one forward.
+        model_dir: local HF model directory (config + safetensors + tokenizer): ``config.model``
+            resolved (:meth:`from_config` does that).
+        config: device, dtype, ``max_batch_size``, ``context_window`` and speculation are read
+            from it (its defaults are the engine's).
         batch_wait_s: how long the worker waits after the first pending request for others to join.
         name: model name reported in outputs (default: the directory name).
-        context_window: override the window the model config states (prompt + reply tokens).
-        speculate, speculative_tokens, prompt_lookup_min, prompt_lookup_max: prompt-lookup
-            speculation (:class:`~memagent.engines.EngineConfig`'s fields; None: its defaults).
     """
 
     IDLE_EXIT_S = 1.0  # the batcher task exits after this long without requests
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        device: str = "auto",
-        dtype: str | torch.dtype = "auto",
-        max_batch_size: int = 16,
-        batch_wait_s: float = 0.01,
-        name: str | None = None,
-        context_window: int | None = None,
-        speculate: bool | None = None,
-        speculative_tokens: int | None = None,
-        prompt_lookup_min: int | None = None,
-        prompt_lookup_max: int | None = None,
-    ):
-        if max_batch_size <= 0:
-            raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
+    def __init__(self, model_dir: str | Path, config: EngineConfig, *, batch_wait_s: float = 0.01,
+                 name: str | None = None):
+        if config.engine != "hf":
+            raise ValueError(f"TransformersEngine needs an EngineConfig with engine='hf', got {config.engine!r}")
+        device = config.device
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.max_batch_size = max_batch_size
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.max_batch_size = config.max_batch_size
         self.batch_wait_s = batch_wait_s
         self.name = name or Path(model_dir).name
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.tokenizer.padding_side = "left"
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(self.device).eval()
+        with quiet_weight_loading():
+            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(self.device).eval()
         self.load_seconds = time.perf_counter() - t0
+        log.info("loaded %s (%s, %s) in %.1f s", self.name, self.device, self.dtype, self.load_seconds)
         gen_eos = self.model.generation_config.eos_token_id
         eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
-        self.context_window = context_window or int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.context_window = config.context_window or int(getattr(self.model.config, "max_position_embeddings", 2048))
         text_config = self.model.config.get_text_config(decoder=True)
         self._sliding_window = bool(getattr(text_config, "sliding_window", None))
         self.num_layers = int(text_config.num_hidden_layers)
         self.stats = EngineStats()
-        self.speculation = _speculation(speculate, speculative_tokens, prompt_lookup_min, prompt_lookup_max)
+        self.speculation = Speculation.from_config(config)
         self.cost = CostModel()  # forward cost, refitted from every decode step (adaptive draft length)
         self.acceptance = AcceptanceTracker()  # running acceptance over all rows (each new row's prior)
-        # (k, rows, active rows, seconds) of the latest decode forwards: where the adaptive k went.
-        self.decode_log: collections.deque[tuple[int, int, int, float]] = collections.deque(maxlen=100_000)
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, **kwargs: Any) -> TransformersEngine:
+        """The engine ``config`` describes; loads the model locally (``kwargs`` go to ``__init__``)."""
+        from memagent.models import resolve_model
+
+        kwargs.setdefault("name", config.model if "/" not in config.model else None)
+        return cls(resolve_model(config.model), config, **kwargs)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -258,7 +251,6 @@ class TransformersEngine(Engine):
                     r.constraint) for r in batch]
         loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
         loop.run(rows, cache, prefix_mask)
-        self.decode_log.extend(loop.stats.steps)
         self.stats.batch_sizes.append(len(batch))
         return [self._completion(r.prompt_ids, row.tokens, row.stopped, row.token_logprobs if row.logprobs else None,
                                  row) for r, row in zip(batch, rows)]
@@ -352,7 +344,7 @@ class TransformersEngine(Engine):
         """On CPU, padded prompts are prefilled one by one.
 
         A padded batch needs an explicit attention mask, which sends CPU attention down a path
-        ~2× slower than the causal kernel at 4K tokens; prefill is compute-bound there anyway,
+        ~1.5× slower than the causal kernel at 4K tokens (benchmarks/README.md); prefill is compute-bound there anyway,
         so batching it gains nothing, while decode (bandwidth-bound) still runs batched.
         """
         lengths = {len(r.prompt_ids) for r in batch}
@@ -392,15 +384,3 @@ class TransformersEngine(Engine):
         if missing or unexpected:
             raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
-
-def _speculation(speculate: bool | None, tokens: int | None, lookup_min: int | None,
-                 lookup_max: int | None) -> Speculation:
-    """:class:`Speculation` from the engine's arguments; None takes EngineConfig's default (written once there)."""
-    fields = EngineConfig.model_fields
-    pick = lambda v, name: fields[name].default if v is None else v  # noqa: E731
-    n_min, n_max = pick(lookup_min, "prompt_lookup_min"), pick(lookup_max, "prompt_lookup_max")
-    if not 0 < n_min <= n_max:
-        raise ValueError(f"prompt_lookup_min={n_min} and prompt_lookup_max={n_max}: need 0 < min <= max")
-    on = SPECULATE_BY_DEFAULT["hf"] if speculate is None else speculate
-    draft = pick(tokens, "speculative_tokens") if on else 0
-    return Speculation(max_draft=draft, ngram_min=n_min, ngram_max=n_max)

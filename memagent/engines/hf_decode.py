@@ -22,17 +22,18 @@ rolled back; each of their steps masks the logits with the constraint, samples, 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from memagent.engines.config import EngineConfig
 from memagent.engines.constraint import TokenConstraint
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.speculation import (
     AcceptanceTracker,
-    AcceptRule,
     CostModel,
     accept_greedy,
     accept_sampled,
@@ -41,18 +42,29 @@ from memagent.engines.speculation import (
     sampling_probs,
 )
 
+# DEBUG: one record per decode forward, its ``decode_forward`` attribute (k, rows, active rows,
+# seconds): where the adaptive draft length went (benchmarks collect them).
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Speculation:
-    """Prompt-lookup settings of a decode loop (``max_draft`` = 0 turns it off)."""
+    """Prompt-lookup settings of a decode loop (``max_draft`` = 0 turns it off); the defaults are
+    :class:`~memagent.engines.config.EngineConfig`'s (:meth:`from_config`)."""
 
-    max_draft: int = 8
-    ngram_min: int = 2
-    ngram_max: int = 4
+    max_draft: int
+    ngram_min: int
+    ngram_max: int
     adaptive: bool = True  # choose k per step from the cost model; False: always max_draft
     # Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees
     # long verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
     explore_every: int = 16
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Speculation:
+        """``config``'s prompt-lookup settings; no drafts when it does not speculate."""
+        return cls(max_draft=config.speculative_tokens if config.speculates() else 0,
+                   ngram_min=config.prompt_lookup_min, ngram_max=config.prompt_lookup_max)
 
 
 @dataclass
@@ -75,13 +87,6 @@ class Row:
     decode_steps: int = 0
 
 
-@dataclass
-class LoopStats:
-    """What one loop did, for benchmarks: per step the chosen k, rows × tokens and seconds."""
-
-    steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (k, rows, active, seconds)
-
-
 class DecodeLoop:
     """Runs :class:`Row` s to completion over a prefilled cache.
 
@@ -93,18 +98,16 @@ class DecodeLoop:
         spec: speculation settings.
         cost: the engine's forward-cost model (shared across batches, refitted online).
         acceptance: the engine's running acceptance (the prior of each new row's estimate).
-        accept_rule: sampled verification (tests swap in a wrong rule to check their power).
         generator: torch RNG for sampling (None: the global one).
     """
 
     def __init__(self, model: torch.nn.Module, eos_ids: set[int], pad_id: int, spec: Speculation,
                  cost: CostModel | None = None, acceptance: AcceptanceTracker | None = None,
-                 accept_rule: AcceptRule = accept_sampled, generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None):
         self.model, self.eos_ids, self.pad_id, self.spec = model, eos_ids, pad_id, spec
         self.cost = cost or CostModel()
         self.acceptance = acceptance or AcceptanceTracker()
-        self.accept_rule, self.generator = accept_rule, generator
-        self.stats = LoopStats()
+        self.generator = generator
         self._forwards = 0
 
     @torch.inference_mode()
@@ -147,7 +150,10 @@ class DecodeLoop:
             keep = self._verify(rows, drafts, logits)
             seconds = time.perf_counter() - t0
             self.cost.update(b, t, seconds)
-            self.stats.steps.append((t - 1, b, sum(not r.done for r in rows), seconds))
+            if log.isEnabledFor(logging.DEBUG):
+                active = sum(not r.done for r in rows)
+                log.debug("decode forward: k=%d rows=%d active=%d %.4fs", t - 1, b, active, seconds,
+                          extra={"decode_forward": (t - 1, b, active, seconds)})
             grown = 0
             for i, r in enumerate(rows):
                 kept = keep[i]
@@ -211,7 +217,7 @@ class DecodeLoop:
             elif r.temperature == 0:
                 kept = [int(row_logits[0].argmax())]
             else:
-                kept = self.accept_rule(drafts[i], sampling_probs(row_logits, r.temperature, r.top_p), self.generator)
+                kept = accept_sampled(drafts[i], sampling_probs(row_logits, r.temperature, r.top_p), self.generator)
             if r.logprobs:  # the model's log-probs (before any constraint mask), as without speculation
                 temp = r.temperature if r.temperature > 0 else 1.0
                 logp = torch.log_softmax(logits[i, : len(kept)].float() / temp, dim=-1)

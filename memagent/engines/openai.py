@@ -12,7 +12,7 @@ Failures are split the way a caller can act on them:
 
 A ``json_schema`` goes as OpenAI's ``response_format`` ``{"type": "json_schema", "json_schema":
 {"name", "schema", "strict": true}}``, which vLLM's server (structured outputs) and llama.cpp's
-server (a grammar from the schema) read; the schema is :func:`~memagent.engines.grammar.render_schema`'s,
+server (a grammar from the schema) read; the schema is :func:`~memagent.engines.json_schema.render_schema`'s,
 as on the other engines. Speculative decoding is the server's business (docs/engines.md).
 """
 
@@ -38,7 +38,7 @@ from memagent.engines.base import (
     SamplingParams,
 )
 from memagent.engines.config import EngineConfig
-from memagent.engines.grammar import render_schema
+from memagent.engines.json_schema import render_schema
 from memagent.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -107,9 +107,9 @@ class OpenAIEngine(Engine):
         context_window: int,
         *,
         api_key: str | None = None,
-        max_concurrency: int = 16,
-        request_timeout_s: float = 120.0,
-        max_retries: int = 5,
+        max_concurrency: int = EngineConfig.default("max_concurrency"),
+        request_timeout_s: float = EngineConfig.default("request_timeout_s"),
+        max_retries: int = EngineConfig.default("max_retries"),
         backoff_s: float = 0.5,
         send_priority: bool = False,
     ):
@@ -134,7 +134,7 @@ class OpenAIEngine(Engine):
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> OpenAIEngine:
         """The engine ``config`` describes; loads the tokenizer locally (``kwargs`` go to ``__init__``)."""
-        from memagent.data.io import load_tokenizer
+        from memagent.models import load_tokenizer
 
         if config.engine != "openai" or not config.endpoint:
             raise ValueError("OpenAIEngine needs an EngineConfig with engine='openai' and an endpoint")

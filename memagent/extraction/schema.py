@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import PrivateAttr, RootModel, model_validator
 
-from memagent.result_schema import RESULT_COLUMNS
+from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, RESULT_COLUMNS
 
 FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array"]
 
@@ -42,10 +42,8 @@ PROPERTY_KEYWORDS = {"type", "description", "title", "format", "enum", "items"}
 SUPPORTED = ("string, number, integer, boolean, string with format date, enum of strings, "
              "array of strings")
 
-# Input columns a job reads or passes with a meaning, and the columns a batch job adds besides
-# memagent.result_schema.RESULT_COLUMNS (pipelines' node_id and input_fingerprint; the extraction's own).
+# Input columns a job reads or passes with a meaning (a property may not take their names, nor an output's).
 INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
-EXTRA_OUTPUT_COLUMNS = ("extraction", "field_evidence", "node_id", "input_fingerprint")
 
 # Rough budget sizes (tokens) for the up-front checks: what one field takes in the memory (a
 # candidate value and where it was seen), and the JSON rendering of each kind of value.

@@ -61,7 +61,7 @@ def engine(device):
 def hf_engine(smollm2_dir, device):
     from memagent.engines.hf import TransformersEngine
 
-    return TransformersEngine(smollm2_dir, device=device, dtype="fp32", name="smollm2-135m")
+    return TransformersEngine.from_config(EngineConfig(model=str(smollm2_dir), device=device, dtype="fp32"), name="smollm2-135m")
 
 
 def msgs(text: str) -> list[dict[str, str]]:

@@ -1,0 +1,71 @@
+"""The JSON Schema every engine constrains to: :func:`render_schema` of the user's schema.
+
+One place, so the hf grammar, vLLM's structured outputs and an OpenAI ``response_format`` agree;
+pure (no torch, no grammar library), so the vllm and openai engines import it cheaply.
+``additionalProperties: false`` on objects, every value bounded (a small model caught in a loop
+inside a string or a number would otherwise spend the whole answer budget and leave unclosed
+JSON: a random model's greedy decode wrote 3,000 sixes): free strings at ``MAX_STRING_CHARS``,
+arrays at ``MAX_ARRAY_ITEMS``, numbers within ``±MAX_MAGNITUDE`` with at most 6 decimals
+(``multipleOf`` 1e-6; plain decimals, no exponent), and ``format: date`` backed by a YYYY-MM-DD
+``pattern`` for any grammar engine that ignores formats. Validate replies against the user's
+schema, not this one: ``jsonschema`` checks a float ``multipleOf`` by float division (0.3 / 1e-6
+is not an integer there).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+MAX_STRING_CHARS = 200  # a free-text value longer than this is a loop, not an extraction
+MAX_ARRAY_ITEMS = 20
+MAX_MAGNITUDE = 10**15  # numbers: at most 16 integer digits ...
+NUMBER_STEP = 1e-6  # ... and 6 decimals, no exponent (a digit loop cannot run on)
+DATE_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"
+
+
+def _types(node: dict[str, Any]) -> list[str]:
+    t = node.get("type")
+    return [t] if isinstance(t, str) else list(t or [])
+
+
+def _bound(node: Any) -> None:
+    """Add the size bounds and the date pattern to one (sub)schema, in place."""
+    if not isinstance(node, dict):
+        return
+    types = _types(node)
+    if "string" in types and "enum" not in node and "const" not in node:
+        if node.get("format") == "date":
+            node.setdefault("pattern", DATE_PATTERN)
+        elif "pattern" not in node and "format" not in node:
+            node.setdefault("maxLength", MAX_STRING_CHARS)
+    if ("number" in types or "integer" in types) and "enum" not in node and "const" not in node:
+        node.setdefault("minimum", -MAX_MAGNITUDE)
+        node.setdefault("maximum", MAX_MAGNITUDE)
+        if "integer" not in types:
+            node.setdefault("multipleOf", NUMBER_STEP)
+    if "array" in types:
+        node.setdefault("maxItems", MAX_ARRAY_ITEMS)
+        _bound(node.get("items"))
+    if "object" in types or "properties" in node:
+        node.setdefault("additionalProperties", False)
+        for sub in (node.get("properties") or {}).values():
+            _bound(sub)
+
+
+def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema the engines constrain to (see the module docstring); the input is not changed.
+
+    Raises ``ValueError`` when ``schema`` is not a JSON object.
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+    out = copy.deepcopy(schema)
+    _bound(out)
+    return out
