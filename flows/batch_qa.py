@@ -114,7 +114,7 @@ def batch_qa(
     metric: Metric = "sub_em",
     method: Method = "memagent",
     redo_changed: bool = False,
-    force_unlock: bool = False,
+    force_unlock: str | None = None,
     demo: DemoCorpus | None = None,
     examples: NonNegativeInt = 3,
 ) -> dict[str, Any]:

@@ -38,7 +38,7 @@ class BatchQAConfig(BaseModel):
     redo_changed: bool = Field(
         False, description="On a rerun into the same output, redo (and replace) the rows whose input (question, "
         "context) or answer-changing settings differ from what they were answered from, instead of refusing.")
-    force_unlock: bool = Field(False, description=lease.FORCE_UNLOCK_HELP)
+    force_unlock: str | None = Field(None, description=lease.FORCE_UNLOCK_HELP)
 
     @model_validator(mode="after")
     def _check(self) -> BatchQAConfig:

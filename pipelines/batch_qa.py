@@ -32,12 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 from ray.data import ActorPoolStrategy, DataContext
+from ray.data.datasource import FilenameProvider
 
 from memagent.error_kinds import InfrastructureFailure
 from pipelines import checkpoints, fingerprint, lease, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, resolve_max_in_flight
 from pipelines.batch_config import BatchQAConfig, config_dict
-from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows
+from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows, unreadable_input
 from pipelines.summary import BatchSummary
 from pipelines.worker import AgentWorker, EngineBuilder
 
@@ -62,14 +63,14 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     """
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)  # a bad output named before the lease
-    with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock):
+    with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:
         t0 = time.perf_counter()
         plan = plan_input(cfg)
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
         run = _start(cfg, admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
-                                                     rows_per_call=ROWS_PER_CALL))
+                                                     rows_per_call=ROWS_PER_CALL), held.holder.run_id)
         if plan.skipped >= plan.total_rows:
             log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
             return summarise(cfg, plan, time.perf_counter() - t0)
@@ -93,12 +94,30 @@ class _Run:
     admission: AdmissionPlan
     started_ray: bool  # this run started Ray (and stops it on a stopped job)
     ledger_name: str  # the run's OccupancyLedger actor, where the actors report their gates
+    run_id: str  # the run id of the output's lease this run holds (checked before each output file)
 
 
-def _start(cfg: BatchQAConfig, admission: AdmissionPlan) -> _Run:
+def _start(cfg: BatchQAConfig, admission: AdmissionPlan, run_id: str) -> _Run:
     started_ray = ensure_ray(cfg)
     configure_data_context(cfg)
-    return _Run(admission, started_ray, f"memagent-occupancy-{uuid.uuid4().hex[:12]}")
+    return _Run(admission, started_ray, f"memagent-occupancy-{uuid.uuid4().hex[:12]}", run_id)
+
+
+class LeasedFilenames(FilenameProvider):
+    """Ray Data's default output file names, each handed out only while the lease is this run's.
+
+    The writer asks for a file's name in the write task, right before writing it: a run whose
+    lease was taken (``--force-unlock`` from another host) stops at its next file, whatever its
+    heartbeat has seen (:func:`pipelines.lease.check_held`: one small read per file).
+    """
+
+    def __init__(self, output: str, s3: storage.S3Options | None, run_id: str):
+        super().__init__(dataset_uuid=uuid.uuid4().hex[:12], file_format="parquet")
+        self.output, self.s3, self.run_id = output, s3, run_id
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        lease.check_held(self.output, self.s3, self.run_id)
+        return super().get_filename_for_task(write_uuid, task_index)
 
 
 def _dataset(cfg: BatchQAConfig, plan: InputPlan, run: _Run, build_engine: EngineBuilder | None) -> ray.data.Dataset:
@@ -151,11 +170,15 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
     try:
         # Each committed row's chain checkpoints go as its file lands (and all at the end).
         with storage.quiet_write_failures(cfg.output), checkpoints.Sweeper(cfg.output, cfg.s3):
-            ds.write_parquet(out_path, filesystem=out_fs, min_rows_per_file=rows_per_file)
+            ds.write_parquet(out_path, filesystem=out_fs, min_rows_per_file=rows_per_file,
+                             filename_provider=LeasedFilenames(cfg.output, cfg.s3, run.run_id))
     except Exception as exc:
-        stopped = breaker_message(exc)
-        # A full disk, a permission, quota or S3 error: one line naming the output.
-        failed = storage.write_failure(exc, cfg.output, storage.s3_endpoint(cfg.s3)) if stopped is None else None
+        failed = lease_lost(exc)  # another run took the output: stop writing now
+        stopped = breaker_message(exc) if failed is None else None
+        if failed is None and stopped is None:  # a full disk, a permission, quota or S3 error: one line
+            failed = storage.write_failure(exc, cfg.output, storage.s3_endpoint(cfg.s3))
+        if failed is None and stopped is None:  # a corrupt page in an input file: its file and row group
+            failed = unreadable_input(cfg, plan.files, exc)
         if stopped is None and failed is None:
             raise
     if stopped is None and failed is None:
@@ -233,6 +256,23 @@ def ensure_ray(cfg: BatchQAConfig) -> bool:
     if callable(previous):
         signal.signal(signal.SIGTERM, previous)
     return True
+
+
+def lease_lost(exc: BaseException) -> lease.LeaseLost | None:
+    """The writer's :class:`pipelines.lease.LeaseLost` inside the exception Ray Data raised, if any."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        # Ray's task error wraps the writer's line in its own: take the line itself.
+        match = re.search(r"output \S+: while this run wrote, its lease was taken over by [^\n]*", str(e))
+        if match:
+            return lease.LeaseLost(match.group(0))
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+    return None
 
 
 def breaker_message(exc: BaseException) -> str | None:

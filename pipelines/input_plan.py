@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from memagent.batch import result_schema
 from memagent.result_schema import JOB_SCHEMA
@@ -145,3 +146,45 @@ def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     n = storage.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
     log.warning("%d row(s) in %s failed on the infrastructure in an earlier run: redoing them", n, cfg.output)
+
+
+def unreadable_input(cfg: BatchQAConfig, files: list[str], exc: BaseException) -> ValueError | None:
+    """One line naming the input file and row group that made the job's read fail, or None.
+
+    The plan reads every footer and the ``id`` column, not every page (that would read the whole
+    input twice): a corrupt data page elsewhere fails Ray Data's read task instead. Only then are
+    row groups read one by one, the file the read named first (all the planned files if none).
+    """
+    chain = storage.error_chain(exc)
+    if not any(isinstance(e, (OSError, pa.ArrowException)) for e in chain):
+        return None
+    text = "\n".join(str(e) for e in chain)
+    named = [f for f in files if f in text]
+    in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
+    for file in named or files:
+        found = _bad_row_group(in_fs, file)
+        if found is not None:
+            shown = f"s3://{file}" if storage.is_s3(cfg.input) else file
+            return ValueError(f"input file {shown}: {found}; rewrite the file or take it out of the input, then run "
+                              f"the same command again (rows already written are kept)")
+    return None
+
+
+def _bad_row_group(fs: object, file: str) -> str | None:
+    """'row group i of n (rows a-b) is unreadable (why)' for the first row group that fails to read."""
+    try:
+        with fs.open_input_file(file) as f:  # type: ignore[attr-defined]
+            pf = pq.ParquetFile(f)
+            first = 0
+            for i in range(pf.num_row_groups):
+                rows = pf.metadata.row_group(i).num_rows
+                try:
+                    pf.read_row_group(i)
+                except (OSError, pa.ArrowException) as exc:
+                    why = " ".join("".join(c if c.isprintable() else " " for c in str(exc)).split())
+                    return (f"row group {i} of {pf.num_row_groups} (rows {first}-{first + rows - 1} of the file) is "
+                            f"unreadable ({why})")
+                first += rows
+    except (OSError, pa.ArrowException) as exc:
+        return f"unreadable ({' '.join(str(exc).split())})"
+    return None

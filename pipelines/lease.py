@@ -15,9 +15,15 @@ The lease holds the run id, host, pid (and the pid's start time, against reuse),
 and a heartbeat renewed every :data:`HEARTBEAT_S`. A second run refuses with one line naming
 the holder. A lease is stale, and taken over (conditionally: of two takers one wins), when its
 holder is gone: same host and that process is not running, or, from another host, no heartbeat
-for :data:`STALE_AFTER_S`. ``force_unlock`` takes it whatever its state (the manual case: a
-holder on another host known to be dead). Release deletes it on any exit of the ``with``
+for :data:`STALE_AFTER_S`. ``force`` (``--force-unlock RUN_ID``) takes a lease that still looks
+alive only from another host and only when it names the holder's run id (the manual case: a host
+known to be dead, 5 minutes too long to wait); a holder alive on this host is never forced, since
+two live runs writing one output duplicate rows. Release deletes it on any exit of the ``with``
 block, error and Ctrl-C included; a killed process leaves it, and the next run takes it over.
+
+The writer checks the lease itself before each output file (:func:`check_held`, read from the
+store, not from this process's heartbeat): a run whose lease was taken stops writing at its next
+file, not at the end of the job.
 """
 
 from __future__ import annotations
@@ -45,14 +51,20 @@ LEASE_NAME = "_memagent.lease"  # "_": never read as input or as output rows
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # another host's lease without a heartbeat this long is taken over
 _MAX_TIME = 2.0**36  # a timestamp past year 4000 is not one (time.gmtime overflows further on)
-FORCE_UNLOCK_HELP = ("Take the output's lease even if another run seems to hold it (only when that run is known "
-                     "to be gone, e.g. its host died); two runs writing one output duplicate rows.")
+FORCE_UNLOCK_HELP = ("The run id of a run on another host that still seems to hold the output's lease (as the "
+                     "'in use by run ...' error names it): take its lease anyway, only when that run is known to be "
+                     "gone (its host died); a run alive on this host is never forced. Two runs writing one output "
+                     "duplicate rows.")
 
 
 class OutputBusy(OSError):
     """Another run holds the output's lease (the CLI prints it as one line, exit 2)."""
 
     _memagent_checked = True  # already one line naming the output (storage.io_errors passes it on)
+
+
+class LeaseLost(OutputBusy):
+    """This run's lease was taken by another run while it wrote: it stops writing."""
 
 
 @dataclass(frozen=True)
@@ -263,9 +275,10 @@ class Lease:
                     log.warning("output %s: could not release the lease (%s)", self.output, exc)
 
 
-def acquire(output: str, s3: S3Options | None = None, *, force: bool = False) -> Lease:
+def acquire(output: str, s3: S3Options | None = None, *, force: str | None = None) -> Lease:
     """Take the output's lease, or raise :class:`OutputBusy` naming the holder; a failure to
-    write it (full disk, S3 error) is one line naming the output."""
+    write it (full disk, S3 error) is one line naming the output. ``force``: the run id of a
+    holder on another host to take the lease from although it looks alive."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from pipelines.storage import io_errors, s3_endpoint
@@ -277,7 +290,21 @@ def acquire(output: str, s3: S3Options | None = None, *, force: bool = False) ->
             raise OSError(f"cannot take the output's lease {LEASE_NAME} ({exc})") from None
 
 
-def _acquire(output: str, s3: S3Options | None, force: bool) -> Lease:
+def _refusal(output: str, other: Holder, force: str | None) -> str | None:
+    """Why a lease that looks alive is not taken (None: ``force`` names its holder on another host)."""
+    busy = f"output {output} is in use by {other.describe()}"
+    if other.host == socket.gethostname():  # alive here (else it would be stale): forcing would duplicate rows
+        return (f"{busy}, which is running on this host; wait for it to finish or stop it (kill {other.pid}): "
+                "--force-unlock never takes the lease of a live run")
+    if force == other.run_id:
+        return None
+    if force:
+        return (f"{busy}; --force-unlock {force} does not name that run: if it is gone, rerun with "
+                f"--force-unlock {other.run_id}")
+    return f"{busy}; wait for it to finish, or, if it is gone, rerun with --force-unlock {other.run_id}"
+
+
+def _acquire(output: str, s3: S3Options | None, force: str | None) -> Lease:
     store = _store(output, s3)
     me = Holder.me()
     for _ in range(5):  # a few rounds: the lease may change between our read and our write
@@ -286,10 +313,11 @@ def _acquire(output: str, s3: S3Options | None, force: bool) -> Lease:
             version = store.put(me.encode(), expect=None)
         else:
             other = Holder.decode(now[0])
-            if other is not None and not force and not other.stale():
-                raise OutputBusy(f"output {output} is in use by {other.describe()}; wait for it to finish, or, if it "
-                                 "is gone, rerun with --force-unlock")
-            what = "forcing" if force else "taking over a stale"
+            live = other is not None and not other.stale()
+            refused = _refusal(output, other, force) if live else None
+            if refused:
+                raise OutputBusy(refused)
+            what = "forcing the" if live else "taking over a stale"
             log.warning("output %s: %s lease of %s", output, what, other.describe() if other else "an unreadable lease")
             version = store.put(me.encode(), expect=now[1])
         # Read back: a store whose conditional write is not atomic (moto checks, then writes)
@@ -300,7 +328,7 @@ def _acquire(output: str, s3: S3Options | None, force: bool) -> Lease:
 
 
 @contextmanager
-def hold(output: str, s3: S3Options | None = None, *, force: bool = False) -> Iterator[Lease]:
+def hold(output: str, s3: S3Options | None = None, *, force: str | None = None) -> Iterator[Lease]:
     """``with hold(output): ...`` — the lease for the block; released on any exit (error, Ctrl-C)."""
     lease = acquire(output, s3, force=force)
     try:
@@ -308,5 +336,24 @@ def hold(output: str, s3: S3Options | None = None, *, force: bool = False) -> It
     finally:
         lease.release()
     if lease.lost:
-        raise OutputBusy(f"output {output}: while this run wrote, its lease was taken over by {lease.lost}; check "
-                         f"for duplicate ids with: memagent repair-output --output {output}")
+        raise LeaseLost(lost_message(output, lease.lost))
+
+
+def lost_message(output: str, holder: str) -> str:
+    return (f"output {output}: while this run wrote, its lease was taken over by {holder}; this run stopped "
+            f"writing; check for duplicate ids with: memagent repair-output --output {output}")
+
+
+def check_held(output: str, s3: S3Options | None, run_id: str) -> None:
+    """Raise :class:`LeaseLost` unless the output's lease (read from the store now) is ``run_id``'s.
+
+    Called by the writer before each output file, wherever it runs (a Ray worker): one small read.
+    """
+    try:
+        now = _store(output, s3).read()
+    except Exception as exc:  # noqa: BLE001 - a failed read proves nothing: the write goes on, as before the check
+        log.warning("output %s: could not read the lease before writing (%s)", output, exc)
+        return
+    holder = Holder.decode(now[0]) if now else None
+    if holder is None or holder.run_id != run_id:
+        raise LeaseLost(lost_message(output, holder.describe() if holder else "nobody (the lease was removed)"))

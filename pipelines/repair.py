@@ -36,7 +36,7 @@ class RepairConfig(BaseModel):
 
     output: str = Field(..., description="Batch output directory to repair, local or s3://bucket/prefix.")
     s3: S3Options = Field(default_factory=S3Options)
-    force_unlock: bool = Field(False, description=lease.FORCE_UNLOCK_HELP)
+    force_unlock: str | None = Field(None, description=lease.FORCE_UNLOCK_HELP)
 
 
 @dataclass

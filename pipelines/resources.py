@@ -8,7 +8,9 @@ with every alive node (an actor must fit on one node, so the cluster's totals ar
 with the node types an autoscaler may still add: those Ray publishes in the GCS cluster config
 (autoscaler v2, e.g. KubeRay's), each with its ``max_count``. When an autoscaler runs but its node
 types are not published (the v1 autoscaler), a request that fits no current node is only a warning:
-the autoscaler may yet start a node that holds it.
+the autoscaler may yet start a node that holds it. Likewise ``--concurrency`` actors that never all
+fit at once are refused (:func:`too_many_actors`): Ray Data's actor pool would start those that fit
+and then write nothing until the timeout.
 """
 
 from __future__ import annotations
@@ -92,6 +94,24 @@ def actors_that_fit(request: dict[str, float], capacity: Capacity) -> int | None
             + sum(_holds(request, res) * most for res, most in capacity.node_types.values()))
 
 
+def too_many_actors(request: dict[str, float], capacity: Capacity, concurrency: int) -> str | None:
+    """Why ``concurrency`` actors never all run at once (None: they do, or an autoscaler may add room).
+
+    Ray Data's fixed actor pool starts no row until every one of its actors has started: with
+    room for fewer, the job loads those and then waits, writing nothing, until the no-progress
+    timeout (0 rows in 283 s where one actor wrote them in 19 s).
+    """
+    fit = actors_that_fit(request, capacity)
+    if fit is None or fit >= concurrency:
+        return None
+    asks = ", ".join(f"{k}={_fmt(v)}" for k, v in request.items())
+    flags = " or ".join(dict.fromkeys(flag_of(k) for k in request))
+    types = f" and autoscaler node type(s) {', '.join(capacity.node_types)}" if capacity.node_types else ""
+    return (f"--concurrency {concurrency}: this Ray cluster holds at most {fit} actor(s) of {asks} at once "
+            f"({len(capacity.nodes)} node(s){types}); the job would start {fit} and wait for the others until "
+            f"--no-progress-timeout, writing nothing; give --concurrency {max(fit, 1)} or less, or a smaller {flags}")
+
+
 def cluster_capacity() -> Capacity:
     """The capacity of the Ray cluster this process is connected to."""
     import ray
@@ -135,22 +155,19 @@ def can_add_nodes(status: bytes | str | None) -> bool:
 
 
 def check_job_fits(job: JobConfig, *, shutdown_on_refusal: bool = False) -> None:
-    """Raise ``ValueError`` naming the resource when no node can ever hold one actor of ``job``.
+    """Raise ``ValueError`` naming the resource when no node can ever hold one actor of ``job``, or
+    naming ``--concurrency`` when the cluster (with the nodes an autoscaler may add) never holds
+    ``job.concurrency`` actors at once.
 
-    Warns when fewer than ``job.concurrency`` actors fit at once (the others wait for resources).
     ``shutdown_on_refusal``: the caller started Ray for this job; stop it before raising.
     """
     import ray
 
     request, capacity = actor_request(job), cluster_capacity()
-    reason = refusal(request, capacity)
+    reason = refusal(request, capacity) or too_many_actors(request, capacity, job.concurrency)
     if reason is None:
         if capacity.autoscaler and not capacity.node_types and not any(_fits(request, n) for n in capacity.nodes):
             log.warning("no node holds an actor (%s) yet; waiting for the autoscaler to add one", request)
-        fit = actors_that_fit(request, capacity)
-        if fit is not None and fit < job.concurrency:
-            log.warning("--concurrency %d: the cluster holds only %d actor(s) of %s at once; the others wait for "
-                        "resources", job.concurrency, fit, request)
         return
     if shutdown_on_refusal:
         ray.shutdown()

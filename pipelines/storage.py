@@ -208,6 +208,11 @@ _S3_WRITES = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMulti
 RERUN_ADVICE = "run the same command again: rows already written are kept"
 
 
+def error_chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, its causes and contexts, and the original of a Ray task error (``.cause``)."""
+    return _chain(exc)
+
+
 def _chain(exc: BaseException) -> list[BaseException]:
     """``exc``, its causes and contexts, and the original of a Ray task error (``.cause``)."""
     seen: list[BaseException] = []
@@ -259,14 +264,19 @@ class _HideWriteFailure(logging.Filter):
         if record.levelno < logging.ERROR:
             return True
         text = record.getMessage() + (logging.Formatter().formatException(record.exc_info) if record.exc_info else "")
-        self.seen = self.seen or _write_cause(text, set(), self.uri) is not None
+        # The job says each of these in one line: a failed write, a lost lease, a failed input read
+        # (Ray Data's read operator; the line names the file and row group).
+        self.seen = (self.seen or _write_cause(text, set(), self.uri) is not None
+                     or "its lease was taken over by" in text
+                     or 'operator "ReadFiles' in text or "Failed to read fragment" in text)
         return not self.seen
 
 
 @contextmanager
 def quiet_write_failures(uri: str, logger: str = "ray.data") -> Iterator[None]:
-    """While the job writes: Ray Data's console tracebacks of a write failure are hidden (its log
-    file keeps them), since the job turns the failure into one line (:func:`write_failure`)."""
+    """While the job writes: Ray Data's console tracebacks of a write failure, a lost lease or a
+    failed input read are hidden (its log file keeps them), since the job turns each into one line
+    (:func:`write_failure`, ``pipelines.batch_qa.lease_lost``, ``pipelines.input_plan.unreadable_input``)."""
     hide = _HideWriteFailure(uri)
     handlers = [h for h in logging.getLogger(logger).handlers if isinstance(h, logging.StreamHandler)
                 and not isinstance(h, logging.FileHandler)]

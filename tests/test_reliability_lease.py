@@ -101,11 +101,31 @@ def test_stale_leases_taken_over_live_ones_refused(where, monkeypatch):
     lease.acquire(output, s3).release()
     alive = lease.Holder("feed00000003", "another-host", 1, None, now - 3600, now - 5)
     put_raw(output, s3, alive)
-    with pytest.raises(lease.OutputBusy, match="in use by run feed00000003 \\(host another-host, pid 1"):
+    with pytest.raises(lease.OutputBusy, match="in use by run feed00000003 \\(host another-host, pid 1.*if it is "
+                       "gone, rerun with --force-unlock feed00000003$"):
         lease.acquire(output, s3)
-    forced = lease.acquire(output, s3, force=True)  # --force-unlock
+    with pytest.raises(lease.OutputBusy, match="--force-unlock feed0000000x does not name that run: if it is gone, "
+                       "rerun with --force-unlock feed00000003$"):
+        lease.acquire(output, s3, force="feed0000000x")
+    assert json.loads(read())["run_id"] == "feed00000003"
+    forced = lease.acquire(output, s3, force="feed00000003")  # --force-unlock with the holder's run id
     assert json.loads(read())["run_id"] == forced.holder.run_id
     forced.release()
+
+
+def test_force_unlock_never_takes_the_lease_of_a_run_alive_on_this_host(where):
+    """As reported: forcing the lock while its holder ran on the same host let two runs write every id twice."""
+    output, s3, read = where
+    holder = lease.acquire(output, s3)  # alive: this very process
+    for force in (None, holder.holder.run_id, "somethingelse"):
+        with pytest.raises(lease.OutputBusy) as err:
+            lease.acquire(output, s3, force=force)
+        msg = str(err.value)
+        assert msg.startswith(f"output {output} is in use by run {holder.holder.run_id}") and "\n" not in msg
+        assert msg.endswith(f"which is running on this host; wait for it to finish or stop it (kill {os.getpid()}): "
+                            "--force-unlock never takes the lease of a live run")
+    assert json.loads(read())["run_id"] == holder.holder.run_id
+    holder.release()
 
 
 def test_two_takers_of_a_stale_lease_one_wins(where):
@@ -142,7 +162,10 @@ def test_heartbeat_renews_and_a_lost_lease_is_reported(where, monkeypatch):
             while json.loads(read())["heartbeat"] == first:
                 assert time.monotonic() < deadline, "no heartbeat"
                 time.sleep(0.1)
-            other = lease.acquire(output, s3, force=True)
+            now = time.time()
+            taker = lease.Holder("feed00000005", "another-host", 1, None, now, now)
+            lease._store(output, s3).put(taker.encode(), expect=None, force=True)  # taken from another host
+            other = lease.acquire(output, s3, force="feed00000005")
             held.renew()
             assert held.lost and other.holder.run_id in held.lost
     other.release()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from pipelines.job import JobConfig
-from pipelines.resources import Capacity, actor_request, actors_that_fit, refusal
+from pipelines.resources import Capacity, actor_request, actors_that_fit, refusal, too_many_actors
 
 TWO_CORES = {"CPU": 2.0, "memory": 8e9, "node:127.0.0.1": 1.0}
 
@@ -53,6 +53,23 @@ def test_autoscaler_node_types_count():
     assert actors_that_fit({"GPU": 1.0}, Capacity([TWO_CORES], unbounded, True)) is None
 
 
+def test_more_actors_than_ever_fit_at_once_are_refused_naming_concurrency():
+    """As reported: --concurrency 3 on 2 cores loaded two actors, then wrote nothing for hours."""
+    message = too_many_actors({"CPU": 1.0}, Capacity([TWO_CORES]), 3)
+    assert message == ("--concurrency 3: this Ray cluster holds at most 2 actor(s) of CPU=1 at once (1 node(s)); the "
+                       "job would start 2 and wait for the others until --no-progress-timeout, writing nothing; give "
+                       "--concurrency 2 or less, or a smaller --num-cpus")
+    assert too_many_actors({"CPU": 1.0}, Capacity([TWO_CORES]), 2) is None
+    assert too_many_actors({"CPU": 0.5}, Capacity([TWO_CORES]), 4) is None
+    assert "give --concurrency 1 or less, or a smaller --num-cpus or --resource w" in too_many_actors(
+        {"CPU": 1.0, "w": 1.0}, Capacity([{**TWO_CORES, "w": 1.0}]), 2)
+    # Nodes an autoscaler may add count; one whose node types are unknown may add any number.
+    gpu_type = {"gpu-group": ({"CPU": 8.0, "GPU": 1.0}, 2)}
+    assert too_many_actors({"GPU": 1.0}, Capacity([TWO_CORES], gpu_type, True), 2) is None
+    assert "at most 2 actor(s) of GPU=1" in too_many_actors({"GPU": 1.0}, Capacity([TWO_CORES], gpu_type, True), 3)
+    assert too_many_actors({"CPU": 1.0}, Capacity([TWO_CORES], {}, True), 64) is None
+
+
 # -- against a real local Ray with 2 CPUs ------------------------------------------------------
 
 
@@ -69,6 +86,7 @@ def ray_two_cpus():
 @pytest.mark.parametrize("job, message", [
     (dict(resources={"foo": 1}), "--resource foo: each actor asks foo=1, but no node of this Ray cluster has foo"),
     (dict(num_cpus=3), "--num-cpus: each actor asks CPU=3, but no node of this Ray cluster has that much"),
+    (dict(concurrency=3), "--concurrency 3: this Ray cluster holds at most 2 actor\\(s\\) of CPU=1 at once"),
 ])
 def test_batch_job_refuses_at_once(ray_two_cpus, tmp_path, job, message):
     from memagent.engines import EngineConfig
