@@ -109,7 +109,7 @@ def test_schema_file_errors_name_the_file(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps(with_props(x={"type": "null"})))
     with pytest.raises(ValueError) as err:
         load_schema(tmp_path / "t.json")
-    assert str(err.value).startswith(f"schema file {tmp_path / 't.json'}: property 'x': type \"null\"")
+    assert str(err.value).startswith(f"schema file {tmp_path / 't.json'}: properties.x: property 'x': type \"null\"")
     (tmp_path / "ok.json").write_text(json.dumps(SCHEMA))
     assert load_schema(tmp_path / "ok.json").names == tuple(SCHEMA["properties"])
 

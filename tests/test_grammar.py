@@ -228,3 +228,39 @@ def test_constraints_of_one_schema_are_independent(tokenizer):
     assert not b.is_finished() and torch.equal(allowed(b, len(tokenizer)),
                                                allowed(make_constraint(schema, tokenizer, len(tokenizer)),
                                                        len(tokenizer)))
+
+
+# -- record types: a per-chunk call returns a JSON array of records (memagent.extraction) ----------------
+
+RECORDS = {"type": "object", "properties": {"payments": {
+    "type": "array", "x-key": ["payer"], "items": {
+        "type": "object", "required": ["payer", "date"],
+        "properties": {**{k: v for k, v in FIELDS.items() if k != "string"}, "payer": FIELDS["string"],
+                       "bank": {"type": "object", "properties": {"name": {"type": "string"},
+                                                                 "code": {"type": "integer"}}}}}}}}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_records_schema_decodes_to_a_valid_array_of_records(model, tokenizer, seed):
+    from memagent.extraction import ExtractionSchema
+
+    schema = ExtractionSchema(RECORDS).records_schema("payments", max_items=3)
+    text, ids = decode(model, tokenizer, schema, sample=seed > 0, seed=seed)
+    value = check_reply(text, schema)
+    assert isinstance(value, list) and len(value) <= 3 and max(ids, default=0) < len(tokenizer)
+    for record in value:
+        assert {"payer", "date"} <= set(record) <= set(RECORDS["properties"]["payments"]["items"]["properties"])
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"])
+
+
+def test_the_records_grammar_takes_an_empty_array_and_refuses_other_shapes(tokenizer):
+    from memagent.extraction import ExtractionSchema
+
+    schema = json.dumps(ExtractionSchema(RECORDS).records_schema("payments", max_items=2))
+    c = make_constraint(schema, tokenizer, len(tokenizer))
+    assert feed(c, tokenizer, "[]") and c.is_finished()
+    good = '[{"date":"2021-03-14","payer":"Ann"},{"date":"2021-03-15","payer":"Bo","bank":{"name":"NB"}}]'
+    assert feed(make_constraint(schema, tokenizer, len(tokenizer)), tokenizer, good)
+    for bad in ('{"payer"', '[{"payer":"Ann"}]', '[{"date":"2021-03-14","payer":"A","x"',
+                '[{"date":"2021-03-14","payer":"A"},{"date":"2021-03-14","payer":"B"},{'):
+        assert not feed(make_constraint(schema, tokenizer, len(tokenizer)), tokenizer, bad), bad

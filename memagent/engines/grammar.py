@@ -3,7 +3,8 @@
 The grammar is compiled from :func:`~memagent.engines.json_schema.render_schema` of the user's
 schema (the bounded schema every engine constrains to). The reply is compact (``,`` and ``:``,
 no whitespace: tokens go to values, not indentation) and its keys come in the schema's order
-(optional ones may be left out).
+(optional ones may be left out). A record type's per-chunk reply is an array of such objects
+(``tests/test_grammar.py`` decodes both with a random model).
 
 **Library choice, by measurement** (the method of ``benchmarks/grammar.py``, which reruns it: one
 process per library, 1 torch thread). The packaged model's tokenizer (``smollm2-135m``, 49,152 tokens), a 5-field extraction

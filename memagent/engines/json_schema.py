@@ -1,6 +1,9 @@
 """The JSON Schema every engine constrains to: :func:`render_schema` of the user's schema.
 
-One place, so the hf grammar, vLLM's structured outputs and an OpenAI ``response_format`` agree;
+One place, so the hf grammar, vLLM's structured outputs and an OpenAI ``response_format`` agree
+(for an extraction's final object and for a record type's per-chunk array of records alike:
+``ExtractionSchema.records_schema``, an array root with object items; OpenAI's own API wants an
+object root, the vLLM and llama.cpp servers the openai engine targets take either);
 pure (no torch, no grammar library), so the vllm and openai engines import it cheaply.
 ``additionalProperties: false`` on objects, every value bounded (a small model caught in a loop
 inside a string or a number would otherwise spend the whole answer budget and leave unclosed

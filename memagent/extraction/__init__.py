@@ -1,4 +1,4 @@
-"""Corpus extraction: a JSON Schema in, one typed value per field out, each with its evidence.
+"""Corpus extraction: a JSON Schema in, typed values and records out, each with its evidence.
 
     schema = load_schema("docs/schemas/contract.json")        # checked on load, before any model
     config = AgentConfig(preset="small", answer_tokens=96, extraction=schema)
@@ -7,16 +7,24 @@
 
 The schema's field list is the question of every call; the final answer is decoded under the
 schema (``SamplingParams.json_schema``) and validated again here. Batch jobs do this per row
-(:func:`memagent.batch.answer_rows` with ``config.extraction`` set).
+(:func:`memagent.batch.answer_rows` with ``config.extraction`` set). Record types (arrays of
+objects) are emitted per chunk under :meth:`ExtractionSchema.records_schema`, grounded
+(:mod:`memagent.extraction.grounding`) and merged by key (:mod:`memagent.extraction.records`).
 """
 
+from memagent.extraction.grounding import FUZZY_THRESHOLD, GroundedChunk, Span, ground_chunk, locate
+from memagent.extraction.kinds import KINDS, Kind
 from memagent.extraction.output import (
     EVIDENCE_TYPE, InvalidOutput, extraction_columns, field_evidence, null_columns, output_fields, parse_reply,
-    typed_values,
+    record_arrow_type, record_fields, typed_record, typed_values,
 )
+from memagent.extraction.parse import ObjectSpec, RecordType
+from memagent.extraction.records import Mention, Record, merge_records, record_key
 from memagent.extraction.schema import ExtractionSchema, FieldSpec, load_schema, schema_from
 
 __all__ = [
-    "EVIDENCE_TYPE", "ExtractionSchema", "FieldSpec", "InvalidOutput", "extraction_columns", "field_evidence",
-    "load_schema", "null_columns", "output_fields", "parse_reply", "schema_from", "typed_values",
+    "EVIDENCE_TYPE", "FUZZY_THRESHOLD", "KINDS", "ExtractionSchema", "FieldSpec", "GroundedChunk", "InvalidOutput",
+    "Kind", "Mention", "ObjectSpec", "Record", "RecordType", "Span", "extraction_columns", "field_evidence",
+    "ground_chunk", "load_schema", "locate", "merge_records", "null_columns", "output_fields", "parse_reply",
+    "record_arrow_type", "record_fields", "record_key", "schema_from", "typed_record", "typed_values",
 ]

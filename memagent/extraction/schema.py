@@ -1,6 +1,8 @@
-"""The extraction schema: a JSON Schema of the object to pull out of every document, checked on load.
+"""The extraction schema: a JSON Schema of what to pull out of every document, checked on load.
 
-Supported is the subset people write by hand: an object whose ``properties`` are each
+Supported is the subset people write by hand: an object whose ``properties`` are each a
+document-level **field** of one kind (one value per document; the kinds, their output columns
+and prompt words are the table in :mod:`memagent.extraction.kinds`)
 
 ============================ ============== =========================
 JSON Schema                  kind           output column (nullable)
@@ -15,136 +17,54 @@ JSON Schema                  kind           output column (nullable)
 "items": {"type": "string"}}``
 ============================ ============== =========================
 
-with an optional ``description`` (and ``title``) per property, and ``required`` at the top. Any
-other keyword, type or format is an error naming the property: a schema is loaded (and this
-validation runs) before any model does. :class:`ExtractionSchema` is the raw JSON Schema as a
-pydantic root model, so it sits inside :class:`memagent.config.AgentConfig` (``extraction``), is
-recorded in the output's ``config`` column and in the resume fingerprint, and reads back equal.
+or a **record type**: ``{"type": "array", "items": {"type": "object", "properties": ...,
+"required": [...]}, "minItems", "maxItems", "x-key": [...]}``, every record of that type the
+document states, its items holding fields and nested objects (:mod:`memagent.extraction.parse`
+has the grammar and the size limits). Descriptions (and titles) are allowed throughout. Any other
+keyword, type or format is an error naming its JSON path: a schema is loaded (and this validation
+runs) before any model does. :class:`ExtractionSchema` is the raw JSON Schema as a pydantic root
+model, so it sits inside :class:`memagent.config.AgentConfig` (``extraction``), is recorded in the
+output's ``config`` column and in the resume fingerprint, and reads back equal.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import PrivateAttr, RootModel, model_validator
 
+from memagent.extraction.kinds import FieldKind
+from memagent.extraction.parse import (
+    MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
+    check_size, parse_schema,
+)
 from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, RESULT_COLUMNS
 
-FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array"]
-
-TOP_KEYWORDS = {"type", "properties", "required", "description", "title", "$schema", "$id", "additionalProperties"}
-PROPERTY_KEYWORDS = {"type", "description", "title", "format", "enum", "items"}
-SUPPORTED = ("string, number, integer, boolean, string with format date, enum of strings, "
-             "array of strings")
+__all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "load_schema", "schema_from",
+           "parse_fields", "PROPERTY_KEYWORDS", "SUPPORTED", "TOP_KEYWORDS", "RECORD_COLUMNS"]
 
 # Input columns a job reads or passes with a meaning (a property may not take their names, nor an output's).
 INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
+# The records output's own columns (a record's property may not take their names).
+RECORD_COLUMNS = ("id", "record_type", "record_index", "record_evidence", "first_chunk", "last_chunk", "mentions")
 
 # Rough budget sizes (tokens) for the up-front checks: what one field takes in the memory (a
-# candidate value and where it was seen), and the JSON rendering of each kind of value.
+# candidate value and where it was seen); a record type, the keys of the records already known.
 MEMORY_TOKENS_PER_FIELD = 24
-_VALUE_TOKENS = {"string": 12, "date": 8, "number": 8, "integer": 8, "boolean": 2, "string_array": 24}
-_KIND_WORDS = {"string": "text", "date": "date, YYYY-MM-DD", "number": "number", "integer": "whole number",
-               "boolean": "true or false", "string_array": "list of texts"}
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One property of the schema: its output column name, kind, description and enum values."""
-
-    name: str
-    kind: FieldKind
-    required: bool
-    description: str | None = None
-    enum: tuple[str, ...] = ()
-
-    def question_line(self) -> str:
-        what = f"one of: {', '.join(self.enum)}" if self.kind == "enum" else _KIND_WORDS[self.kind]
-        line = f"- {self.name} ({what}{', required' if self.required else ''})"
-        return line + (f": {self.description.strip()}" if self.description and self.description.strip() else "")
-
-    def answer_tokens(self) -> int:
-        """A rough size of ``"name": value,`` in tokens (about 3 characters a token)."""
-        value = math.ceil(max(map(len, self.enum)) / 3) + 2 if self.kind == "enum" else _VALUE_TOKENS[self.kind]
-        return math.ceil(len(self.name) / 3) + 3 + value
+MEMORY_TOKENS_PER_RECORD_TYPE = 48
+RECORDS_PER_CALL = 50  # records one per-chunk call may return (a chunk stating more is split and re-read)
 
 
 def _reserved_columns() -> tuple[str, ...]:
     return (*INPUT_COLUMNS, *RESULT_COLUMNS, *EXTRA_OUTPUT_COLUMNS)
 
 
-def _property(name: Any, prop: Any, required: bool) -> FieldSpec:
-    where = f"property {name!r}"
-    if not isinstance(name, str) or not name.strip() or name != name.strip():
-        raise ValueError(f"{where}: a property name must be a non-empty string without surrounding spaces")
-    if name in _reserved_columns():
-        raise ValueError(f"{where} clashes with a column of the batch input or output ({name}); rename it")
-    if not isinstance(prop, dict):
-        raise ValueError(f"{where}: must be an object such as {{\"type\": \"string\"}}, got {json.dumps(prop)}")
-    unknown = sorted(set(prop) - PROPERTY_KEYWORDS)
-    if unknown:
-        raise ValueError(f"{where} uses the unsupported keyword {unknown[0]!r}; a property may have "
-                         f"{', '.join(sorted(PROPERTY_KEYWORDS))}")
-    description = prop.get("description")
-    if description is not None and not isinstance(description, str):
-        raise ValueError(f"{where}: description must be a string")
-    kind_type, fmt = prop.get("type"), prop.get("format")
-    if fmt is not None and not (kind_type == "string" and fmt == "date"):
-        raise ValueError(f"{where}: format {fmt!r} is not supported; only \"format\": \"date\" on a string")
-    if "enum" in prop:
-        values = prop["enum"]
-        if kind_type not in (None, "string") or fmt is not None or "items" in prop:
-            raise ValueError(f"{where}: an enum must be of strings (type string or no type, no format or items)")
-        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
-            raise ValueError(f"{where}: enum must be a non-empty list of non-empty strings, got {json.dumps(values)}")
-        if len(set(values)) != len(values):
-            raise ValueError(f"{where}: enum has duplicate values")
-        return FieldSpec(name, "enum", required, description, tuple(values))
-    if "items" in prop and kind_type != "array":
-        raise ValueError(f"{where}: items is only supported with type array")
-    if kind_type == "array":
-        items = prop.get("items")
-        if not isinstance(items, dict) or items.get("type") != "string" or set(items) - {"type", "description"}:
-            raise ValueError(f"{where}: an array must have items {{\"type\": \"string\"}} (arrays of strings only), "
-                             f"got items {json.dumps(items)}")
-        return FieldSpec(name, "string_array", required, description)
-    kinds: dict[Any, FieldKind] = {"string": "date" if fmt == "date" else "string", "number": "number",
-                                   "integer": "integer", "boolean": "boolean"}
-    if kind_type is None:
-        raise ValueError(f"{where} has no type; supported: {SUPPORTED}")
-    if not isinstance(kind_type, str) or kind_type not in kinds:
-        raise ValueError(f"{where}: type {json.dumps(kind_type)} is not supported; supported: {SUPPORTED}")
-    return FieldSpec(name, kinds[kind_type], required, description)
-
-
 def parse_fields(schema: Any) -> tuple[FieldSpec, ...]:
-    """The fields of a JSON Schema in the supported subset; ``ValueError`` naming what is wrong."""
-    if not isinstance(schema, dict):
-        raise ValueError(f"the schema must be a JSON object, got {type(schema).__name__}")
-    if schema.get("type") != "object":
-        raise ValueError(f"the schema must have \"type\": \"object\" (one object per document), "
-                         f"got type {json.dumps(schema.get('type'))}")
-    unknown = sorted(set(schema) - TOP_KEYWORDS)
-    if unknown:
-        raise ValueError(f"the schema uses the unsupported keyword {unknown[0]!r} at the top; "
-                         f"supported: {', '.join(sorted(TOP_KEYWORDS))}")
-    if schema.get("additionalProperties", False) is not False:
-        raise ValueError("additionalProperties must be false or absent: every extracted field needs a declared type")
-    props = schema.get("properties")
-    if not isinstance(props, dict) or not props:
-        raise ValueError("the schema has no properties: declare at least one field under \"properties\"")
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise ValueError(f"required must be a list of property names, got {json.dumps(required)}")
-    missing = [r for r in required if r not in props]
-    if missing:
-        raise ValueError(f"required names property {missing[0]!r}, which is not under properties")
-    return tuple(_property(name, prop, name in required) for name, prop in props.items())
+    """The document-level fields of a JSON Schema in the supported subset; ``ValueError`` naming what is wrong."""
+    return parse_schema(schema, _reserved_columns(), RECORD_COLUMNS)[0]
 
 
 class ExtractionSchema(RootModel[dict[str, Any]]):
@@ -152,22 +72,40 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
 
     model_config = {"frozen": True}
     _fields: tuple[FieldSpec, ...] = PrivateAttr(default=())
+    _records: tuple[RecordType, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        check_size(data)  # before pydantic walks it: a deeply nested value must not recurse
+        return data
 
     @model_validator(mode="after")
     def _parse(self) -> ExtractionSchema:
-        self._fields = parse_fields(self.root)
+        self._fields, self._records = parse_schema(self.root, _reserved_columns(), RECORD_COLUMNS)
         return self
 
     @property
     def fields(self) -> tuple[FieldSpec, ...]:
+        """The document-level fields (one value per document; record types are :attr:`record_types`)."""
         return self._fields
+
+    @property
+    def record_types(self) -> tuple[RecordType, ...]:
+        return self._records
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self._fields)
 
+    def record_type(self, name: str) -> RecordType:
+        for r in self._records:
+            if r.name == name:
+                return r
+        raise KeyError(f"the schema has no record type {name!r}; it has {', '.join(r.name for r in self._records)}")
+
     def decoding_schema(self) -> dict[str, Any]:
-        """The schema replies are constrained to and validated against: declared properties only."""
+        """The schema final replies are constrained to and validated against: the document-level fields only."""
         props = {f.name: {k: v for k, v in self.root["properties"][f.name].items() if k != "title"}
                  for f in self._fields}
         return {"type": "object", "properties": props, "required": [f.name for f in self._fields if f.required],
@@ -177,11 +115,40 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         """:meth:`decoding_schema` as JSON text (``SamplingParams.json_schema``)."""
         return json.dumps(self.decoding_schema(), ensure_ascii=False)
 
+    def records_schema(self, name: str, max_items: int = RECORDS_PER_CALL) -> dict[str, Any]:
+        """The schema of one per-chunk records call of record type ``name``: a JSON array (possibly
+        empty) of at most ``max_items`` records under the item schema. Every engine bounds it with
+        :func:`memagent.engines.json_schema.render_schema`; validate replies against it."""
+        items = dict(self.record_type(name).item_schema or {})
+        items["additionalProperties"] = False
+        return {"type": "array", "items": items, "maxItems": max_items}
+
+    def records_schema_json(self, name: str, max_items: int = RECORDS_PER_CALL) -> str:
+        """:meth:`records_schema` as JSON text (``SamplingParams.json_schema`` of a records call)."""
+        return json.dumps(self.records_schema(name, max_items), ensure_ascii=False)
+
     def question(self) -> str:
-        """The question of every memory-update and the final-answer call: the field list."""
-        return ("Extract these fields from the document:\n" + "\n".join(f.question_line() for f in self._fields)
-                + "\nFor each field keep every candidate value with where it was seen; "
-                "a later correction or amendment replaces an earlier value.")
+        """The question of every memory-update and the final-answer call: the field list (and the record types)."""
+        text = ""
+        if self._fields:
+            text = ("Extract these fields from the document:\n" + "\n".join(f.question_line() for f in self._fields)
+                    + "\nFor each field keep every candidate value with where it was seen; "
+                    "a later correction or amendment replaces an earlier value.")
+        if self._records:
+            text += "\n" if text else ""
+            text += "List every record of these types the document states:\n" + "\n".join(
+                self.record_lines(r) for r in self._records)
+            text += ("\nKeep what later passages need to read records: names and their aliases or roles, "
+                     "definitions, amendments, and the keys of the records already seen.")
+        return text
+
+    @staticmethod
+    def record_lines(record: RecordType) -> str:
+        """A record type in prompt words: its name, key and one line per field."""
+        head = f"- {record.name}: records"
+        head += f" identified by {', '.join(record.key)}" if record.key else ""
+        head += f"; {record.description.strip()}" if record.description and record.description.strip() else ""
+        return "\n".join([head, *(f.question_line("  ") for f in record.fields)])
 
     def answer_instruction(self) -> str:
         """The final call's format sentence (replaces the answer style's)."""
@@ -195,30 +162,49 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
             text += f" Always give {', '.join(required)}."
         return text
 
+    def records_instruction(self, name: str) -> str:
+        """The format sentence of a records call of record type ``name``."""
+        record = self.record_type(name)
+        keys = ", ".join(f.name for f in record.fields)
+        return (f"Reply with a JSON array of the {name} records this passage states, each an object with the keys "
+                f"{keys} (dates as YYYY-MM-DD; leave out a key the passage does not state), and nothing else; "
+                "[] when it states none.")
+
     def memory_tokens_needed(self) -> int:
-        return MEMORY_TOKENS_PER_FIELD * len(self._fields)
+        return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_TYPE * len(self._records)
 
     def answer_tokens_needed(self) -> int:
         return 2 + sum(f.answer_tokens() for f in self._fields)
 
+    @staticmethod
+    def record_tokens(record: RecordType) -> int:
+        """A rough size of one record's JSON object in tokens (a records call needs a multiple of it)."""
+        return 2 + sum(f.answer_tokens() for f in record.fields)
+
     def check_budgets(self, memory_tokens: int, answer_tokens: int) -> None:
         """``ValueError`` naming the budget to raise when the memory or the answer cannot hold the fields."""
-        n = len(self._fields)
+        n = len(self._fields) + len(self._records)
         if memory_tokens < self.memory_tokens_needed():
             raise ValueError(f"memory_tokens={memory_tokens} cannot hold the {n} field(s) of the schema (about "
                              f"{MEMORY_TOKENS_PER_FIELD} tokens a field); raise memory_tokens to "
                              f"{self.memory_tokens_needed()} or more, or extract fewer fields")
         if answer_tokens < self.answer_tokens_needed():
             need = self.answer_tokens_needed()
-            raise ValueError(f"answer_tokens={answer_tokens} cannot hold the JSON object of the {n} field(s) of the "
-                             f"schema (about {need} tokens); raise answer_tokens to {need} or more")
+            raise ValueError(f"answer_tokens={answer_tokens} cannot hold the JSON object of the {len(self._fields)} "
+                             f"field(s) of the schema (about {need} tokens); raise answer_tokens to {need} or more")
 
 
 def load_schema(path: str | PathLike[str]) -> ExtractionSchema:
     """Read and check a JSON Schema file; every problem is a one-line ``ValueError`` naming the file."""
     path = Path(path).expanduser()
     try:
+        if path.stat().st_size > 4 * MAX_SCHEMA_CHARS:  # not read in full: JSON text this large is no schema
+            raise ValueError(f"schema file {path}: the schema is larger than {MAX_SCHEMA_CHARS // 1024} KiB of "
+                             "JSON; every field goes into every prompt: extract fewer fields or shorten their "
+                             "descriptions")
         data = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"schema file {path}: the schema is nested more than {MAX_DEPTH} levels deep") from None
     except FileNotFoundError:
         raise ValueError(f"schema file {path} not found") from None
     except OSError as e:
@@ -234,5 +220,7 @@ def schema_from(data: Any, where: str = "schema") -> ExtractionSchema:
 
     try:
         return ExtractionSchema(data)
+    except RecursionError:  # pragma: no cover - check_size refuses deep data before anything recurses
+        raise ValueError(f"{where}: the schema is nested more than {MAX_DEPTH} levels deep") from None
     except ValidationError as e:
         raise ValueError(f"{where}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None

@@ -1,0 +1,323 @@
+"""Grounding: the char span of the document each extracted value came from.
+
+:func:`locate` finds one value of a kind (:mod:`memagent.extraction.kinds`) in the text, in
+three stages. Stages 1 and 2 are tried inside the chunk that stated the value, then in the
+whole document; stage 3 only when they found nothing, again chunk first. The first match wins:
+
+1. **exact**: the value as the JSON writes it (``Harlow Freight Ltd``, ``48250``, ``2021-03-14``);
+2. **normalised**: case-, whitespace- and punctuation-insensitive (curly quotes, dashes) in every
+   surface form of the kind (``48,250.00``; ``March 14, 2021``, ``14.03.2021``, ``2021年3月14日``),
+   numbers also by value (any numeric token of the text: ``1,250.00`` and ``1.250,00`` are 1250);
+3. **fuzzy** (free text only: strings, enum labels, array items of at least
+   :data:`FUZZY_MIN_CHARS`): the best alignment (``difflib``'s ratio, case-folded) of the value
+   against windows of the text seeded by its rarest character n-grams, kept at or above
+   :data:`FUZZY_THRESHOLD`.
+
+Matches may not cut a word (``25`` is not found inside ``250``), except next to CJK text, which
+has no word boundaries (``東京`` is found in ``東京都``). Booleans have no span.
+
+:func:`ground_chunk` grounds the records one chunk emitted; with ``require_grounding`` it drops
+free values (string, date, number, integer, array items; not enum labels or booleans, which the
+schema bounds) that have no span, and the records whose key values have none, and counts both.
+:func:`value_evidence` is the document-level fields' evidence (``field_evidence``): exact and
+normalised stages only, as the output documents it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+from memagent.attribution import _get, memory_steps
+from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind, parse_number
+from memagent.extraction.parse import RecordType
+
+FUZZY_THRESHOLD = 0.85  # difflib ratio 2*matches/(len a + len b) of value and span, case-folded
+FUZZY_MIN_CHARS = 5  # shorter values are found exactly or not at all (a fuzzy 4-letter match is noise)
+MAX_SEEDS = 4  # rarest n-grams of a value whose occurrences seed fuzzy candidates
+MAX_CANDIDATES = 24  # candidate windows scored per value and window
+MAX_OCCURRENCES = 5000  # occurrences of one n-gram looked at
+MAX_SPANS = 1000  # occurrences of one value collected (exact and normalised stages)
+
+Method = Literal["exact", "normalised", "fuzzy"]
+_CJK = re.compile(r"[\u2e80-\u2fff\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+                  r"\uff66-\uff9f]")
+_NUMBER_TOKEN = re.compile(r"(?<![A-Za-z0-9.,])[-\u2212]?\d(?:[\d,.'\u00a0\u202f]*\d)?(?![A-Za-z0-9])")
+_NUMBER_EDGE_BEFORE = re.compile(r"\d[.,'\u00a0\u202f]$")
+_NUMBER_EDGE_AFTER = re.compile(r"[.,'\u00a0\u202f]\d")
+_PUNCT = {"'": "['\u2018\u2019]", '"': "[\"\u201c\u201d]", "-": "[-\u2010-\u2015]", ",": ",?"}
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a value is written: ``text[start:end]``, the stage that found it and its similarity."""
+
+    start: int
+    end: int
+    method: Method
+    score: float = 1.0
+
+
+def _word(c: str) -> bool:
+    return c.isalnum() and not _CJK.match(c)
+
+
+def bounded(text: str, start: int, end: int, numeric: bool = False) -> bool:
+    """The span does not cut a word (CJK characters are no word characters: no boundaries there), nor,
+    when ``numeric``, a number (``250`` is not in ``1,250.00``)."""
+    if start > 0 and _word(text[start - 1]) and _word(text[start]) \
+            or end < len(text) and end > start and _word(text[end]) and _word(text[end - 1]):
+        return False
+    return not numeric or not (_NUMBER_EDGE_BEFORE.search(text, max(0, start - 2), start)
+                               or _NUMBER_EDGE_AFTER.match(text, end))
+
+
+def _pattern(form: str) -> str:
+    """A case-insensitive regex of a surface form: any whitespace run, quote and dash variants, optional commas."""
+    out = []
+    for part in re.split(r"(\s+)", form.strip()):
+        if part.isspace():
+            out.append(r"\s+")
+        else:
+            out.append("".join(_PUNCT.get(c, re.escape(c)) for c in part))
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _regex(forms: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = sorted({_pattern(f) for f in forms if f.strip()}, key=len, reverse=True)
+    return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4)
+def _numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
+    """Every numeric token of ``text`` with its value, by position (cached: one scan per document)."""
+    found = []
+    for m in _NUMBER_TOKEN.finditer(text):
+        v = parse_number(m.group())
+        if v is not None:
+            found.append((m.start(), m.end(), v))
+    return [f[0] for f in found], found
+
+
+def _first_exact(text: str, needle: str, lo: int, hi: int, numeric: bool) -> tuple[int, int] | None:
+    i = text.find(needle, lo, hi)
+    while i != -1:
+        if bounded(text, i, i + len(needle), numeric):
+            return i, i + len(needle)
+        i = text.find(needle, i + 1, hi)
+    return None
+
+
+def _first_normalised(kind: FieldKind, value: Any, text: str, lo: int, hi: int) -> tuple[int, int] | None:
+    k = KINDS[kind]
+    forms = tuple(k.forms(value))
+    if forms:
+        for m in _regex(forms).finditer(text, lo, hi):
+            if m.end() > m.start() and bounded(text, m.start(), m.end(), k.by_value == "number"):
+                return m.start(), m.end()
+    if k.by_value == "number":
+        v = parse_number(value)
+        starts, found = _numbers(text)
+        for s, e, x in found[bisect_left(starts, lo):]:
+            if s >= hi or e > hi:
+                break
+            if v is not None and abs(x - v) <= 1e-9 * max(1.0, abs(v)):
+                return s, e
+    return None
+
+
+def _fuzzy(value: str, text: str, lo: int, hi: int, threshold: float) -> Span | None:
+    """The best alignment of ``value`` in ``text[lo:hi]`` at or above ``threshold`` (see the module docstring)."""
+    window = text[lo:hi]
+    low = window.lower()
+    if len(low) != len(window):  # a case mapping that changes lengths: compare as written
+        low = window
+    v = " ".join(value.lower().split())
+    n = 3 if len(v) >= 8 else 2
+    grams = {v[i:i + n]: i for i in range(len(v) - n + 1) if v[i:i + n].strip()}
+    counts = sorted(((low.count(g), i, g) for g, i in grams.items()), key=lambda t: (t[0], t[1]))
+    votes: dict[int, int] = {}
+    for count, i, g in [c for c in counts if c[0]][:MAX_SEEDS]:
+        at = low.find(g)
+        for _ in range(min(count, MAX_OCCURRENCES)):
+            votes[at - i] = votes.get(at - i, 0) + 1
+            at = low.find(g, at + 1)
+    best: tuple[float, int, int] | None = None
+    slack = max(2, len(v) // 4)
+    for start, _ in sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_CANDIDATES]:
+        a, b = max(0, start - slack), min(len(low), start + len(v) + slack)
+        blocks = [m for m in difflib.SequenceMatcher(None, v, low[a:b], autojunk=False).get_matching_blocks()
+                  if m.size]
+        if not blocks:
+            continue
+        s, e = a + blocks[0].b, a + blocks[-1].b + blocks[-1].size
+        while s > 0 and _word(low[s - 1]) and _word(low[s]):  # whole words only (none in CJK text)
+            s -= 1
+        while e < len(low) and _word(low[e]) and _word(low[e - 1]):
+            e += 1
+        score = difflib.SequenceMatcher(None, v, " ".join(low[s:e].split()), autojunk=False).ratio()
+        if score >= threshold and (best is None or score > best[0]):
+            best = (score, s, e)
+    return Span(lo + best[1], lo + best[2], "fuzzy", round(best[0], 4)) if best else None
+
+
+def locate(kind: FieldKind, value: Any, text: str | None, window: tuple[int, int] | None = None, *,
+           fuzzy: bool = True, threshold: float = FUZZY_THRESHOLD) -> Span | None:
+    """The span of one value of ``kind`` in ``text``, searched in ``window`` (the chunk) first; None when not found.
+
+    For an array kind, ``value`` is one item.
+    """
+    kind = ITEM_KIND.get(kind, kind)
+    k = KINDS[kind]
+    if not text or value is None or not k.grounded:
+        return None
+    areas = [(0, len(text))]
+    if window is not None and window[0] is not None and window[1] is not None:
+        lo, hi = max(0, int(window[0])), min(len(text), int(window[1]))
+        if (lo, hi) != (0, len(text)) and lo < hi:
+            areas.insert(0, (lo, hi))
+    forms = k.forms(value)
+    for lo, hi in areas:  # the chunk, then the document; a written form anywhere beats a fuzzy match
+        if forms and (found := _first_exact(text, forms[0], lo, hi, k.by_value == "number")):
+            return Span(*found, "exact")
+        if found := _first_normalised(kind, value, text, lo, hi):
+            return Span(*found, "normalised")
+    if fuzzy and k.fuzzy and isinstance(value, str) and len(value.strip()) >= FUZZY_MIN_CHARS:
+        for lo, hi in areas:
+            if found_fuzzy := _fuzzy(value.strip(), text, lo, hi, threshold):
+                return found_fuzzy
+    return None
+
+
+# -- records ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class GroundedChunk:
+    """One chunk's records after grounding: ``spans[i]`` maps record ``i``'s leaf paths (``a.b``; array
+    items ``tags.0``) to their :class:`Span` or None; the drops are counted, never silent."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[dict[str, Span | None]] = field(default_factory=list)
+    dropped_values: int = 0
+    dropped_records: int = 0
+
+
+def _drop(values: dict[str, Any], path: str) -> None:
+    *parents, last = path.split(".")
+    node = values
+    for p in parents:
+        node = node.get(p) or {}
+    node.pop(last, None)
+
+
+def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text: str,
+                 window: tuple[int, int] | None = None, *, require_grounding: bool = False,
+                 threshold: float = FUZZY_THRESHOLD) -> GroundedChunk:
+    """Spans of every value of the records one chunk (``text[window[0]:window[1]]``) emitted.
+
+    With ``require_grounding``: a record whose key values are not all found is dropped, and an
+    ungrounded free value is removed from its record (an array loses the item); both counted.
+    """
+    out = GroundedChunk()
+    for rec in records:
+        values = _copy(rec)
+        spans: dict[str, Span | None] = {}
+        ungrounded: list[tuple[str, FieldKind]] = []
+        for path, spec, value in record.leaves(values):
+            if value is None:
+                continue
+            array = spec.kind == "string_array" and isinstance(value, list)
+            items = list(enumerate(value)) if array else [(None, value)]
+            for i, item in items:
+                where = path if i is None else f"{path}.{i}"
+                span = locate(spec.kind, item, text, window, threshold=threshold)
+                if KINDS[ITEM_KIND.get(spec.kind, spec.kind)].grounded:
+                    spans[where] = span
+                    if span is None:
+                        ungrounded.append((where, spec.kind))
+        if require_grounding:
+            keys = set(record.key)
+            if any(w in keys for w, _ in ungrounded):
+                out.dropped_records += 1
+                continue
+            drop = [(w, kd) for w, kd in ungrounded if KINDS[ITEM_KIND.get(kd, kd)].droppable]
+            for where, kind in sorted(drop, key=lambda t: _item_order(t[0]), reverse=True):
+                _remove(values, where, kind)
+                spans.pop(where, None)
+                out.dropped_values += 1
+            spans = _renumber(spans, values, record)
+        out.records.append(values)
+        out.spans.append(spans)
+    return out
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    return list(value) if isinstance(value, list) else value
+
+
+def _item_order(path: str) -> tuple[str, int]:
+    head, _, tail = path.rpartition(".")
+    return (head, int(tail)) if tail.isdigit() else (path, -1)
+
+
+def _remove(values: dict[str, Any], where: str, kind: FieldKind) -> None:
+    head, _, tail = where.rpartition(".")
+    if kind == "string_array" and tail.isdigit():
+        node = values
+        for p in head.split(".")[:-1]:
+            node = node.get(p) or {}
+        items = node.get(head.split(".")[-1])
+        if isinstance(items, list) and int(tail) < len(items):
+            items.pop(int(tail))
+    else:
+        _drop(values, where)
+
+
+def _renumber(spans: dict[str, Span | None], values: dict[str, Any], record: RecordType) -> dict[str, Span | None]:
+    """Array item spans keyed by the items' positions after some were dropped."""
+    out: dict[str, Span | None] = {}
+    for path, spec, value in record.leaves(values):
+        if spec.kind == "string_array":
+            kept = [s for w, s in spans.items() if w.rpartition(".")[0] == path and w.rpartition(".")[2].isdigit()]
+            out.update({f"{path}.{i}": s for i, s in enumerate(kept[: len(value or [])])})
+        elif path in spans:
+            out[path] = spans[path]
+    return out
+
+
+# -- document-level fields' evidence -----------------------------------------------------------------
+
+
+def find_spans(context: str | None, forms: list[str]) -> list[tuple[int, int]]:
+    """Char spans of any of ``forms`` in ``context`` (case-, whitespace-insensitive, whole words), sorted."""
+    if not context or not forms:
+        return []
+    out = []
+    for m in _regex(tuple(forms)).finditer(context):
+        if m.end() > m.start() and bounded(context, m.start(), m.end()):
+            out.append((m.start(), m.end()))
+            if len(out) >= MAX_SPANS:
+                break
+    return out
+
+
+def value_evidence(kind: FieldKind, value: Any, steps: Iterable[Any] | None,
+                   context: str | None) -> tuple[Any, Any, Any]:
+    """(step, char_start, char_end) of one value: the first memory holding it, its span in the document
+    (inside the chunk that memory step read when it is there; exact and normalised stages)."""
+    step = chunk = None
+    for s in memory_steps(steps):
+        memory = _get(s, "memory")
+        if memory and locate(kind, value, memory, fuzzy=False):
+            step, chunk = _get(s, "step"), (_get(s, "char_start"), _get(s, "char_end"))
+            break
+    span = locate(kind, value, context, chunk, fuzzy=False)
+    return (step, span.start, span.end) if span else (step, None, None)

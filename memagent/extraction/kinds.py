@@ -1,0 +1,193 @@
+"""The one table of value kinds: what each kind of extracted value is, everywhere it matters.
+
+A property of the schema (document-level, or a field of a record type's items) is a *leaf* of
+one kind. :data:`KINDS` holds one :class:`Kind` record per kind, and every part of extraction
+reads it instead of keeping its own table:
+
+============  ==========================================  ============  ==================  ======
+kind          JSON Schema test (:func:`kind_of`)          Arrow type    prompt words        tokens
+============  ==========================================  ============  ==================  ======
+enum          ``{"enum": [strings]}``                     string        one of: a, b, ...   len/3+2
+date          ``{"type": "string", "format": "date"}``    date32        date, YYYY-MM-DD    8
+string        ``{"type": "string"}``                      string        text                12
+number        ``{"type": "number"}``                      float64       number              8
+integer       ``{"type": "integer"}``                     int64         whole number        8
+boolean       ``{"type": "boolean"}``                     bool          true or false       2
+string_array  ``{"type": "array", "items": string}``      list<string>  list of texts       24
+============  ==========================================  ============  ==================  ======
+
+plus, per kind: how a JSON value converts to its Arrow value (:meth:`Kind.to_arrow`), the
+surface forms evidence searches for (:meth:`Kind.forms`: ``48250`` is also ``48,250`` and
+``48,250.00``; ``2021-03-14`` is also ``March 14, 2021``, ``14/03/2021``, ``2021年3月14日``), how a
+value compares by value (:meth:`Kind.normalise`, the merge key) and whether grounding looks for it
+(booleans have no span) and may drop it (``require_grounding`` drops free values, never an enum
+label or a boolean, which the schema already bounds). Replies are validated by ``jsonschema``
+against the schema's own nodes and the grammar is those nodes bounded per JSON type by
+:func:`memagent.engines.json_schema.render_schema` (one rendering for every engine).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
+
+import pyarrow as pa
+
+FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array"]
+
+# Written date forms (strftime without zero padding where the form allows it), tried in order.
+_DATE_PARSE = ("%Y-%m-%d", "%B %d, %Y", "%B %d %Y", "%d %B %Y", "%b %d, %Y", "%b. %d, %Y", "%b %d %Y", "%d %b %Y",
+               "%d/%m/%Y", "%m/%d/%Y", "%Y/%m/%d", "%d.%m.%Y", "%d-%b-%Y", "%Y.%m.%d")
+_ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)\b", re.IGNORECASE)
+_CJK_DATE = re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*日")
+
+
+def parse_date(text: Any) -> dt.date | None:
+    """A date from its ISO or a common written form (``March 14th, 2021``, ``14.03.2021``, ``2021年3月14日``)."""
+    if isinstance(text, dt.date):
+        return text
+    if not isinstance(text, str):
+        return None
+    s = " ".join(_ORDINAL.sub("", unicodedata.normalize("NFKC", text)).split())
+    if m := _CJK_DATE.fullmatch(s):
+        try:
+            return dt.date(*map(int, m.groups()))
+        except ValueError:
+            return None
+    for fmt in _DATE_PARSE:
+        try:
+            return dt.datetime.strptime(s, fmt).date()
+        except ValueError:
+            continue
+    return None
+
+
+def parse_number(text: Any) -> float | None:
+    """A number from a JSON number or written text: ``1,250.00``, ``1 250``, ``1.250,00``, ``−3``."""
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, (int, float)):
+        return float(text) if math.isfinite(text) else None
+    if not isinstance(text, str):
+        return None
+    s = unicodedata.normalize("NFKC", text).strip().replace("\u2212", "-")
+    if re.fullmatch(r"-?\d{1,3}(\.\d{3})+(,\d+)?", s):  # 1.250,00: dots group thousands
+        s = s.replace(".", "").replace(",", ".")
+    s = re.sub(r"(?<=\d)[,'\u00a0\u202f ](?=\d{3}\b)", "", s)
+    try:
+        v = float(s)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def normalise_text(text: Any) -> str:
+    """Compatibility forms folded, case folded, runs of whitespace as one space, trimmed."""
+    return " ".join(unicodedata.normalize("NFKC", str(text)).casefold().split())
+
+
+def _date_forms(value: Any) -> list[str]:
+    d = parse_date(value)
+    if d is None:
+        return []
+    m, dd, y = d.month, d.day, d.year
+    return list(dict.fromkeys([
+        d.isoformat(), f"{d:%B} {dd}, {y}", f"{d:%B} {dd} {y}", f"{dd} {d:%B} {y}", f"{d:%b} {dd}, {y}",
+        f"{d:%b}. {dd}, {y}", f"{dd} {d:%b} {y}", f"{d:%d/%m/%Y}", f"{d:%m/%d/%Y}", f"{d:%Y/%m/%d}", f"{dd}/{m}/{y}",
+        f"{m}/{dd}/{y}", f"{d:%d.%m.%Y}", f"{dd}.{m}.{y}", f"{dd}-{d:%b}-{y}", f"{y}年{m}月{dd}日",
+        f"{y}年{m:02d}月{dd:02d}日", f"{d:%B} {dd}th, {y}", f"{dd}th {d:%B} {y}"]))
+
+
+def _number_forms(value: Any) -> list[str]:
+    v = parse_number(value)
+    if v is None:
+        return []
+    if v.is_integer():
+        n = int(v)
+        return list(dict.fromkeys([str(n), f"{n:,}", f"{v:.2f}", f"{v:,.2f}"]))
+    return list(dict.fromkeys([repr(v), f"{v:,}", f"{v:.2f}", f"{v:,.2f}"]))
+
+
+def _text_forms(value: Any) -> list[str]:
+    text = str(value).strip() if value is not None else ""
+    return [text] if text else []
+
+
+def _number_key(value: Any) -> Any:
+    v = parse_number(value)
+    return v if v is not None else normalise_text(value)
+
+
+def _date_key(value: Any) -> Any:
+    d = parse_date(value)
+    return d.isoformat() if d is not None else normalise_text(value)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of value (a row of the module docstring's table)."""
+
+    name: FieldKind
+    test: Callable[[Mapping[str, Any]], bool]  # does a property node declare this kind
+    arrow: pa.DataType
+    words: str  # what the prompt calls it ("one of: ..." for enums, from the values)
+    value_tokens: int  # rough tokens of its JSON value (enums: from the longest value)
+    to_arrow: Callable[[Any], Any]  # JSON value -> Arrow value (not None)
+    forms: Callable[[Any], list[str]]  # how a value may be written; the first is its exact form
+    normalise: Callable[[Any], Any]  # a value compared by value: merge keys
+    by_value: str | None = None  # "number" / "date": the normalised search compares values, not text
+    grounded: bool = True  # grounding looks for its span
+    droppable: bool = True  # require_grounding drops it when ungrounded
+    fuzzy: bool = False  # fuzzy alignment applies (free text)
+
+    def describe(self, enum: tuple[str, ...] = ()) -> str:
+        return f"one of: {', '.join(enum)}" if self.name == "enum" else self.words
+
+    def tokens(self, enum: tuple[str, ...] = ()) -> int:
+        """A rough size of the JSON value in tokens (about 3 characters a token)."""
+        return math.ceil(max(map(len, enum)) / 3) + 2 if self.name == "enum" and enum else self.value_tokens
+
+
+def _types(node: Mapping[str, Any]) -> Any:
+    return node.get("type")
+
+
+def _is_array_of_strings(node: Mapping[str, Any]) -> bool:
+    items = node.get("items")
+    return _types(node) == "array" and isinstance(items, dict) and items.get("type") == "string" \
+        and not set(items) - {"type", "description"}
+
+
+_SAME = (lambda v: v)  # noqa: E731 - identity conversion
+KINDS: dict[FieldKind, Kind] = {k.name: k for k in [
+    Kind("enum", lambda n: "enum" in n, pa.string(), "one of", 0, _SAME, _text_forms, normalise_text,
+         droppable=False, fuzzy=True),
+    Kind("date", lambda n: _types(n) == "string" and n.get("format") == "date", pa.date32(), "date, YYYY-MM-DD", 8,
+         lambda v: dt.date.fromisoformat(v), _date_forms, _date_key, by_value="date"),
+    Kind("string", lambda n: _types(n) == "string" and "format" not in n, pa.string(), "text", 12, _SAME,
+         _text_forms, normalise_text, fuzzy=True),
+    Kind("number", lambda n: _types(n) == "number", pa.float64(), "number", 8, float, _number_forms, _number_key,
+         by_value="number"),
+    Kind("integer", lambda n: _types(n) == "integer", pa.int64(), "whole number", 8, int, _number_forms,
+         _number_key, by_value="number"),
+    Kind("boolean", lambda n: _types(n) == "boolean", pa.bool_(), "true or false", 2, bool, lambda v: [],
+         bool, grounded=False, droppable=False),
+    Kind("string_array", _is_array_of_strings, pa.list_(pa.string()), "list of texts", 24, list, _text_forms,
+         lambda v: tuple(normalise_text(x) for x in v), fuzzy=True),
+]}
+ITEM_KIND: dict[FieldKind, FieldKind] = {"string_array": "string"}  # what each item of an array kind is
+SCALAR_KINDS = ("string", "date", "number", "integer", "boolean", "enum")  # may be record keys
+
+
+def kind_of(node: Mapping[str, Any]) -> FieldKind | None:
+    """The kind a property node declares (the first whose test passes, in table order), or None."""
+    return next((k.name for k in KINDS.values() if k.test(node)), None)
+
+
+def to_arrow(kind: FieldKind, value: Any) -> Any:
+    """The Arrow (Python) value of a JSON value of ``kind``; None stays None."""
+    return None if value is None else KINDS[kind].to_arrow(value)
