@@ -125,13 +125,28 @@ class AgentConfig(BaseModel):
         slack = 16
         need = self.max_prompt_tokens(template_tokens) + max(self.memory_tokens, self.answer_tokens) + slack
         if need > context_window:
-            over = need - context_window
+            # The advice is a value that passes every check: chunk_tokens > 0 and memory_tokens at
+            # most 4x chunk_tokens (_budgets_are_sane); when none fits, say so instead.
+            fits = context_window - (need - self.chunk_tokens)  # the largest chunk that fits
+            least = max(1, -(-self.memory_tokens // 4))
+            if fits >= least:
+                advice = (f"lower chunk_tokens to {fits} or less (and at least {least}, a quarter of memory_tokens)"
+                          if least > 1 else f"lower chunk_tokens to {fits} or less")
+                advice += "; or lower memory_tokens/query_tokens/answer_tokens"
+            else:
+                advice = (f"no chunk_tokens can make it fit: the call needs {need - self.chunk_tokens} tokens "
+                          f"besides the chunk, leaving {max(fits, 0)} for it, and chunk_tokens must be at least "
+                          f"{least} (a quarter of memory_tokens); lower memory_tokens/query_tokens/answer_tokens "
+                          "or use a model with a larger context window")
+                if self.extraction is not None:
+                    advice += (". The extraction schema sets the least memory_tokens and answer_tokens and its "
+                               "instructions are in the template: if those leave no room, the schema cannot fit "
+                               "this model's window (extract fewer fields or shorten their descriptions)")
             raise ValueError(
                 f"budgets do not fit the model's context window of {context_window} tokens: "
                 f"template {template_tokens} + query {self.query_tokens} + memory {self.memory_tokens} + "
                 f"chunk {self.chunk_tokens} + reply {max(self.memory_tokens, self.answer_tokens)} (+{slack} slack) "
-                f"= {need}; lower chunk_tokens to {self.chunk_tokens - over} or less "
-                "(or lower memory_tokens/query_tokens/answer_tokens)"
+                f"= {need}; {advice}"
             )
 
     def with_overrides(self, **overrides: object) -> AgentConfig:

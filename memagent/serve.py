@@ -14,6 +14,16 @@ Guards (:class:`ServeConfig`): with ``auth_key_env`` every path but ``/health`` 
 nothing from it. A body over ``max_body_bytes`` is a 413 before it is read whole, a ``max_tokens``
 over the cap a 400; the chat template and tokenizer run in a thread, so a huge prompt never stalls
 the event loop (``/health`` and other requests go on being answered).
+
+Hostile input is a 400 in OpenAI's shape, never a plain-text 500 or an echo of internals: text
+that is not valid Unicode (a lone surrogate such as ``\\ud800``), a ``response_format`` schema
+with a recursive ``$ref`` (the grammar would have to be infinite) or nested too deep. A failure
+inside the engine is a 500 whose details go to the server log only. Keys are never logged: the
+access log masks every query-string value (``?api_key=***``) and the configured key anywhere.
+
+``response_format`` may be ``text``, ``json_schema`` (the reply follows the schema) or
+``json_object`` (OpenAI's JSON mode: the reply is some JSON object; the engines get a generic,
+bounded object schema through the same json_schema path).
 """
 
 from __future__ import annotations
@@ -25,9 +35,10 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
+from urllib.parse import quote, unquote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,12 +47,30 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memagent.engines.base import Completion, Engine, SamplingParams
+from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
 
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 OPEN_PATHS = frozenset({"/health"})  # answered without a key
 LARGE_PROMPT_CHARS = 256 * 1024  # prompts longer than this are tokenised one at a time
+MAX_SCHEMA_DEPTH = 64  # response_format schemas nested deeper than this are refused (no real schema is)
+MASK = "***"
+
+# OpenAI's JSON mode as a schema: any JSON object, its keys and values bounded like render_schema's
+# (keys of at most MAX_KEY_CHARS, strings, arrays, number digits), so that a model caught in a loop
+# cannot spend the whole budget inside one key or value. The $defs recursion is optional (an
+# object may be empty), so the grammar is finite. (llguidance has no propertyNames; a pattern
+# property with additionalProperties false bounds the keys.)
+MAX_KEY_CHARS = 64
+_MEMBERS = {"patternProperties": {f"^.{{0,{MAX_KEY_CHARS}}}$": {"$ref": "#/$defs/value"}}, "additionalProperties": False}
+_VALUE = {"anyOf": [
+    {"type": "string", "maxLength": MAX_STRING_CHARS},
+    {"type": "number", "minimum": -MAX_MAGNITUDE, "maximum": MAX_MAGNITUDE, "multipleOf": NUMBER_STEP},
+    {"type": "boolean"}, {"type": "null"},
+    {"type": "array", "items": {"$ref": "#/$defs/value"}, "maxItems": MAX_ARRAY_ITEMS},
+    {"type": "object", **_MEMBERS}]}
+JSON_OBJECT_SCHEMA = {"type": "object", **_MEMBERS, "$defs": {"value": _VALUE}}
 
 
 class ServeConfig(BaseModel):
@@ -80,9 +109,47 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
+    def body(self) -> bytes:
+        # ensure_ascii: a message quoting client text with a lone surrogate still encodes.
+        return json.dumps({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                     "code": self.code}}).encode()
+
     def response(self) -> JSONResponse:
-        body = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        return JSONResponse({"error": body}, status_code=self.status)
+        return _JSONBytes(self.body(), status_code=self.status)
+
+
+class _JSONBytes(JSONResponse):
+    """A JSON response of bytes already encoded."""
+
+    def render(self, content: Any) -> bytes:
+        return content
+
+
+class AccessLogRedactor(logging.Filter):
+    """Masks keys in uvicorn's access log lines: every query-string value (a key sent as
+    ``?api_key=...`` is refused, but the line would still be written) and the configured key,
+    raw or percent-encoded, wherever it stands."""
+
+    def __init__(self, key: str | None = None):
+        super().__init__()
+        self._secrets = sorted({s for s in (key, quote(key or "", safe=""), quote(key or "")) if s}, key=len,
+                               reverse=True)
+
+    def redact(self, text: str) -> str:
+        path, sep, query = text.partition("?")
+        if sep:
+            query = "&".join(f"{p.partition('=')[0]}={MASK}" if "=" in p else MASK for p in query.split("&"))
+            text = f"{path}?{query}"
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.msg, str):
+            record.msg = self.redact(record.msg)
+        return True
 
 
 class Guard:
@@ -141,8 +208,7 @@ class Guard:
 
 
 async def _send_error(send: Send, error: APIError, headers: dict[bytes, bytes] | None = None) -> None:
-    body = json.dumps({"error": {"message": error.message, "type": error.type, "param": error.param,
-                                 "code": error.code}}).encode()
+    body = error.body()
     head = {b"content-type": b"application/json", b"content-length": str(len(body)).encode(), **(headers or {})}
     await send({"type": "http.response.start", "status": error.status, "headers": list(head.items())})
     await send({"type": "http.response.body", "body": body})
@@ -172,7 +238,7 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    type: Literal["text", "json_schema"]
+    type: Literal["text", "json_schema", "json_object"]
     json_schema: JsonSchemaFormat | None = None
 
 
@@ -201,9 +267,95 @@ def _check_supported(req: ChatRequest) -> None:
         raise APIError(400, "stream=true is not supported by this server", param="stream")
     if req.stop:
         raise APIError(400, "stop sequences are not supported by this server", param="stop")
-    if req.response_format and req.response_format.type == "json_schema" and not req.response_format.json_schema:
-        raise APIError(400, "response_format of type json_schema needs json_schema: {name, schema}",
-                       param="response_format")
+    rf = req.response_format
+    if rf and rf.type == "json_schema":
+        if not rf.json_schema:
+            raise APIError(400, "response_format of type json_schema needs json_schema: {name, schema}",
+                           param="response_format")
+        _check_schema(rf.json_schema.schema_, "response_format.json_schema.schema")
+
+
+def _walk(value: Any, path: str) -> Iterator[tuple[str, Any, int]]:
+    """Every (path, value, depth) of a JSON value, iteratively (a deeply nested one cannot overflow the stack)."""
+    stack = [(path, value, 0)]
+    while stack:
+        path, value, depth = stack.pop()
+        yield path, value, depth
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield f"{path}.{k}", k, depth + 1  # keys are text too
+                stack.append((f"{path}.{k}", v, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}", v, depth + 1) for i, v in enumerate(value))
+
+
+def _check_unicode(req: ChatRequest) -> None:
+    """400 for text that is not valid Unicode: JSON's ``\\ud800`` escape (or raw surrogate bytes,
+    which Python's JSON decoder lets through) is a lone surrogate that no tokenizer can encode."""
+    for path, value, _ in _walk(req.model_dump(by_alias=True, exclude_none=True), "body"):
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                where = path.removeprefix("body.")
+                raise APIError(400, f"{where}: not valid Unicode text: a lone surrogate (\\u{ord(value[exc.start]):04x})"
+                               f" at character {exc.start}; send UTF-8 text", param=where.split(".")[0],
+                               code="invalid_unicode") from None
+
+
+def _pointer(ref: str) -> str | None:
+    """The JSON pointer of a local ``$ref`` (``#/$defs/a`` -> ``/$defs/a``; ``#`` -> ``""``), else None;
+    ``~0``/``~1`` stay escaped, as in the locations :func:`_check_schema` builds."""
+    if not ref.startswith("#"):
+        return None
+    return unquote(ref[1:])
+
+
+def _check_schema(schema: Any, param: str) -> None:
+    """400 for a schema nested deeper than MAX_SCHEMA_DEPTH or with a recursive ``$ref`` (a
+    definition that reaches itself through references: the grammar of its replies would be
+    infinite, and an unsatisfiable one makes the grammar parser fail mid-reply)."""
+    refs: list[tuple[str, str]] = []  # (where the $ref is, as a JSON pointer; the pointer it names)
+    stack = [("", schema, 0)]
+    while stack:
+        at, node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise APIError(400, f"{param}: nested deeper than {MAX_SCHEMA_DEPTH} levels", param="response_format",
+                           code="invalid_schema")
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and (target := _pointer(ref)) is not None:
+                refs.append((at, target))
+            stack.extend((f"{at}/{str(k).replace('~', '~0').replace('/', '~1')}", v, depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{at}/{i}", v, depth + 1) for i, v in enumerate(node))
+    # Definition T leads to U when a $ref to U stands inside T; a cycle is a recursive $ref.
+    edges = {t: sorted({u for where, u in refs if where == t or where.startswith(t + "/")}) for _, t in refs}
+    cycle = _cycle(edges)
+    if cycle:
+        shown = " -> ".join("#" + n for n in cycle)
+        raise APIError(400, f"{param}: recursive $ref ({shown}) is not supported: constrained decoding needs a "
+                       "schema of finite depth", param="response_format", code="invalid_schema")
+
+
+def _cycle(edges: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of the graph ``edges`` (node -> successors) as [a, b, ..., a], or None (iterative DFS)."""
+    done: set[str] = set()
+    for start in edges:
+        if start in done:
+            continue
+        path, nexts = [start], [iter(edges[start])]
+        while path:
+            nxt = next(nexts[-1], None)
+            if nxt is None:
+                done.add(path.pop())
+                nexts.pop()
+            elif nxt in path:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in done:
+                path.append(nxt)
+                nexts.append(iter(edges.get(nxt, ())))
+    return None
 
 
 def _check_max_tokens(req: ChatRequest, cap: int) -> None:
@@ -221,19 +373,37 @@ def _sampling(req: ChatRequest, prompt_tokens: int, context_window: int, cap: in
     max_tokens = asked or context_window - prompt_tokens  # default: the rest of the window (within the cap)
     if not asked and cap is not None:
         max_tokens = min(max_tokens, cap)
-    if prompt_tokens + max(max_tokens, 1) > context_window:
+    if asked and prompt_tokens + asked > context_window:
         raise APIError(
             400,
             f"This model's maximum context length is {context_window} tokens. However, you requested "
-            f"{prompt_tokens + max(max_tokens, 1)} tokens ({prompt_tokens} in the messages, {max_tokens} in "
+            f"{prompt_tokens + asked} tokens ({prompt_tokens} in the messages, {asked} in "
             "the completion). Please reduce the length of the messages or completion.",
             param="messages",
             code="context_length_exceeded",
         )
+    if max_tokens < 1:  # no max_tokens asked, and the messages leave no room for even one token
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context_window} tokens. However, your messages resulted "
+            f"in {prompt_tokens} tokens, which leaves no room for the completion. Please reduce the length of "
+            "the messages.",
+            param="messages",
+            code="context_length_exceeded",
+        )
     rf = req.response_format
-    schema = json.dumps(rf.json_schema.schema_) if rf and rf.type == "json_schema" and rf.json_schema else None
+    schema = None
+    if rf and rf.type == "json_schema" and rf.json_schema:
+        schema = json.dumps(rf.json_schema.schema_)
+    elif rf and rf.type == "json_object":
+        schema = json.dumps(JSON_OBJECT_SCHEMA)
     return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, logprobs=req.logprobs,
                           json_schema=schema)
+
+
+def _first_line(text: str, limit: int = 500) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "invalid request"
+    return line if len(line) <= limit else line[:limit] + " …"
 
 
 def _logprobs_body(engine: Engine, c: Completion) -> dict[str, Any] | None:
@@ -295,11 +465,19 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
     key = config.auth_key()
     one_large_prompt = asyncio.Semaphore(1)
 
+    redactor = AccessLogRedactor(key)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if close_engine:
-            await engine.close()
+        # Added once the server has configured logging (uvicorn sets its loggers up before this).
+        access = logging.getLogger("uvicorn.access")
+        access.addFilter(redactor)
+        try:
+            yield
+        finally:
+            access.removeFilter(redactor)
+            if close_engine:
+                await engine.close()
 
     app = FastAPI(title="memagent OpenAI-compatible server", lifespan=lifespan)
     app.state.engine = engine
@@ -314,6 +492,14 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
         message, param = _validation_message(exc)
         return APIError(400, message, param=param).response()
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Still JSON in OpenAI's shape; the details (a traceback, a parser's state) stay in the server log.
+        if isinstance(exc, RecursionError):  # a body nested too deep for the JSON decoder
+            return APIError(400, "request body nested too deeply", code="invalid_request").response()
+        log.error("request failed: %s", type(exc).__name__, exc_info=exc)
+        return APIError(500, "internal server error (details in the server log)", type="server_error").response()
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -326,6 +512,7 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request) -> dict[str, Any]:
+        _check_unicode(req)
         _check_supported(req)
         if req.model is not None and req.model != engine.name:
             raise APIError(404, f"The model `{req.model}` does not exist; this server serves `{engine.name}`.",
@@ -346,11 +533,14 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
             completion = await _unless_disconnected(request, engine.chat(messages, params))
         except APIError:
             raise
-        except ValueError as exc:  # the engine rejected this input
-            raise APIError(400, str(exc)) from None
-        except Exception as exc:  # a failed request must not stop the server
+        except ValueError as exc:  # the engine rejected this input: its first line, not a parser dump
+            raise APIError(400, _first_line(str(exc))) from None
+        except Exception:  # a failed request must not stop the server, nor show the client its internals
             log.exception("chat completion failed")
-            raise APIError(500, f"{type(exc).__name__}: {exc}", type="server_error") from None
+            hint = (" while decoding under response_format (a schema too complex for the grammar?)"
+                    if params.json_schema else "")
+            raise APIError(500, f"the engine failed{hint}; details are in the server log",
+                           type="server_error") from None
         return _completion_body(engine, completion)
 
     return app

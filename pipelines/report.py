@@ -85,14 +85,19 @@ def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None =
     return views, meta
 
 
+def _number(x: Any) -> float:
+    """``x`` if it is a number, else 0 (a hand-edited output may hold text in a numeric column)."""
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else 0
+
+
 def _tokens_per_second(views: list[dict], seconds: float | None, job: dict[str, Any] | None = None) -> str:
     if job and job.get("seconds"):  # the job that just ran (a resumed run read only part of the rows)
         return (f"{job['context_tokens'] / job['seconds']:,.1f} (the last run: {job['context_tokens']:,} context "
                 f"tokens in {job['seconds']:,.1f} s)")
-    tokens = sum(v.get("ct") or 0 for v in views if not v.get("e"))
+    tokens = sum(_number(v.get("ct")) for v in views if not v.get("e"))
     if seconds:
         return f"{tokens / seconds:,.1f} ({tokens:,} context tokens in {seconds:,.1f} s of job time)"
-    row_s = sum(v.get("sec") or 0 for v in views if not v.get("e"))
+    row_s = sum(_number(v.get("sec")) for v in views if not v.get("e"))
     if not row_s:
         return "n/a"
     return (f"{tokens / row_s:,.1f} per row in flight ({tokens:,} tokens over {row_s:,.1f} row-seconds; rows are "

@@ -126,11 +126,21 @@ def snippets(context: str, gold: Sequence[tuple[int, int]], evidence: tuple[int,
     return out
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_em") -> dict[str, Any]:
     """The compact record of one output row that the page embeds (``context`` is read, never kept).
 
     Attribution comes from the row's columns; outputs written before those columns existed get
-    it computed here from ``steps``/``answers``/``context``.
+    it computed here from ``steps``/``answers``/``context``. A hand-edited row may hold anything in
+    any column (a string in ``n_chunks``): values are passed on as they are, for the page to show
+    as text, and only whole numbers are used as positions (snippets are cut around those alone).
     """
     metric = row.get("metric") or metric
     steps = list(row.get("steps") or [])
@@ -172,13 +182,25 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
         "sec": row.get("seconds"), "ev": list(evidence) if evidence else None, "f": found, "l": lost,
         "as": [list(s) for s in spans] or None, "h": "".join("1" if h else "0" for h in held) or None,
         "st": st or None, "rs": clip(row.get("response"), 1000),
-        "sn": snippets(context, spans, evidence, prediction) if context and (spans or evidence) else None,
+        "sn": _snippets(context, spans, evidence, prediction),
     }
     for col, short in (("method", "m"), ("task", "t"), ("length", "L")):
         if row.get(col) is not None:
             view[short] = row[col]
     view.update(field_view(row, context))  # extraction runs: per-field values and evidence spans
     return {k: v for k, v in view.items() if v is not None}
+
+
+def _snippets(context: str | None, spans: list[tuple[Any, Any]], evidence: tuple[Any, ...] | None,
+              prediction: Any) -> list[list[Any]] | None:
+    """:func:`snippets` over the spans and evidence whose positions are whole numbers within the text."""
+    if not context:
+        return None
+    spans = [(a, b) for a, b in spans if _is_int(a) and _is_int(b) and 0 <= a <= b <= len(context)]
+    if evidence and not all(_is_int(x) for x in evidence):
+        evidence = None
+    prediction = prediction if isinstance(prediction, str) else None
+    return snippets(context, spans, evidence, prediction) if spans or evidence else None
 
 
 _NUM = re.compile(r"\d+(\.\d+)?")
@@ -192,23 +214,24 @@ def error_pattern(message: str) -> str:
 
 def group_errors(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Error rows grouped by :func:`error_pattern`, most frequent first; sets each view's ``eg``."""
-    counts = Counter(error_pattern(v["e"]) for v in views if v.get("e"))
+    counts = Counter(error_pattern(str(v["e"])) for v in views if v.get("e"))
     groups = [{"pattern": p, "count": n, "example": None, "ids": []} for p, n in counts.most_common()]
     index = {g["pattern"]: i for i, g in enumerate(groups)}
     for v in views:
         if v.get("e"):
-            g = groups[index[error_pattern(v["e"])]]
+            g = groups[index[error_pattern(str(v["e"]))]]
             v["eg"] = index[g["pattern"]]
-            g["example"] = g["example"] or v["e"]
+            g["example"] = g["example"] or str(v["e"])
             if len(g["ids"]) < 5:
                 g["ids"].append(v["k"])
     return groups
 
 
 def accuracy(views: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Mean score over rows with answers (an error row scores 0), with its 95% Wilson interval."""
+    """Mean score over rows with answers (an error row scores 0), with its 95% Wilson interval. A
+    score that is not a number (a hand-edited output) counts as no score."""
     scores = [0.0 if v.get("e") else float(v["s"]) for v in views
-              if v.get("a") and (v.get("e") or v.get("s") is not None)]
+              if v.get("a") and (v.get("e") or _is_number(v.get("s")))]
     if not scores:
         return None
     mean = sum(scores) / len(scores)

@@ -3,6 +3,8 @@
 const D = JSON.parse(document.getElementById("report-data").textContent);
 const R = D.rows, PAGE = 100, byKey = new Map(R.map((r, i) => [r.k, i]));
 const $ = (s) => document.querySelector(s);
+// Every value from the data (names, numbers, classes included) goes into HTML through esc: a
+// hand-edited output may hold markup in any column, a string in a numeric one.
 const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g,
   (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const reEsc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
@@ -33,7 +35,7 @@ const COLS = [["id", "id", (r) => r.id]];
 if (D.facets.method) COLS.push(["method", "method", (r) => r.m]);
 if (D.facets.task) COLS.push(["task", "task", (r) => r.t]);
 if (D.facets.length) COLS.push(["length", "length", (r) => r.L]);
-for (const f of FIELDS.slice(0, 8)) COLS.push([f, "x:" + f, (r) => { const x = fx(r, f); return x ? shown(x[1]) : null; }]);
+for (const f of FIELDS.slice(0, 8)) COLS.push([f, ["x", f].join(":"), (r) => { const x = fx(r, f); return x ? shown(x[1]) : null; }]);
 COLS.push(["chunks", "n", (r) => r.n], ["tokens", "ct", (r) => r.ct]);
 if (!FIELDS.length) COLS.push(["score", "s", (r) => r.s], ["found", "f", (r) => r.f], ["lost", "l", (r) => r.l], ["prediction", "p", (r) => r.p]);
 COLS.push(["error", "e", (r) => r.e]);
@@ -53,7 +55,7 @@ function setup() {
   for (const s of f.querySelectorAll("select")) {
     s.addEventListener("change", (e) => { st[e.target.dataset.k] = e.target.value; st.err = ""; st.page = 0; draw(); });
   }
-  let th = "<tr>" + COLS.map((c) => '<th data-k="' + c[1] + '">' + c[0] + "</th>").join("") + "</tr>";
+  let th = "<tr>" + COLS.map((c) => '<th data-k="' + esc(c[1]) + '">' + esc(c[0]) + "</th>").join("") + "</tr>";
   $("#rows thead").innerHTML = th;
   for (const t of document.querySelectorAll("#rows th")) {
     t.addEventListener("click", () => {
@@ -67,14 +69,14 @@ function setup() {
   });
 }
 function sel(k, opts) {
-  return '<select data-k="' + k + '" id="f-' + k + '">' +
+  return '<select data-k="' + esc(k) + '" id="f-' + esc(k) + '">' +
     opts.map((o) => '<option value="' + esc(o[0]) + '">' + esc(o[1]) + "</option>").join("") + "</select>";
 }
 function filtered() {
   const q = st.q.toLowerCase(), sf = STATUS[st.status] || STATUS[""];
   let out = R.filter((r) => sf(r) && (!st.method || r.m === st.method) && (!st.task || r.t === st.task) &&
     (!st.length || String(r.L) === st.length) && (st.err === "" || String(r.eg) === st.err) && fieldMatch(r) &&
-    (!q || (r.id + "\u0001" + (r.q || "") + "\u0001" + (r.p || "") + "\u0001" + (r.e || "")).toLowerCase().includes(q)));
+    (!q || [r.id, r.q || "", r.p || "", r.e || ""].join("\u0001").toLowerCase().includes(q)));
   if (st.sort) {
     const c = COLS.find((c) => c[1] === st.sort), g = c[2], d = st.dir;
     out = out.slice().sort((a, b) => {
@@ -125,11 +127,11 @@ function needles(r) {
 }
 function hl(text, nd) {
   if (!nd) return esc(text);
-  return text.split(nd.re).map((p, i) => i % 2 ? '<mark class="' + nd.cls.get(p.toLowerCase()) + '">' + esc(p) + "</mark>" : esc(p)).join("");
+  return text.split(nd.re).map((p, i) => i % 2 ? '<mark class="' + esc(nd.cls.get(p.toLowerCase())) + '">' + esc(p) + "</mark>" : esc(p)).join("");
 }
 function marked(text, spans) {
   let h = "", at = 0;
-  for (const s of spans) { h += esc(text.slice(at, s[0])) + "<mark class=\"" + s[2] + "\">" + esc(text.slice(s[0], s[1])) + "</mark>"; at = s[1]; }
+  for (const s of spans) { h += esc(text.slice(at, s[0])) + "<mark class=\"" + esc(s[2]) + "\">" + esc(text.slice(s[0], s[1])) + "</mark>"; at = s[1]; }
   return h + esc(text.slice(at));
 }
 // A memory as HTML against the previous one: ops are flat [i1, i2, j1, j2, ...] over the words
@@ -157,24 +159,25 @@ function showRow(k) {
   let h = close + "<h2>Timeline of row <code>" + esc(r.id) + "</code>" + (r.m ? " · " + esc(r.m) : "") + "</h2>";
   const kv = [["question", esc(r.q)], ["gold answers", (r.a || []).map((a) => "<mark class=gold>" + esc(a) + "</mark>").join(", ")],
     ["prediction", r.p == null ? "" : "<mark class=pred>" + esc(r.p) + "</mark>"],
-    ["score", r.s == null ? "" : '<span class="' + (r.s >= 1 ? "ok" : "bad") + '">' + r.s + "</span>"],
+    ["score", r.s == null ? "" : '<span class="' + (r.s >= 1 ? "ok" : "bad") + '">' + esc(r.s) + "</span>"],
     ["error", r.e ? '<span class="bad">' + esc(r.e) + "</span>" : ""],
-    ["document", (r.cl != null ? r.cl + " chars, " : "") + (r.ct != null ? r.ct + " tokens, " : "") +
-      (r.n != null ? r.n + " chunks" : "") + (r.tr ? " (truncated)" : "")],
-    ["evidence span", r.ev ? "step " + r.ev[0] + ", chars " + r.ev[1] + "–" + r.ev[2] :
+    ["document", (r.cl != null ? esc(r.cl) + " chars, " : "") + (r.ct != null ? esc(r.ct) + " tokens, " : "") +
+      (r.n != null ? esc(r.n) + " chunks" : "") + (r.tr ? " (truncated)" : "")],
+    ["evidence span", r.ev ? "step " + esc(r.ev[0]) + ", chars " + esc(r.ev[1]) + "–" + esc(r.ev[2]) :
       r.p && hasMem(r) && !r.x ? '<span class="warn">prediction not found in any memory</span>' : ""],
     ["gold answer in memory", r.f == null ? (r.a && r.a.length && r.h ? '<span class="bad">never</span>' : "") :
-      "found at step " + r.f + (r.l == null ? ", kept to the end" : ', <span class="bad">lost at step ' + r.l + "</span>")]];
+      "found at step " + esc(r.f) + (r.l == null ? ", kept to the end" : ', <span class="bad">lost at step ' + esc(r.l) + "</span>")]];
   if (r.t != null) kv.splice(1, 0, ["task · length", esc(r.t) + " · " + esc(r.L)]);
-  h += '<table class="kv">' + kv.filter((x) => x[1] !== "")
-    .map((x) => "<tr><th>" + x[0] + "</th><td>" + x[1] + "</td></tr>").join("") + "</table>";
+  h += '<table class="kv">' + kv.filter(([, html]) => html !== "")
+    .map(([label, html]) => "<tr><th>" + label + "</th><td>" + html + "</td></tr>").join("") + "</table>";
   if ((r.x || []).length) {
     h += '<h3>Extracted fields</h3><table class="xf"><tr><th>field</th><th>value</th><th>evidence</th></tr>';
     r.x.forEach((x, i) => {
       const v = x[1] == null ? '<span class="mut">null</span>' : esc(shown(x[1]));
       const ev = x[3] == null ? (x[1] == null ? "" : '<span class="warn">value not found in the document</span>') :
-        '<a class="fgo" href="#fsn-' + i + '" data-snip="fsn-' + i + '">chars ' + x[3] + "–" + x[4] + "</a>" +
-        (x[2] == null ? "" : ' · <a class="fgo" href="#step-' + x[2] + '" data-snip="step-' + x[2] + '">first in memory at step ' + x[2] + "</a>");
+        '<a class="fgo" href="#fsn-' + i + '" data-snip="fsn-' + i + '">chars ' + esc(x[3]) + "–" + esc(x[4]) + "</a>" +
+        (x[2] == null ? "" : ' · <a class="fgo" href="#step-' + esc(x[2]) + '" data-snip="step-' + esc(x[2]) +
+          '">first in memory at step ' + esc(x[2]) + "</a>");
       h += "<tr><td><code>" + esc(x[0]) + "</code></td><td>" + (x[3] == null ? v :
         '<a class="fgo fv" href="#fsn-' + i + '" data-snip="fsn-' + i + '"><mark class=fld>' + v + "</mark></a>") + "</td><td>" + ev + "</td></tr>";
     });
@@ -190,25 +193,26 @@ function showRow(k) {
     mem.forEach((s, j) => {
       const c = ["seg", held[j] === "1" ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.f ? "found" : "",
         s[0] === r.l ? "lost" : ""].join(" ");
-      h += '<a class="' + c + '" href="#step-' + s[0] + '" data-step="' + s[0] + '" style="left:' + pct(s[2], total) + ";width:" +
-        pct(s[3] - s[2], total) + '" title="step ' + s[0] + ": chars " + s[2] + "–" + s[3] + '">' + s[0] + "</a>";
+      h += '<a class="' + c + '" href="#step-' + esc(s[0]) + '" data-step="' + esc(s[0]) + '" style="left:' + pct(s[2], total) +
+        ";width:" + pct(s[3] - s[2], total) + '" title="step ' + esc(s[0]) + ": chars " + esc(s[2]) + "–" + esc(s[3]) + '">' +
+        esc(s[0]) + "</a>";
     });
-    for (const a of r.as || []) h += '<i class="gm" style="left:' + pct(a[0], total) + '" title="gold answer at char ' + a[0] + '"></i>';
-    for (const x of r.x || []) if (x[3] != null) h += '<i class="fmk" style="left:' + pct(x[3], total) + '" title="' + esc(x[0]) + " at char " + x[3] + '"></i>';
-    h += '</div><div class="ticks"><span style="left:0">0</span><span style="left:100%">' + total + "</span></div>";
+    for (const a of r.as || []) h += '<i class="gm" style="left:' + pct(a[0], total) + '" title="gold answer at char ' + esc(a[0]) + '"></i>';
+    for (const x of r.x || []) if (x[3] != null) h += '<i class="fmk" style="left:' + pct(x[3], total) + '" title="' + esc(x[0]) + " at char " + esc(x[3]) + '"></i>';
+    h += '</div><div class="ticks"><span style="left:0">0</span><span style="left:100%">' + esc(total) + "</span></div>";
   }
   if ((r.xs || []).length) {
     h += "<h3>Field evidence in the source text</h3>";
     for (const s of r.xs) {
       const i = r.x.findIndex((x) => x[0] === s[0]);
-      h += '<div class="mut">' + esc(s[0]) + " (chars " + s[1] + "–" + (s[1] + s[2].length) + ')</div><div class="snip" id="fsn-' + i + '">' +
+      h += '<div class="mut">' + esc(s[0]) + " (chars " + esc(s[1]) + "–" + esc(s[1] + s[2].length) + ')</div><div class="snip" id="fsn-' + i + '">' +
         marked(s[2], s[3]) + "</div>";
     }
   }
   if ((r.sn || []).length) {
     h += "<h3>Source text</h3>";
     for (const s of r.sn) {
-      h += '<div class="mut">' + esc(s[0]) + " (chars " + s[1] + "–" + (s[1] + s[2].length) + ")</div>" +
+      h += '<div class="mut">' + esc(s[0]) + " (chars " + esc(s[1]) + "–" + esc(s[1] + s[2].length) + ")</div>" +
         '<div class="snip">' + marked(s[2], s[3]) + "</div>";
     }
   }
@@ -227,9 +231,9 @@ function showRow(k) {
     if (s[0] === ev) badges += '<span class="badge b-ev">evidence: prediction first in memory</span>';
     for (const x of r.x || []) if (x[2] === s[0] && isMem) badges += '<span class="badge b-fld">' + esc(x[0]) + " first in memory</span>";
     if (!isMem) badges += '<span class="badge b-ans">answer</span>';
-    const span = s[2] == null ? "" : " · chars " + s[2] + "–" + s[3];
-    h += '<div class="' + c + '" id="step-' + s[0] + '"><div class="hd">step ' + s[0] + (isMem ? " · memory update" : " · final answer") +
-      span + " · " + (s[4] == null ? "" : s[4] + " tokens · ") +
+    const span = s[2] == null ? "" : " · chars " + esc(s[2]) + "–" + esc(s[3]);
+    h += '<div class="' + c + '" id="step-' + esc(s[0]) + '"><div class="hd">step ' + esc(s[0]) + (isMem ? " · memory update" : " · final answer") +
+      span + " · " + (s[4] == null ? "" : esc(s[4]) + " tokens · ") +
       (s[5] === "length" ? '<span class="warn">cut at the token budget</span>' : esc(s[5])) + badges + '</div><div class="mem">';
     if (isMem) { h += diffHtml(prev, s[6] || "", s[7] || [], nd); prev = s[6] || ""; }
     else h += s[6] != null ? hl(s[6], nd) : '<span class="mut">reads the memory above</span>';
