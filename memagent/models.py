@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from filelock import FileLock
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -70,13 +73,13 @@ def materialize_gguf(gguf_path: Path, out_dir: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out_dir) + ".lock"):
+    with FileLock(str(out_dir) + ".lock"), quiet_weight_loading():
         if (out_dir / "config.json").exists():
             return out_dir
+        log.info("converting %s to an HF directory once: %s", gguf_path.name, out_dir)
         src_dir, name = str(gguf_path.parent), gguf_path.name
         tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
-        with quiet_weight_loading():
-            gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+        gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
         config = gguf_model.config
         # Drop the GGUF quantisation flags so the plain model is serialisable.
         for attr in ("quantization_config", "_pre_quantization_dtype"):
@@ -126,15 +129,28 @@ def resolve_model(name_or_path: str = DEFAULT_MODEL) -> Path:
 
 @contextmanager
 def quiet_weight_loading() -> Iterator[None]:
-    """No transformers progress bars inside: a Ray actor's stderr reaches the driver, so each
-    actor's "Loading weights" bar would print its every update between the job's own lines."""
+    """No progress bars or accelerator notes while weights load, convert or save.
+
+    A Ray actor's stderr reaches the driver, so each actor's "Loading weights" bar would print
+    its every update between the job's own lines; the one-time GGUF conversion uses a plain tqdm
+    of its own, and saving imports DeepSpeed, which warns that it picked the CPU.
+    """
+    import functools
+
+    from tqdm.auto import tqdm
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
-    was_on = hf_logging.is_progress_bar_enabled()
+    was_on, gguf_tqdm = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
+    disabled = logging.root.manager.disable  # DeepSpeed's logger is made (at WARNING) as it is imported
     hf_logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(tqdm, disable=True)
+    logging.disable(max(disabled, logging.WARNING))
     try:
         yield
     finally:
+        gguf_utils.tqdm = gguf_tqdm
+        logging.disable(disabled)
         if was_on:
             hf_logging.enable_progress_bar()
 

@@ -9,6 +9,7 @@ exits 2; Ctrl-C exits 130 and says how to resume. ``--debug`` shows the tracebac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import signal
@@ -18,6 +19,7 @@ import threading
 from pydantic import ValidationError
 
 from memagent_cli import agent_cmds, data_cmds, job_cmds, output_cmds, train_cmds
+from memagent_cli.quiet import known_lines_dropped, quiet_ray
 
 COMMAND_MODULES = (agent_cmds, job_cmds, data_cmds, train_cmds, output_cmds)
 
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)  # a scheduler's stop acts like Ctrl-C
     try:
-        return int(args.func(args) or 0)
+        with contextlib.nullcontext() if args.verbose else known_lines_dropped():
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -91,22 +94,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
-
-
-def quiet_ray(verbose: bool) -> None:
-    """Ray's own INFO lines (a local Ray started, each dataset's execution) only under ``-v``.
-
-    Its console handlers go to WARNING, so warnings still show and its log files keep everything.
-    (``ray.init``'s ``logging_level`` would do for the "ray" logger only, and resets on each init.)
-    """
-    if verbose:
-        return
-    import ray.data  # noqa: F401 - configures Ray's and Ray Data's handlers (the parser has imported it)
-
-    for name in ("ray", "ray.data"):
-        for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handler.setLevel(logging.WARNING)
 
 
 def _terminated(signum: int, frame: object) -> None:
