@@ -119,3 +119,17 @@ def test_fields_in_chromium(tmp_path):
     assert "2 of 4 rows · party empty" in dom
     open_page(page, fragment="row=c1", screenshot=tmp_path / "fields.png", window=(1280, 900))
     assert (tmp_path / "fields.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("start, end", [("3", 8), (3, "8"), (3.0, 8), (True, 8), (9, 3), (3, 999)])
+def test_field_evidence_that_is_not_a_span_of_the_text_cuts_no_snippet(start, end):
+    row = {"extraction": json.dumps({"total": 48250}),
+           "field_evidence": [{"field": "total", "value": "48250", "step": 0, "char_start": start, "char_end": end}]}
+    view = field_view(row, "Total: 48250 due.")
+    assert view["x"] == [["total", "48250", 0, start, end]] and view["xs"] is None
+
+
+def test_field_evidence_within_the_text_cuts_its_snippet():
+    row = {"field_evidence": [{"field": "total", "value": "48250", "step": 0, "char_start": 7, "char_end": 12}]}
+    (name, offset, text, marks), = field_view(row, "Total: 48250 due.")["xs"]
+    assert name == "total" and text[marks[0][0]:marks[0][1]] == "48250"

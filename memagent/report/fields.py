@@ -72,7 +72,8 @@ def field_view(row: Mapping[str, Any], context: str | None) -> dict[str, Any]:
             value = None
         step, a, b = e.get("step"), e.get("char_start"), e.get("char_end")
         x.append([name, value, step, a, b])
-        if context and a is not None and b is not None and 0 <= a <= b <= len(context):
+        # A hand-edited output may hold anything there: only whole numbers within the text cut a snippet.
+        if context and all(type(v) is int for v in (a, b)) and 0 <= a <= b <= len(context):
             lo, hi = max(0, a - FIELD_SNIPPET_CHARS), min(len(context), b + FIELD_SNIPPET_CHARS)
             snips.append([name, lo, context[lo:hi], [[a - lo, b - lo, "fld"]]])
     if not x:
