@@ -1,21 +1,29 @@
-"""Prompt-lookup speculation on one long document, read alone by the packaged model.
+"""Speculation on one long document, read alone by the packaged model, once per drafting mode.
 
     python -m benchmarks.speculation --out benchmarks/results/speculation.json
+    python -m benchmarks.speculation --modes none,ngram,aligned,both,both:8 --tokens 6000 \
+        --out benchmarks/results/speculation_aligned.json
 
-Generates one NIAH document of ``--tokens`` tokens (~32 chunks at the ``small`` preset) and
-reads it twice with the same engine and model, speculation off and on. The two reads run in
-lockstep (off's chunk i, then on's chunk i, ...; one call at a time), so both see the same load
-on a shared CPU; each call is timed alone. Also measures the forward cost table behind the
+Generates one NIAH document of ``--tokens`` tokens (~32 chunks at the ``small`` preset for 33K) and
+reads it once per mode with the same engine and model: ``none`` (no speculation), ``ngram``
+(prompt lookup), ``aligned`` (drafts from the prompt aligned with the reply: the previous
+memory), ``both`` (the engine's default: per row the better proposal); ``MODE:K`` drafts a fixed
+``K`` tokens each step instead of the adaptive length (``K`` caps both drafters). The reads run in
+lockstep (chunk i of every mode, then chunk i + 1, ...; one call at a time), so all see the same
+load on a shared CPU; each call is timed alone. Also measures the forward cost table behind the
 adaptive draft length (``--cost``: B rows × t tokens over a ~1,100-token context).
 
-Headline keys:
-- ``speedup``: seconds per chunk without ÷ with speculation (target ≥ 1.6);
-- ``identical_steps``: memory-update and answer steps whose text is the same in both reads;
-- ``acceptance``: drafted tokens kept ÷ drafted; ``accepted_per_step``: kept drafted tokens per
-  decode step; ``tokens_per_step``: completion tokens per decode step;
-- ``per_step``: per conversation of the speculative read, (drafted, accepted,
-  completion_tokens, decode_steps, seconds), written after every step (the latency-model
-  engine fits its acceptance distribution from it).
+Headline keys (``modes[label]``; the top-level ones are the headline mode's, ``both`` when read,
+against ``none``):
+- ``speedup``: seconds per chunk without ÷ with speculation;
+- ``identical_steps``: memory-update and answer steps whose text is the same as ``none``'s;
+- ``acceptance``: drafted tokens kept ÷ drafted; ``tokens_per_step``: completion tokens per
+  decode step (``memory_tokens_per_forward``: on memory updates only);
+- ``forwards_per_update``, ``unchanged_forwards``: decode forwards of each memory update, and of
+  those whose memory equals the previous one (the copy-aware target: a handful);
+- ``drafters``: per drafter (ngram, aligned) the rows that drafted from it, drafted, kept;
+- ``per_step``: per conversation of the headline read, (drafted, accepted, completion_tokens,
+  decode_steps, seconds) (the latency-model engine fits its acceptance distribution from it).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ class Lockstep:
         self.seconds: list[float] = []
         self.loads: list[float] = []
         self.forwards: list[tuple[int, int, int, float]] = []
+        self.drafters: list[dict] = []  # per forward, per drafter (rows, drafted, kept) when recorded
 
     async def chat(self, messages, params):
         async with self.lock:
@@ -52,6 +61,7 @@ class Lockstep:
             reply = await self.inner.chat(messages, params)
             self.seconds.append(time.perf_counter() - t0)
             self.forwards.extend(self.all_forwards.steps[seen:])
+            self.drafters.extend(getattr(self.all_forwards, "drafters", [])[seen:])
             self.loads.append(loadavg()[0])
             await asyncio.sleep(0)  # let the other read take the lock next
             return reply
@@ -101,12 +111,75 @@ def forward_cost(engine, context_tokens: int = 1100, rows=(1, 4, 16), tokens=(1,
             "fit": {"c0": round(float(c0), 5), "c_row": round(float(c_row), 6), "c_tok": round(float(c_tok), 6)}}
 
 
+class DrafterCounts(DecodeForwards):
+    """Also keeps each forward's ``decode_drafters`` record (per drafter: rows, drafted, kept)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drafters: list[dict] = []
+
+    def emit(self, record) -> None:
+        super().emit(record)
+        if getattr(record, "decode_forward", None) is not None:
+            self.drafters.append(getattr(record, "decode_drafters", {}))
+
+
+def spec_for(mode: str, base):
+    """The engine's speculation settings for ``mode`` (``none``, ``ngram``, ``aligned``, ``both``, ``MODE:K``)."""
+    name, _, k = mode.partition(":")
+    if name == "none":
+        return replace(base, max_draft=0)
+    spec = {"ngram": replace(base, aligned_draft=0), "aligned": replace(base, ngram=False),
+            "both": base}[name]
+    return replace(spec, max_draft=int(k), aligned_draft=int(k) if spec.aligned_draft else 0, adaptive=False) if k else spec
+
+
+def mode_summary(result, wrapper: Lockstep, base=None) -> dict:
+    """Figures of one read (``base``: the ``none`` read's summary, for speedup and identity)."""
+    comps = result.completions or []
+    drafted, accepted = sum(c.draft_tokens for c in comps), sum(c.accepted_tokens for c in comps)
+    steps, tokens = sum(c.decode_steps for c in comps), sum(c.completion_tokens for c in comps)
+    memory = [(s, c) for s, c in zip(result.steps, comps) if s.kind == "memory"]
+    unchanged = [c.decode_steps for (s, c), (prev, _) in zip(memory[1:], memory) if s.memory == prev.memory]
+    by_drafter: dict[str, list[int]] = {}
+    for forward in wrapper.drafters:
+        for name, counts in forward.items():
+            acc = by_drafter.setdefault(name, [0, 0, 0])
+            for j, x in enumerate(counts):
+                acc[j] += x
+    sec = wrapper.seconds
+    n = len(result.steps)
+    out = {
+        "seconds_per_chunk": sum(sec[:-1]) / max(1, n - 1), "seconds_total": sum(sec),
+        "acceptance": accepted / drafted if drafted else None,
+        "tokens_per_step": tokens / steps if steps else None,
+        "memory_tokens_per_forward": (sum(c.completion_tokens for _, c in memory) / sum(c.decode_steps for _, c in memory)
+                                      if memory else None),
+        "forwards_per_update": [c.decode_steps for _, c in memory],
+        "unchanged_updates": len(unchanged), "unchanged_forwards": unchanged,
+        "drafted": drafted, "accepted": accepted, "decode_steps": steps, "completion_tokens": tokens,
+        "drafters": {k: dict(zip(("rows", "drafted", "kept"), v)) for k, v in by_drafter.items()},
+        "seconds_each": [round(x, 3) for x in sec], "loadavg_each": wrapper.loads,
+        "decode_forwards": [(k, round(t, 4)) for k, _b, _a, t in wrapper.forwards],
+        "answer": result.response, "memories": [s.memory for s in result.steps],
+    }
+    if base is not None:
+        out["speedup"] = base["seconds_total_chunks"] / sum(sec[:-1]) if sum(sec[:-1]) else None
+        out["identical_steps"] = sum(a == b for a, b in zip(base["memories"], out["memories"]))
+        out["differing_steps"] = [i for i, (a, b) in enumerate(zip(base["memories"], out["memories"])) if a != b]
+    out["seconds_total_chunks"] = sum(sec[:-1])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="auto", help="auto, bf16 or fp32 (greedy identity is exact in fp32)")
     ap.add_argument("--tokens", type=int, default=33_000, help="document length (small preset: ~1 chunk per 1K)")
     ap.add_argument("--preset", default="small")
+    ap.add_argument("--modes", default="none,both",
+                    help="comma-separated: none, ngram, aligned, both; MODE:K drafts a fixed K tokens a step")
     ap.add_argument("--cost", action="store_true", help="also measure the forward cost table (B × t)")
     ap.add_argument("--no-read", action="store_true", help="only the cost table")
     add_threads_option(ap)
@@ -120,7 +193,7 @@ def main() -> None:
     from memagent.engines import EngineConfig
     from memagent.engines.hf import TransformersEngine
 
-    engine = TransformersEngine.from_config(EngineConfig(model=args.model), name=args.model)
+    engine = TransformersEngine.from_config(EngineConfig(model=args.model, dtype=args.dtype), name=args.model)
     out: dict = {"settings": {**vars(args), "threads": threads}, "machine": machine(), "loadavg_start": loadavg()}
     if args.cost:
         out["forward_cost"] = forward_cost(engine)
@@ -131,76 +204,67 @@ def main() -> None:
     row = niah_row(0, args.tokens, depth=0.6, seed=23, count=functools.partial(count_tokens, engine.tokenizer))
     import copy
 
-    off = copy.copy(engine)  # the model and cost model are shared
-    off.speculation = replace(engine.speculation, max_draft=0)
-    on = engine  # the engine's defaults (EngineConfig's): speculation on
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     lock = asyncio.Lock()
-    forwards = DecodeForwards()  # both reads' decode forwards; each wrapper keeps its own
-    wrapped = {"off": Lockstep(off, lock, "off", forwards), "on": Lockstep(on, lock, "on", forwards)}
+    forwards = DrafterCounts()  # every read's decode forwards; each wrapper keeps its own
+    wrapped = {}
+    for mode in modes:
+        e = copy.copy(engine)  # the model is shared; each mode its own cost model and acceptance priors
+        e.speculation, e.cost, e.acceptance = spec_for(mode, engine.speculation), type(engine.cost)(), {}
+        wrapped[mode] = Lockstep(e, lock, mode, forwards)
+    headline = "both" if "both" in modes else next((m for m in modes if m != "none"), modes[0])
     results: dict = {}
     per_step: list[dict] = []
 
     def record(step, total) -> None:
         per_step.append({"step": step.step, "kind": step.kind, "drafted": step.draft_tokens,
                          "accepted": step.accepted_tokens, "completion_tokens": step.completion_tokens,
-                         "seconds": wrapped["on"].seconds[-1] if wrapped["on"].seconds else None})
+                         "seconds": wrapped[headline].seconds[-1] if wrapped[headline].seconds else None})
         out["per_step"] = per_step
-        out["partial"] = {"seconds_each": {k: [round(x, 3) for x in w.seconds] for k, w in wrapped.items()},
-                          "decode_forwards_on": [(k, round(sec, 4)) for k, _b, _a, sec in wrapped["on"].forwards]}
+        out["partial"] = {"seconds_each": {k: [round(x, 3) for x in w.seconds] for k, w in wrapped.items()}}
         write_json(args.out, out)  # partial results after every step
         print(f"step {step.step + 1}/{total}: drafted {step.draft_tokens} accepted {step.accepted_tokens} "
               f"tokens {step.completion_tokens} load {loadavg()[0]}", flush=True)
 
-    async def both():
+    async def read_all():
         async def one(label):
             results[label] = await read_document(wrapped[label], row["question"], row["context"], config,
-                                                 keep_completions=True, on_step=record if label == "on" else None)
-        await asyncio.gather(one("off"), one("on"))
+                                                 keep_completions=True, on_step=record if label == headline else None)
+        await asyncio.gather(*(one(m) for m in modes))
 
     t0 = time.perf_counter()
     with forwards:
-        asyncio.run(both())
+        asyncio.run(read_all())
     wall = time.perf_counter() - t0
-    a, b = results["off"], results["on"]
-    for s, c in zip(per_step, b.completions or []):
+    summaries: dict = {}
+    base = None
+    if "none" in modes:
+        base = summaries["none"] = mode_summary(results["none"], wrapped["none"])
+    for m in modes:
+        if m != "none":
+            summaries[m] = mode_summary(results[m], wrapped[m], base)
+    head = summaries[headline]
+    for s, c in zip(per_step, results[headline].completions or []):
         s["decode_steps"] = c.decode_steps
-    identical = sum(x.memory == y.memory for x, y in zip(a.steps, b.steps))
-    comps = b.completions or []
-    drafted, accepted = sum(c.draft_tokens for c in comps), sum(c.accepted_tokens for c in comps)
-    steps, tokens = sum(c.decode_steps for c in comps), sum(c.completion_tokens for c in comps)
-    sec_off, sec_on = wrapped["off"].seconds, wrapped["on"].seconds
-    n = len(a.steps)
     out.update({
-        "document": {"tokens": a.context_tokens, "chunks": a.n_chunks, "id": row["id"]},
+        "document": {"tokens": results[headline].context_tokens, "chunks": results[headline].n_chunks, "id": row["id"]},
         "preset": config.model_dump(include={"chunk_tokens", "memory_tokens", "answer_tokens"}),
-        "seconds_per_chunk": {"off": sum(sec_off[:-1]) / max(1, n - 1), "on": sum(sec_on[:-1]) / max(1, n - 1)},
-        "seconds_total": {"off": sum(sec_off), "on": sum(sec_on)},
-        "speedup": sum(sec_off[:-1]) / sum(sec_on[:-1]),
-        "speedup_per_step_median": statistics.median(x / y for x, y in zip(sec_off, sec_on)),
-        "identical_steps": identical, "steps": n,
-        "differing_steps": [i for i, (x, y) in enumerate(zip(a.steps, b.steps)) if x.memory != y.memory],
-        "answers": {"off": a.response, "on": b.response, "expected": row["answers"]},
-        "acceptance": accepted / drafted if drafted else None,
-        "accepted_per_step": accepted / steps if steps else None,
-        "tokens_per_step": tokens / steps if steps else None,
-        "drafted": drafted, "accepted": accepted, "decode_steps": steps, "completion_tokens": tokens,
-        "completion_tokens_off": sum(c.completion_tokens for c in a.completions or []),
-        "seconds_each": {"off": [round(x, 3) for x in sec_off], "on": [round(x, 3) for x in sec_on]},
-        "loadavg_each": wrapped["on"].loads,
-        "decode_forwards_on": [(k, round(sec, 4)) for k, _b, _a, sec in wrapped["on"].forwards],
-        "cost_model": {"c0": engine.cost.c0, "c_row": engine.cost.c_row, "c_tok": engine.cost.c_tok},
+        "headline": headline, "modes": summaries, "expected": row["answers"],
+        **{k: head.get(k) for k in ("speedup", "identical_steps", "acceptance", "tokens_per_step",
+                                     "memory_tokens_per_forward", "unchanged_forwards")},
+        "steps": len(results[headline].steps),
         "wall_seconds": wall, "loadavg_end": loadavg(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "per_step": per_step,
     })
     out.pop("partial", None)
     write_json(args.out, out)
-    print_table(["", "off", "on"], [
-        ["s / chunk", out["seconds_per_chunk"]["off"], out["seconds_per_chunk"]["on"]],
-        ["completion tokens", out["completion_tokens_off"], tokens],
-    ])
-    print(json.dumps({k: out[k] for k in ("speedup", "identical_steps", "steps", "acceptance", "accepted_per_step",
-                                           "tokens_per_step")}, indent=1))
+    print_table(["mode", "s / chunk", "speedup", "identical", "tok/fwd (memory)", "fwd/unchanged (median)", "acceptance"], [
+        [m, s["seconds_per_chunk"], s.get("speedup"), s.get("identical_steps"), s["memory_tokens_per_forward"],
+         statistics.median(s["unchanged_forwards"]) if s["unchanged_forwards"] else None, s["acceptance"]]
+        for m, s in summaries.items()])
+    print(json.dumps({k: out[k] for k in ("headline", "speedup", "identical_steps", "steps", "acceptance",
+                                           "memory_tokens_per_forward")}, indent=1))
     Path(args.out).touch()
 
 

@@ -113,10 +113,13 @@ def exact_distribution(model, temperature: float) -> dict[tuple[int, ...], float
     return probs
 
 
-def sample_replies(model, n: int, rule, seed: int, temperature: float) -> Counter:
+NGRAM = Speculation(max_draft=4, ngram_min=2, ngram_max=4, adaptive=False)
+ALIGNED = replace(NGRAM, ngram=False, aligned_draft=4)  # drafts the prompt from where the reply aligns with it
+
+
+def sample_replies(model, n: int, rule, seed: int, temperature: float, spec: Speculation = NGRAM) -> Counter:
     gen = torch.Generator().manual_seed(seed)
-    loop = DecodeLoop(model, eos_ids=set(), pad_id=0, spec=Speculation(max_draft=4, ngram_min=2, ngram_max=4, adaptive=False),
-                      generator=gen)
+    loop = DecodeLoop(model, eos_ids=set(), pad_id=0, spec=spec, generator=gen)
     counts: Counter = Counter()
     batch = 500
     with pytest.MonkeyPatch.context() as patch:
@@ -162,13 +165,14 @@ def accept_without_removing(draft, probs, generator=None):
     return kept
 
 
-def test_speculative_sampling_keeps_the_models_distribution(toy_model):
+@pytest.mark.parametrize("spec", [NGRAM, ALIGNED], ids=["ngram", "aligned"])
+def test_speculative_sampling_keeps_the_models_distribution(toy_model, spec):
     n, temperature = 6000, 1.0
     expected = exact_distribution(toy_model, temperature)
     first = {v: sum(p for k, p in expected.items() if k[0] == v) for v in range(VOCAB)}
     assert 0.2 < first[3] < 0.8  # the drafted token (3 follows (1, 2)) is neither certain nor hopeless
-    good = chi_square_pvalue(sample_replies(toy_model, n, accept_sampled, 1, temperature), expected, n)
-    wrong = chi_square_pvalue(sample_replies(toy_model, n, accept_without_removing, 1, temperature), expected, n)
+    good = chi_square_pvalue(sample_replies(toy_model, n, accept_sampled, 1, temperature, spec), expected, n)
+    wrong = chi_square_pvalue(sample_replies(toy_model, n, accept_without_removing, 1, temperature, spec), expected, n)
     assert good > 1e-3, good  # fixed seeds: deterministic, and far from the threshold
     assert wrong < 1e-6, wrong  # the test has the power to catch a wrong rule
 
@@ -310,7 +314,12 @@ def test_speculation_flags_come_from_the_engine_config(tiny_llama_dir):
         False, 5, 1, 3)
     assert make_engine(config).speculation == Speculation(max_draft=0, ngram_min=1, ngram_max=3)
     on = make_engine(config.model_copy(update={"speculate": True}))
-    assert on.speculation == Speculation(max_draft=5, ngram_min=1, ngram_max=3)
+    assert on.speculation == Speculation(max_draft=5, ngram_min=1, ngram_max=3, aligned_draft=256)
+    args = parser.parse_args(["--model", str(tiny_llama_dir), "--draft-from", "aligned", "--aligned-draft-tokens", "32"])
+    aligned = make_engine(build(EngineConfig, flags.values(args)))
+    assert (aligned.speculation.ngram, aligned.speculation.aligned_draft) == (False, 32)
+    with pytest.raises(ValueError, match="draft_from"):
+        EngineConfig(engine="vllm", draft_from="aligned")
 
 
 def test_metered_engine_counts_speculation_and_the_summary_prints_it():

@@ -76,6 +76,15 @@ class EngineConfig(BaseModel):
                                    json_schema_extra=_only("hf", "vllm"))
     prompt_lookup_max: int = Field(4, gt=0, description="Longest n-gram matched to draft, tried first (hf, vllm).",
                                    json_schema_extra=_only("hf", "vllm"))
+    draft_from: Literal["both", "ngram", "aligned"] = Field("both", description=(
+        "hf: where drafts come from: 'ngram' (prompt lookup), 'aligned' (the prompt, which holds the "
+        "previous memory, read as the predicted reply from a pointer that follows the reply and re-syncs "
+        "after an edit) or 'both' (per row, each step, the proposal with the higher expected yield)."),
+        json_schema_extra=_only("hf"))
+    aligned_draft_tokens: int = Field(256, gt=0, description=(
+        "hf: most tokens drafted per step from the aligned prompt (an unchanged memory is drafted in long "
+        "runs; the engine drafts fewer when verification would cost more than it yields)."),
+        json_schema_extra=_only("hf"))
     # -- vllm --
     tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs one engine shards the model over.",
                                       json_schema_extra=_only("vllm"))

@@ -7,7 +7,8 @@ in a thread, so the event loop keeps accepting requests from other documents whi
 works. On CPU, padded prompts are prefilled row by row (the causal attention kernel, no mask),
 and only decoding is batched. Each row keeps its own ``max_tokens``, sampling settings,
 log-probs and JSON-Schema constraint, so requests of any settings share a batch. Decoding
-speculates by prompt lookup (:mod:`memagent.engines.speculation`): the output is the model's.
+speculates (:mod:`memagent.engines.speculation`): drafts by prompt lookup and by aligning the
+reply with its prompt, which holds the previous memory; the output is the model's.
 Models with a sliding attention window fall back to ``model.generate`` without speculation.
 """
 
@@ -146,7 +147,8 @@ class TransformersEngine(Engine):
         self.stats = EngineStats()
         self.speculation = Speculation.from_config(config)
         self.cost = CostModel()  # forward cost, refitted from every decode step (adaptive draft length)
-        self.acceptance = AcceptanceTracker()  # running acceptance over all rows (each new row's prior)
+        # Running acceptance over all rows, per drafter ("ngram", "aligned"): each new row's prior.
+        self.acceptance: dict[str, AcceptanceTracker] = {}
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

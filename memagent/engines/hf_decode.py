@@ -1,4 +1,4 @@
-"""The hf engine's batched decode loop, with prompt-lookup speculation and per-row constraints.
+"""The hf engine's batched decode loop, with speculation (n-gram and aligned drafts) and per-row constraints.
 
 After the prefill (:mod:`memagent.engines.hf`) the batch cache holds every row's prompt except
 its last token, left-padded to a common length ``n``. Each step feeds ``[B, t]`` tokens: per row
@@ -18,6 +18,12 @@ step never overshoots), or when their constraint is finished. Finished rows stay
 Constrained rows (``SamplingParams.json_schema``) never draft: their replies are short JSON, and
 drafting under a grammar would need the grammar state advanced through each drafted token and
 rolled back; each of their steps masks the logits with the constraint, samples, and accepts.
+
+Drafters (:mod:`memagent.engines.speculation`): each row has an n-gram lookup and an aligned
+drafter over its own prompt (the previous memory is in it); each step every drafter proposes,
+the row takes the proposal with the higher expected yield under its own acceptance for that
+drafter, and after the step every drafter sees the kept tokens (the aligned pointer follows the
+reply whichever drafter drafted).
 """
 
 from __future__ import annotations
@@ -34,37 +40,51 @@ from memagent.engines.constraint import TokenConstraint
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.speculation import (
     AcceptanceTracker,
+    AlignedDrafter,
     CostModel,
+    NgramDrafter,
     accept_greedy,
     accept_sampled,
     choose_draft_len,
-    find_draft,
+    matched_prefix,
+    pick_proposal,
     sampling_probs,
 )
 
 # DEBUG: one record per decode forward, its ``decode_forward`` attribute (k, rows, active rows,
-# seconds): where the adaptive draft length went (benchmarks collect them).
+# seconds): where the adaptive draft length went, and its ``decode_drafters`` attribute (per
+# drafter name: rows that drafted from it, tokens drafted, tokens kept) (benchmarks collect them).
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Speculation:
-    """Prompt-lookup settings of a decode loop (``max_draft`` = 0 turns it off); the defaults are
-    :class:`~memagent.engines.config.EngineConfig`'s (:meth:`from_config`)."""
+    """Speculation settings of a decode loop (``max_draft`` = 0 turns it off);
+    :meth:`from_config` maps :class:`~memagent.engines.config.EngineConfig` onto them."""
 
-    max_draft: int
+    max_draft: int  # most tokens an n-gram lookup drafts (0: no speculation at all)
     ngram_min: int
     ngram_max: int
-    adaptive: bool = True  # choose k per step from the cost model; False: always max_draft
+    aligned_draft: int = 0  # most tokens the aligned drafter drafts (0: no aligned drafter)
+    ngram: bool = True  # draft by n-gram lookup (False: only the aligned drafter, if on)
+    adaptive: bool = True  # choose k per step from the cost model; False: each proposal in full
     # Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees
     # long verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
     explore_every: int = 16
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Speculation:
-        """``config``'s prompt-lookup settings; no drafts when it does not speculate."""
-        return cls(max_draft=config.speculative_tokens if config.speculates() else 0,
-                   ngram_min=config.prompt_lookup_min, ngram_max=config.prompt_lookup_max)
+        """``config``'s speculation settings; no drafts when it does not speculate."""
+        on = config.speculates()
+        return cls(max_draft=config.speculative_tokens if on else 0,
+                   ngram_min=config.prompt_lookup_min, ngram_max=config.prompt_lookup_max,
+                   aligned_draft=config.aligned_draft_tokens if on and config.draft_from != "ngram" else 0,
+                   ngram=config.draft_from != "aligned")
+
+    @property
+    def longest(self) -> int:
+        """The most tokens any drafter drafts in a step."""
+        return max(self.max_draft if self.ngram else 0, self.aligned_draft) if self.max_draft > 0 else 0
 
 
 @dataclass
@@ -97,16 +117,17 @@ class DecodeLoop:
         pad_id: token fed in padded slots (masked out).
         spec: speculation settings.
         cost: the engine's forward-cost model (shared across batches, refitted online).
-        acceptance: the engine's running acceptance (the prior of each new row's estimate).
+        acceptance: the engine's running acceptance per drafter name (the prior of each new row's
+            estimate for that drafter).
         generator: torch RNG for sampling (None: the global one).
     """
 
     def __init__(self, model: torch.nn.Module, eos_ids: set[int], pad_id: int, spec: Speculation,
-                 cost: CostModel | None = None, acceptance: AcceptanceTracker | None = None,
+                 cost: CostModel | None = None, acceptance: dict[str, AcceptanceTracker] | None = None,
                  generator: torch.Generator | None = None):
         self.model, self.eos_ids, self.pad_id, self.spec = model, eos_ids, pad_id, spec
         self.cost = cost or CostModel()
-        self.acceptance = acceptance or AcceptanceTracker()
+        self.acceptance = acceptance if acceptance is not None else {}
         self.generator = generator
         self._forwards = 0
 
@@ -129,9 +150,10 @@ class DecodeLoop:
         history = [np.asarray(r.prompt_ids, dtype=np.int64) for r in rows]
         pending = [r.prompt_ids[-1] for r in rows]
         position = [len(r.prompt_ids) - 1 for r in rows]
-        trackers = [AcceptanceTracker() for _ in rows]
+        drafters = [self._drafters(r, h) for r, h in zip(rows, history)]
+        trackers = [[AcceptanceTracker() for _ in ds] for ds in drafters]
         while not all(r.done for r in rows):
-            drafts = self._drafts(rows, history, trackers)
+            drafts, proposals, chosen = self._drafts(rows, history, drafters, trackers)
             t = 1 + max(len(d) for d in drafts)
             if n + t > mask.shape[1]:  # holes outran the reservation: grow the mask (the cache grows itself)
                 mask = torch.cat([mask, mask.new_zeros((b, n + t + capacity - mask.shape[1]))], dim=1)
@@ -151,9 +173,7 @@ class DecodeLoop:
             seconds = time.perf_counter() - t0
             self.cost.update(b, t, seconds)
             if log.isEnabledFor(logging.DEBUG):
-                active = sum(not r.done for r in rows)
-                log.debug("decode forward: k=%d rows=%d active=%d %.4fs", t - 1, b, active, seconds,
-                          extra={"decode_forward": (t - 1, b, active, seconds)})
+                self._log_forward(rows, drafts, chosen, drafters, keep, t - 1, seconds)
             grown = 0
             for i, r in enumerate(rows):
                 kept = keep[i]
@@ -166,34 +186,79 @@ class DecodeLoop:
                 r.draft_tokens += len(drafts[i])
                 r.accepted_tokens += m
                 r.decode_steps += 1
-                trackers[i].record(len(drafts[i]), m)
-                self.acceptance.record(len(drafts[i]), m)
+                for j, p in enumerate(proposals[i]):  # every drafter's acceptance, drafted or not
+                    observed, agreed = matched_prefix(p, kept)
+                    trackers[i][j].record(observed, agreed)
+                    self._global(drafters[i][j].name).record(observed, agreed)
                 kept = self._finish(r, kept)
                 history[i] = np.concatenate([history[i], np.asarray(kept, dtype=np.int64)])
+                for d in drafters[i]:
+                    d.observe(history[i], len(kept))
                 pending[i] = kept[-1]
                 position[i] += len(kept)
             n += max(grown, 1)
             cache.truncate(n)
         return rows
 
-    def _drafts(self, rows: list[Row], history: list[np.ndarray], trackers: list[AcceptanceTracker]) -> list[list[int]]:
-        """Per row its draft this step (``[]`` for done, constrained or budget-bound rows)."""
+    def _drafters(self, row: Row, prompt: np.ndarray) -> list[NgramDrafter | AlignedDrafter]:
+        """The row's drafters, n-gram first (it wins ties). Constrained rows never draft."""
         spec = self.spec
-        found: list[list[int]] = []
-        for r, h, tr in zip(rows, history, trackers):
+        if spec.max_draft <= 0 or row.constraint is not None:
+            return []
+        out: list[NgramDrafter | AlignedDrafter] = [NgramDrafter(spec.ngram_min, spec.ngram_max)] if spec.ngram else []
+        if spec.aligned_draft > 0:
+            out.append(AlignedDrafter(prompt))
+        return out
+
+    def _global(self, name: str) -> AcceptanceTracker:
+        return self.acceptance.setdefault(name, AcceptanceTracker())
+
+    def _drafts(self, rows: list[Row], history: list[np.ndarray], drafters: list[list], trackers: list[list]
+                ) -> tuple[list[list[int]], list[list[list[int]]], list[int | None]]:
+        """Per row its draft this step (``[]`` for done, constrained or budget-bound rows), every
+        drafter's proposal, and which one the draft is (cut to the step's ``k``; None: none).
+
+        Each row takes the proposal with the higher expected yield: compared in full to choose a
+        first ``k``, then again at that ``k`` (a long aligned draft cut short may yield less than
+        an n-gram one), and ``k`` chosen again for the proposals kept.
+        """
+        spec = self.spec
+        caps = {"ngram": spec.max_draft, "aligned": spec.aligned_draft}
+        proposals: list[list[list[int]]] = []
+        alphas: list[list[float]] = []
+        for r, h, ds, trs in zip(rows, history, drafters, trackers):
             room = r.max_tokens - len(r.tokens) - 1  # the step also yields the model's own token
-            if r.done or r.constraint is not None or spec.max_draft <= 0 or room <= 0:
-                found.append([])
-                continue
-            found.append(find_draft(h, min(spec.max_draft, room), spec.ngram_min, spec.ngram_max))
+            live = not r.done and room > 0
+            proposals.append([d.propose(h, min(caps[d.name], room)) if live else [] for d in ds])
+            alphas.append([tr.alpha(self._global(d.name).alpha()) for d, tr in zip(ds, trs)])
         self._forwards += 1
-        if not spec.adaptive or not any(found) or self._forwards % spec.explore_every == 0:
-            return found
-        active = [i for i, r in enumerate(rows) if not r.done]
-        global_alpha = self.acceptance.alpha()
-        k = choose_draft_len([len(found[i]) for i in active], [trackers[i].alpha(global_alpha) for i in active],
-                             len(rows), self.cost, spec.max_draft)
-        return [d[:k] for d in found]
+        chosen = [pick_proposal(p, a) if p else None for p, a in zip(proposals, alphas)]
+        found = [p[j] if j is not None else [] for p, j in zip(proposals, chosen)]
+        if not spec.adaptive or not any(found):
+            return found, proposals, chosen
+        active = [i for i, r in enumerate(rows) if not r.done and chosen[i] is not None]
+        for _ in range(2):
+            k = choose_draft_len([len(found[i]) for i in active], [alphas[i][chosen[i]] for i in active], len(rows),
+                                 self.cost, spec.longest)
+            chosen = [pick_proposal(p, a, k) if p else None for p, a in zip(proposals, alphas)]
+            found = [p[j] if j is not None else [] for p, j in zip(proposals, chosen)]
+        if self._forwards % spec.explore_every == 0:
+            k = max(k, spec.max_draft)  # the cost model also sees long verifications
+        return [d[:k] for d in found], proposals, chosen
+
+    def _log_forward(self, rows: list[Row], drafts: list[list[int]], chosen: list[int | None], drafters: list[list],
+                     keep: list[list[int] | None], k: int, seconds: float) -> None:
+        active = sum(not r.done for r in rows)
+        by_drafter: dict[str, list[int]] = {}
+        for i, j in enumerate(chosen):
+            if j is not None and drafts[i] and keep[i] is not None:
+                counts = by_drafter.setdefault(drafters[i][j].name, [0, 0, 0])
+                counts[0] += 1
+                counts[1] += len(drafts[i])
+                counts[2] += len(keep[i]) - 1
+        log.debug("decode forward: k=%d rows=%d active=%d %.4fs drafters=%s", k, len(rows), active, seconds,
+                  by_drafter, extra={"decode_forward": (k, len(rows), active, seconds),
+                                     "decode_drafters": {n: tuple(c) for n, c in by_drafter.items()}})
 
     def _verify(self, rows: list[Row], drafts: list[list[int]], logits: torch.Tensor) -> list[list[int] | None]:
         """Per row the kept tokens (accepted drafted ones + the model's next), None for done rows.

@@ -1,4 +1,4 @@
-"""Prompt-lookup speculation, the pure parts: drafting, acceptance, and how many tokens to draft.
+"""Speculation, the pure parts: drafting (n-gram lookup, aligned), acceptance, how many tokens to draft.
 
 A memory update mostly copies: the new memory repeats the old one, or quotes the chunk. So the
 reply's last n-gram usually occurs earlier in its prompt (or reply), and the tokens that followed
@@ -14,6 +14,22 @@ drafted tokens the model agrees with plus the model's own next token. The output
   y ≠ x). The kept token is then distributed exactly as p: P(x) = p(x), and
   P(y) = (1 - p(x)) · p(y) / (1 - p(x)) = p(y). ``p`` is the distribution sampling would use
   without speculation (temperature, then top-p).
+
+Aligned drafting (:class:`AlignedDrafter`). A memory update is mostly a copy of the previous
+memory, which sits in the prompt: read the prompt as the predicted reply. A pointer into the
+prompt's tokens follows the reply (each token equal to the one under the pointer moves it on),
+so while the reply copies, the draft is the rest of the memory, as long as the cost rule below
+allows (at batch 1 with cheap verification: all of it, up to ``aligned_draft_tokens``). After a
+mismatch (an edit) the pointer moves on as if tokens were substituted one for one, and
+:func:`resync` looks for the reply's last three, two or one tokens in the prompt nearest to it,
+so drafting resumes on the first copied token after the edit; n-gram lookup with ``n ≥ 2`` needs
+``n`` copied tokens first. The first alignment is on the reply's first token with the newline
+before it (the earliest occurrence: the memory comes before the chunk). Each step a row takes
+the proposal, n-gram or aligned, with the higher expected yield ``E(α, d)`` under its own
+acceptance for that drafter (:func:`pick_proposal`), compared at the step's draft length ``k``
+(a 200-token aligned draft cut to 8 yields what its first 8 tokens do: a reply looping on its
+own text is better drafted by n-gram lookup). Both drafters are scored against the kept tokens
+every step, drafted or not (:func:`matched_prefix`), so each one's acceptance stays known.
 
 How many tokens to draft (:func:`choose_draft_len`). One verification forward of ``B`` rows ×
 ``t`` tokens costs about ``c0 + c_row·B + c_tok·B·t`` seconds: ``c0`` reads the weights once,
@@ -76,6 +92,138 @@ def find_draft(tokens: np.ndarray, max_draft: int, n_min: int, n_max: int) -> li
             start = int(hits[-1]) + n  # the latest occurrence: the nearest context is the best guess
             return tokens[start : start + max_draft].tolist()
     return []
+
+
+# Aligned drafting: a single-token re-synchronisation is trusted only this near the expected
+# position (a common token such as " the" recurs everywhere; two or three tokens are specific).
+RESYNC_NEAR = 16
+
+
+def aligned_draft(source: np.ndarray, pointer: int | None, max_draft: int) -> list[int]:
+    """The next ``max_draft`` tokens of ``source`` from ``pointer``: the predicted output continued.
+
+    Shapes: ``source`` ``[S]`` int (the prompt), ``pointer`` in ``[0, S]`` or None (not aligned).
+    Returns up to ``max_draft`` token ids (``[]`` when not aligned or at the end of ``source``).
+    """
+    if pointer is None or max_draft <= 0:
+        return []
+    return source[pointer : pointer + max_draft].tolist()
+
+
+def resync(source: np.ndarray, history: np.ndarray, expected: int | None, n_max: int = 3,
+           near: int = RESYNC_NEAR) -> int | None:
+    """Where in ``source`` the reply goes on, found by matching ``history``'s last tokens.
+
+    The last ``n`` tokens of ``history`` (``n = n_max … 1``, longest first) are looked up in
+    ``source``; among the occurrences with something after them, the one ending nearest to
+    ``expected`` wins (the earliest when ``expected`` is None: in a memory-update prompt the
+    previous memory comes before the chunk). A single token is trusted only within ``near`` of
+    ``expected`` and never without one.
+
+    Shapes: ``source`` ``[S]``, ``history`` ``[L]`` (prompt + reply so far). Returns the position
+    in ``source`` of the token predicted next, or None when nothing matches.
+    """
+    limit = len(source) - 1  # an occurrence must leave at least one token to draft
+    for n in range(min(n_max, len(history), limit), 0, -1):
+        if n == 1 and expected is None:
+            break
+        windows = np.lib.stride_tricks.sliding_window_view(source[:limit], n)
+        ends = np.flatnonzero((windows == history[len(history) - n:]).all(axis=1)) + n
+        if n == 1:
+            ends = ends[np.abs(ends - expected) <= near]
+        if len(ends):
+            return int(ends[0] if expected is None else ends[np.argmin(np.abs(ends - expected))])
+    return None
+
+
+def advance_alignment(source: np.ndarray, pointer: int | None, synced: bool, history: np.ndarray,
+                      new: int, n_max: int = 3) -> tuple[int | None, bool]:
+    """The pointer after the reply grew by ``history``'s last ``new`` tokens.
+
+    While in sync each token equal to ``source[pointer]`` moves the pointer one on. A token that
+    differs puts the alignment out of sync; the pointer still moves one per token (the expected
+    position, as if tokens were substituted one for one), and at the end :func:`resync` looks for
+    the reply's last tokens nearest to it: after an insertion, a deletion or a replaced span the
+    reply picks up again as soon as it quotes ``source`` again.
+
+    Shapes: ``source`` ``[S]``, ``history`` ``[L]``. Returns ``(pointer, synced)``.
+    """
+    for tok in history[len(history) - new:]:
+        if pointer is None:
+            break
+        synced = synced and pointer < len(source) and source[pointer] == tok
+        pointer += 1
+    if not synced:
+        found = resync(source, history, pointer, n_max)
+        if found is not None:
+            return found, True
+    return pointer, synced
+
+
+class NgramDrafter:
+    """Prompt lookup (:func:`find_draft`) behind the drafter interface; keeps no state."""
+
+    name = "ngram"
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+
+    def propose(self, history: np.ndarray, max_draft: int) -> list[int]:
+        return find_draft(history, max_draft, self.n_min, self.n_max)
+
+    def observe(self, history: np.ndarray, new: int) -> None:
+        pass
+
+
+class AlignedDrafter:
+    """Copy-aware drafting: the prompt (which holds the previous memory) read as the predicted output.
+
+    A pointer into the prompt advances as the reply repeats it (:func:`advance_alignment`), so an
+    unchanged memory is drafted in long runs, up to all of what remains; after an edit it
+    re-synchronises on the reply's last one to three tokens (:func:`resync`), which n-gram lookup
+    with ``n ≥ 2`` cannot do right after a changed token. No alignment until the reply's first
+    token (with the newline before it) is found in the prompt.
+    """
+
+    name = "aligned"
+
+    def __init__(self, source: np.ndarray, n_max: int = 3):
+        self.source, self.n_max = source, n_max
+        self.pointer: int | None = None
+        self.synced = False
+
+    def propose(self, history: np.ndarray, max_draft: int) -> list[int]:
+        return aligned_draft(self.source, self.pointer, max_draft) if self.synced else []
+
+    def observe(self, history: np.ndarray, new: int) -> None:
+        """``history`` (``[L]``, prompt + reply) grew by its last ``new`` tokens."""
+        self.pointer, self.synced = advance_alignment(self.source, self.pointer, self.synced, history, new,
+                                                      self.n_max)
+
+
+def pick_proposal(proposals: Sequence[Sequence[int]], alphas: Sequence[float], k: int | None = None) -> int:
+    """Index of the proposal with the highest expected yield ``E(α_j, min(len(p_j), k))`` (the first on a tie).
+
+    ``k``: the step's draft length when known (a 200-token aligned draft cut to 8 tokens yields
+    what its first 8 do); None compares the proposals in full.
+    """
+    gains = [expected_tokens(a, len(p) if k is None else min(len(p), k)) for p, a in zip(proposals, alphas)]
+    return max(range(len(gains)), key=lambda j: (gains[j], -j))
+
+
+def matched_prefix(proposal: Sequence[int], kept: Sequence[int]) -> tuple[int, int]:
+    """How a proposal fared against the tokens the step kept: ``(observed, agreed)``.
+
+    ``observed = min(len(proposal), len(kept))`` of its tokens can be checked, ``agreed`` of them
+    lead it in agreement. A proposal that was not drafted is scored too, so each drafter's
+    acceptance is known whichever one drafted (``agreed < observed`` is a rejection; a proposal
+    that agreed as far as could be checked counts its successes only).
+    """
+    observed = min(len(proposal), len(kept))
+    agreed = 0
+    while agreed < observed and proposal[agreed] == kept[agreed]:
+        agreed += 1
+    return observed, agreed
 
 
 def expected_tokens(alpha: float, d: int) -> float:
@@ -149,10 +297,16 @@ def choose_draft_len(draft_lens: Sequence[int], alphas: Sequence[float], rows: i
         ``k`` in ``[0, max_draft]``; each row then drafts ``min(k, d_i)``.
     """
     longest = min(max(draft_lens, default=0), max_draft)
+    if longest <= 0:
+        return 0
+    # gain[k] = Σ_i E(α_i, min(k, d_i)): ``[K+1, R]`` at once (aligned drafts make K a few hundred).
+    ks = np.arange(longest + 1)
+    d = np.minimum(ks[:, None], np.asarray(draft_lens)[None, :])
+    a = np.minimum(np.asarray(alphas, dtype=np.float64), 1.0 - 1e-12)[None, :]
+    gain = ((1.0 - a ** (d + 1)) / (1.0 - a)).sum(axis=1)
+    rates = gain / (cost.theta @ np.stack([np.ones_like(ks), np.full_like(ks, rows), rows * (ks + 1)]))
     best_k, best_rate = 0, -1.0
-    for k in range(longest + 1):
-        gain = sum(expected_tokens(a, min(k, d)) for d, a in zip(draft_lens, alphas))
-        rate = gain / cost.seconds(rows, k + 1)
+    for k, rate in enumerate(rates.tolist()):
         if rate > best_rate * (1 + 1e-9):
             best_k, best_rate = k, rate
     return best_k
