@@ -160,3 +160,15 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(resolve_model(name_or_path)))
+
+
+def model_context_window(name_or_path: str) -> int:
+    """``max_position_embeddings`` of a model's config (registered name, HF directory or GGUF file)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(resolve_model(name_or_path)))
+    window = getattr(config, "max_position_embeddings", None)
+    if not window:
+        raise ValueError(f"{name_or_path}: the model config states no max_position_embeddings; "
+                         "give the served window with context_window (--context-window)")
+    return int(window)

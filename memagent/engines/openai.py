@@ -134,13 +134,13 @@ class OpenAIEngine(Engine):
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> OpenAIEngine:
         """The engine ``config`` describes; loads the tokenizer locally (``kwargs`` go to ``__init__``)."""
-        from memagent.models import load_tokenizer
+        from memagent.models import load_tokenizer, model_context_window
 
         if config.engine != "openai" or not config.endpoint:
             raise ValueError("OpenAIEngine needs an EngineConfig with engine='openai' and an endpoint")
         tokenizer_name = config.tokenizer or config.model
         tokenizer = load_tokenizer(tokenizer_name)
-        window = config.context_window or _model_context_window(tokenizer_name)
+        window = config.context_window or model_context_window(tokenizer_name)
         return cls(
             config.endpoint,
             config.served_model or config.model,
@@ -290,17 +290,3 @@ def response_format(json_schema: str) -> dict[str, Any]:
     title = schema.get("title")
     name = title if isinstance(title, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", title) else "reply"
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-
-
-def _model_context_window(name_or_path: str) -> int:
-    """``max_position_embeddings`` of the local model config the tokenizer comes from."""
-    from transformers import AutoConfig
-
-    from memagent.models import resolve_model
-
-    config = AutoConfig.from_pretrained(str(resolve_model(name_or_path)))
-    window = getattr(config, "max_position_embeddings", None)
-    if not window:
-        raise ValueError(f"{name_or_path}: the model config states no max_position_embeddings; "
-                         "give the served window with context_window (--context-window)")
-    return int(window)
