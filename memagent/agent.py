@@ -5,6 +5,10 @@
         memory = LLM(question, memory, chunk)             # the reply *is* the new memory
     answer = LLM(question, memory)                        # no document text in the last call
 
+With an extraction schema that has record types, each chunk also gets one records call per type
+(:mod:`memagent.extraction.reading`): the records that chunk states, emitted per step and merged
+after the chain (``Result.records``), never carried in the memory.
+
 One coroutine per document; the engine batches the calls of all documents in flight. The
 same function serves batch jobs, evaluation and RL rollouts (``keep_completions`` keeps the
 token ids and log-probs of every conversation for training).
@@ -12,6 +16,7 @@ token ids and log-probs of every conversation for training).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Awaitable, Callable
@@ -19,12 +24,16 @@ from typing import Awaitable, Callable
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
+from memagent.extraction.reading import ChunkRecords, Emitted, RecordsCall, RecordsSoFar, merge_mentions, \
+    read_chunk_records
+from memagent.extraction.records import Record
 from memagent.prompts import (
     NO_MEMORY,
     PromptTemplates,
     extract_answer,
     final_answer_messages,
     memory_update_messages,
+    records_messages,
     strip_thinking,
 )
 
@@ -68,13 +77,17 @@ class ChainState:
     ``next_chunk`` is the position (in the document's list of chunks) of the first chunk not yet
     read, ``char_offset`` where that chunk starts in the text (the document's length once every
     chunk is read; a check that the document is cut the same way on resume), ``memory`` the
-    memory the next conversation reads, ``steps`` the memory steps so far.
+    memory the next conversation reads, ``steps`` the memory steps so far; with record types, the
+    records the chunks so far stated (``records``) and the records calls' split/failed counts.
     """
 
     next_chunk: int
     char_offset: int
     memory: str
     steps: tuple[Step, ...]
+    records: tuple[Emitted, ...] = ()
+    record_splits: int = 0
+    record_failed: int = 0
 
 
 @dataclass
@@ -90,6 +103,12 @@ class Result:
     truncated: bool
     completions: list[Completion] | None = field(default=None, repr=False)
     resumed_at_chunk: int | None = None  # the chunk position a checkpoint resumed the read at (None: from the start)
+    # Record types (extraction): the document's records per type, merged across chunks; how many
+    # chunk pieces were split and re-read because a records reply overflowed or did not parse, and
+    # how many pieces too short to split still failed (no records from them).
+    records: dict[str, list[Record]] | None = None
+    record_splits: int = 0
+    record_failed: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -131,7 +150,10 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
     schema = config.extraction
     final = final_answer_messages("", "", config.answer_style, config.instruction, config.prompts,
                                   schema.answer_instruction() if schema else None)
-    overhead = max(template_overhead(engine, config.instruction, config.prompts), engine.count_chat_tokens(final))
+    overhead = max(template_overhead(engine, config.instruction, config.prompts), engine.count_chat_tokens(final),
+                   *(engine.count_chat_tokens(records_messages("", "", "", schema.records_instruction(r.name),
+                                                               config.instruction, config.prompts))
+                     for r in (schema.record_types if schema else ())))
     config.check_fits(engine.context_window, overhead)
     if schema is not None:  # the field list is every call's question: it must fit query_tokens
         n = len(engine.tokenizer(schema.question(), add_special_tokens=False)["input_ids"])
@@ -211,6 +233,8 @@ async def read_document(
     if resume is not None:
         check_resume(resume, doc.chunks, len(context))
     memory, steps = state.memory, list(state.steps)
+    records_call = _records_call(engine, question, config)  # None: no record types
+    found = RecordsSoFar(list(state.records), state.record_splits, state.record_failed)
     # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked
     # for, or a 3.5M-token document holds 860 prompts' ids until its answer (actor peak 795 MB
     # against 704 MB: benchmarks/README.md, long_document).
@@ -222,15 +246,19 @@ async def read_document(
         messages = memory_update_messages(question, memory, chunk.text, config.instruction, config.prompts)
         # A document's reads are a chain: the one with most conversations left goes first.
         ahead = len(doc.chunks) - k + 1  # this update, the later ones and the answer
-        reply = await engine.chat(messages, replace(memory_params, priority=-ahead))
+        reply, chunk_records = await asyncio.gather(
+            engine.chat(messages, replace(memory_params, priority=-ahead)),
+            _chunk_records(records_call, memory, context, chunk, len(steps), -ahead))
         memory = strip_thinking(reply.text).strip()  # overwrite, never append
         steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
+        found.add(chunk_records)
         keep(reply)
         if on_step:
             on_step(steps[-1], len(doc.chunks) + 1)
         if on_state:
             nxt = doc.chunks[k + 1].char_start if k + 1 < len(doc.chunks) else len(context)
-            await on_state(ChainState(k + 1, nxt, memory, tuple(steps)))
+            await on_state(ChainState(k + 1, nxt, memory, tuple(steps), tuple(found.emitted), found.splits,
+                                      found.failed))
 
     t0 = time.perf_counter()
     messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts,
@@ -251,7 +279,27 @@ async def read_document(
         truncated=doc.truncated,
         completions=completions if keep_completions else None,
         resumed_at_chunk=resume.next_chunk if resume is not None else None,
+        records=merge_mentions(schema, found.emitted) if records_call else None,
+        record_splits=found.splits,
+        record_failed=found.failed,
     )
+
+
+def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:
+    """The records calls of a read whose schema has record types (a reply has the memory's budget)."""
+    schema = config.extraction
+    if schema is None or not schema.record_types:
+        return None
+    return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p),
+                       config.instruction, config.prompts)
+
+
+async def _chunk_records(call: RecordsCall | None, memory: str, context: str, chunk: Chunk, step: int,
+                         priority: int) -> ChunkRecords:
+    """The records ``chunk`` states (none without record types), read with the memory its update reads."""
+    if call is None:
+        return ChunkRecords()
+    return await read_chunk_records(call, memory, context, chunk.char_start, chunk.char_end, step, priority)
 
 
 def check_resume(state: ChainState, chunks: list[Chunk], text_len: int) -> None:

@@ -16,7 +16,9 @@ Two reading methods share this path: ``memagent`` (the memory agent) and ``full-
 Corpus extraction (``config.extraction``, a JSON Schema): the field list is every row's question,
 and the record adds one typed column per field, ``extraction`` and ``field_evidence``
 (:func:`result_schema`, :mod:`memagent.extraction.output`); a reply that does not match the
-schema is an ``invalid_output:`` error row.
+schema is an ``invalid_output:`` error row. Record types add ``n_records_<type>`` and
+``record_splits``; the records themselves go to ``on_records`` (the batch job writes them to the
+records output and names their files in ``records_file``: pipelines/records_output.py).
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from memagent.attribution import attribute
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
-from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields
+from memagent.extraction import InvalidOutput, Record, extraction_columns, null_columns, output_fields
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
-from memagent.result_schema import RESULT_COLUMNS, RESULT_SCHEMA
+from memagent.result_schema import (
+    N_RECORDS_PREFIX, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA,
+)
 from memagent.verify import METRICS
 from memagent.verify import score as score_metric
 
@@ -46,6 +50,10 @@ log = logging.getLogger(__name__)
 
 Method = Literal["memagent", "full-context"]
 READERS = {"memagent": read_document, "full-context": read_full_context}
+
+# Receives a read's records (row id, records per type) before its row is returned; returns the name
+# the row's records were written under (``records_file``) or None when there were none.
+OnRecords = Callable[[str, dict[str, list[Record]]], Awaitable[str | None]]
 
 
 def result_schema(config: AgentConfig) -> pa.Schema:
@@ -125,6 +133,10 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         error=error, model=model, config=config.model_dump_json(), seconds=round(seconds, 3), method=method,
         resumed_at_chunk=result.resumed_at_chunk, **columns,
     )
+    if schema.record_types:
+        records = result.records or {}
+        record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
+        record[RECORD_SPLITS_COLUMN] = result.record_splits
     return record
 
 
@@ -150,6 +162,7 @@ async def answer_row(
     resume: ChainState | None = None,
     on_state: Callable[[ChainState], Awaitable[None]] | None = None,
     checkpoint_ignored: str | None = None,
+    on_records: OnRecords | None = None,
 ) -> dict[str, Any]:
     """Read one row; any failure of the row itself becomes an error record.
 
@@ -163,6 +176,10 @@ async def answer_row(
     Chain checkpoints (method ``memagent``): ``resume`` goes on from a checkpointed state (one
     that does not fit the document is ignored and the row read from the start), ``on_state``
     receives each new state, ``checkpoint_ignored`` says why a checkpoint found was not used.
+
+    Record types: ``on_records`` is awaited with the read's records before the record is returned
+    (its result goes into ``records_file``); when it fails the row is an ``infra:`` error row (not
+    done: a rerun reads it again), so no row is ever committed without its records.
     """
     t0 = time.perf_counter()
     q = question if question is not None else row.get("question")
@@ -194,6 +211,13 @@ async def answer_row(
         record = error_record(row, f"{kind}: {type(exc).__name__}: {exc}", config, engine.name, method)
     else:
         record = result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
+        if on_records is not None and result.records is not None:
+            try:
+                record[RECORDS_FILE_COLUMN] = await on_records(str(row.get("id")), result.records)
+            except OSError as exc:
+                log.warning("row %s: could not write its records (%s)", row.get("id"), exc)
+                record = error_record(row, f"infra: records not written: {type(exc).__name__}: {exc}", config,
+                                      engine.name, method)
     record["checkpoint_ignored"] = checkpoint_ignored
     return record
 

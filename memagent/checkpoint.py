@@ -8,7 +8,9 @@ module turns states into stored segments and back. Where they are kept (beside a
 
 A state is kept as a *log of segments*: each holds only the steps since the previous one, so
 a checkpoint of a 700-chunk document costs the same few KB at chunk 10 and at chunk 690, and
-the log read back in order is the state. Reading is defensive: the log is data from disk.
+the log read back in order is the state. With record types a segment also holds the records its
+chunks stated (``records``), so a resumed document keeps them. Reading is defensive: the log is
+data from disk.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memagent.agent import ChainState, Step
+from memagent.extraction.reading import Emitted
 
 FORMAT = 1  # bump when a segment's fields change meaning; an older log is then ignored, never misread
 
@@ -42,6 +45,17 @@ class SegmentStep(BaseModel):
     accepted_tokens: int = Field(0, ge=0)
 
 
+class SegmentRecord(BaseModel):
+    """One record a chunk of the segment stated (record types: :class:`memagent.extraction.reading.Emitted`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    step: int = Field(ge=0)
+    values: dict[str, Any]
+    spans: dict[str, tuple[int, int] | None]
+
+
 class Segment(BaseModel):
     """One checkpoint: the steps ``[first_step, first_step + len(steps))`` and the state after them.
 
@@ -59,6 +73,10 @@ class Segment(BaseModel):
     next_chunk: int = Field(ge=0)
     char_offset: int = Field(ge=0)
     memory: str
+    # Record types: the records the segment's chunks stated, and the split/failed counts after them.
+    records: list[SegmentRecord] = []
+    record_splits: int = Field(0, ge=0)
+    record_failed: int = Field(0, ge=0)
 
 
 class BadSegment(ValueError):
@@ -71,7 +89,9 @@ def new_segment(row_id: str, key: str, state: ChainState, first_step: int) -> di
         raise ValueError(f"first_step {first_step} outside the state's {len(state.steps)} steps")
     return dict(format=FORMAT, id=row_id, key=key, first_step=first_step,
                 steps=[asdict(s) for s in state.steps[first_step:]], next_chunk=state.next_chunk,
-                char_offset=state.char_offset, memory=state.memory)
+                char_offset=state.char_offset, memory=state.memory,
+                records=[e.to_json() for e in state.records if e.mention.step >= first_step],
+                record_splits=state.record_splits, record_failed=state.record_failed)
 
 
 def parse_segment(data: bytes | str) -> Segment:
@@ -87,6 +107,9 @@ def parse_segment(data: bytes | str) -> Segment:
     for i, s in enumerate(seg.steps):
         if s.step != seg.first_step + i or s.kind != "memory":
             raise BadSegment(f"steps.{i}: expected memory step {seg.first_step + i}, got {s.kind} step {s.step}")
+    for i, r in enumerate(seg.records):
+        if not seg.first_step <= r.step < seg.first_step + len(seg.steps):
+            raise BadSegment(f"records.{i}: step {r.step} is not a step of the segment")
     return seg
 
 
@@ -99,11 +122,14 @@ def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainSta
     """
     state: ChainState | None = None
     steps: list[Step] = []
+    records: list[Emitted] = []
     for seg in segments:
         if seg.id != row_id or seg.key != key:
             return None, "written for another input or config (stale)"
         if seg.first_step != len(steps):
             return state, f"a gap: a segment starts at step {seg.first_step}, the log holds {len(steps)} step(s)"
         steps.extend(Step(**s.model_dump()) for s in seg.steps)
-        state = ChainState(seg.next_chunk, seg.char_offset, seg.memory, tuple(steps))
+        records.extend(Emitted.from_json(r.model_dump()) for r in seg.records)
+        state = ChainState(seg.next_chunk, seg.char_offset, seg.memory, tuple(steps), tuple(records),
+                           seg.record_splits, seg.record_failed)
     return state, None

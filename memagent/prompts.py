@@ -281,6 +281,27 @@ def memory_update_messages(
     return _render(prompts, "memory_update", instruction, question=question, memory=memory, chunk=chunk)
 
 
+_CHUNK_MARK = "\x00memagent-chunk\x00"
+
+
+def records_messages(
+    question: str, memory: str, chunk: str, request: str, instruction: str | None = None,
+    prompts: PromptTemplates | None = None,
+) -> Messages:
+    """A per-chunk records call (corpus extraction): the memory-update prompt up to its chunk, then ``request``.
+
+    The prompt is the memory-update conversation's own text through ``{chunk}`` and the rest of
+    that paragraph (the default template's ``</section>``), so the records call and the memory
+    update of one chunk share their prefix (instruction, question, memory, chunk) and an engine
+    with prefix caching computes it once; only the request after it differs.
+    """
+    content = _render(prompts, "memory_update", instruction, question=question, memory=memory,
+                      chunk=_CHUNK_MARK)[0]["content"]
+    head, _, tail = content.partition(_CHUNK_MARK)
+    close = tail.split("\n\n", 1)[0] if "\n\n" in tail else ""
+    return [{"role": "user", "content": f"{head}{chunk}{close}\n\n{request}"}]
+
+
 def final_answer_messages(
     question: str,
     memory: str,

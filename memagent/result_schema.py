@@ -36,7 +36,11 @@ RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 
 # An extraction's validated object (JSON text) and per-field evidence (memagent.extraction.output).
 EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"
-EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN)
+# Record types (memagent.extraction.reading): how many chunk pieces a records reply made split and re-read,
+# and the stem of the row's records files (pipelines/records_output.py); one ``n_records_<type>`` per type.
+RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN = "record_splits", "records_file"
+N_RECORDS_PREFIX = "n_records_"
+EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN)
 
 # The batch job's own: which Ray node read the row, and the input fingerprint a resume compares.
 NODE_ID_COLUMN, FINGERPRINT_COLUMN = "node_id", "input_fingerprint"

@@ -35,7 +35,7 @@ from ray.data import ActorPoolStrategy, DataContext
 from ray.data.datasource import FilenameProvider
 
 from memagent.error_kinds import InfrastructureFailure
-from pipelines import checkpoints, fingerprint, lease, resources, storage
+from pipelines import checkpoints, fingerprint, lease, records_output, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, resolve_max_in_flight
 from pipelines.batch_config import BatchQAConfig, config_dict
 from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows, unreadable_input
@@ -69,6 +69,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
+        records_output.remove_orphans(cfg.output, cfg.s3)  # records of rows never committed (records_output)
         run = _start(cfg, admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
                                                      rows_per_call=ROWS_PER_CALL), held.holder.run_id)
         if plan.skipped >= plan.total_rows:
@@ -79,6 +80,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         ledger = ray.remote(OccupancyLedger).options(name=run.ledger_name, num_cpus=0).remote()
         try:
             _write(cfg, plan, run, _dataset(cfg, plan, run, build_engine), t0)
+            records_output.remove_orphans(cfg.output, cfg.s3)  # retried calls' records: no actor writes now
             summary = summarise(cfg, plan, time.perf_counter() - t0)
             summary.add_actor_snapshots(ray.get(ledger.read.remote()), run.admission.max_in_flight)
         finally:

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines import lease, storage
+from pipelines import lease, records_output, storage
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
         with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock):
             files = storage.complete_parquet_files(fs, path)
             storage.output_ids(fs, files)  # refuses a directory that is not a batch output
+            records_output.remove_orphans(cfg.output, cfg.s3)  # records files no committed row names
             infos = fs.get_file_info(files)
             parts, newness, sizes = [], [], []
             for i, (file, info) in enumerate(zip(files, infos)):
@@ -114,6 +115,7 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
                 _rewrite_without(fs, path, file, mine)
                 summary.rows_removed += len(mine)
                 summary.files_rewritten += 1
+            records_output.remove_orphans(cfg.output, cfg.s3)  # the records of the duplicates taken out
     log.info(summary.line())
     return summary
 

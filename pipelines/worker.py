@@ -17,6 +17,7 @@ from pipelines import fingerprint
 from pipelines.admission import AdmissionPlan, Gate, is_long_document
 from pipelines.batch_config import BatchQAConfig
 from pipelines.checkpoints import ChainLog
+from pipelines.records_output import RecordsWriter
 
 if TYPE_CHECKING:
     from memagent.engines.base import Engine
@@ -70,6 +71,8 @@ class AgentWorker:
         # Chain checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
         every = job.checkpoint_every_steps
         self.chains = ChainLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
+        schema = cfg.agent.extraction  # record types: each row's records go beside the output first
+        self.records = RecordsWriter(cfg.output, cfg.s3, schema) if schema and schema.record_types else None
 
     async def _report(self) -> None:
         """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""
@@ -103,7 +106,8 @@ class AgentWorker:
             async with self.gate.slot(long=long):
                 chain = await self._chain(row)
                 return self.breaker.check(await answer_row(self.engine, row, cfg.agent, question=cfg.question,
-                                                           metric=cfg.metric, method=cfg.method, **chain))
+                                                           metric=cfg.metric, method=cfg.method,
+                                                           on_records=self.records, **chain))
 
         try:
             records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))

@@ -14,7 +14,11 @@ Columns (all nullable, null in error rows):
   :func:`memagent.extraction.grounding.value_evidence` (the value as written, then its other
   spellings: ``48,250``, ``March 14, 2021``, case and spacing aside).
 
-Record types have their typed row columns here too (:func:`record_fields`, :func:`typed_record`).
+Record types have their typed row columns here too (:func:`record_fields`, :func:`typed_record`), and
+:func:`records_table` turns one document's merged records of one type into the rows of the records
+output: ``id``, ``record_type``, ``record_index``, one typed column per item property (nested
+objects as structs), ``record_evidence`` (``list<struct<field, step, char_start, char_end>>``, one
+entry per stated leaf, array items as ``field.i``), ``first_chunk``, ``last_chunk``, ``mentions``.
 
 A reply that does not parse or does not validate raises :class:`InvalidOutput`; the batch job
 writes it as an ``invalid_output:`` error row (:mod:`memagent.error_kinds`).
@@ -33,11 +37,16 @@ from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind, to_arrow
 from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
-from memagent.result_schema import EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN
+from memagent.result_schema import (
+    EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN,
+)
 
 EVIDENCE_TYPE = pa.struct([
     ("field", pa.string()), ("value", pa.string()), ("step", pa.int32()),
     ("char_start", pa.int64()), ("char_end", pa.int64()),
+])
+RECORD_EVIDENCE_TYPE = pa.struct([
+    ("field", pa.string()), ("step", pa.int32()), ("char_start", pa.int64()), ("char_end", pa.int64()),
 ])
 ARROW_TYPES: dict[FieldKind, pa.DataType] = {name: k.arrow for name, k in KINDS.items()}
 
@@ -47,9 +56,12 @@ class InvalidOutput(ValueError):
 
 
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
-    """The extraction's output columns: one per document-level field, then ``extraction`` and ``field_evidence``."""
+    """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``, one
+    ``n_records_<type>`` per record type, ``record_splits`` and ``records_file``."""
     return [*(pa.field(f.name, KINDS[f.kind].arrow) for f in schema.fields),
-            pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE))]
+            pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),
+            *(pa.field(N_RECORDS_PREFIX + r.name, pa.int32()) for r in schema.record_types),
+            pa.field(RECORD_SPLITS_COLUMN, pa.int32()), pa.field(RECORDS_FILE_COLUMN, pa.string())]
 
 
 def _arrow_field(spec: FieldSpec | ObjectSpec) -> pa.Field:
@@ -78,6 +90,22 @@ def _typed_object(fields: tuple[FieldSpec | ObjectSpec, ...], obj: Any) -> dict[
 def typed_record(record: RecordType, obj: Mapping[str, Any]) -> dict[str, Any]:
     """Python values of a record's columns (dates as ``datetime.date``, nested objects as dicts, missing None)."""
     return _typed_object(record.fields, obj) or {}
+
+
+def records_arrow_schema(record: RecordType) -> pa.Schema:
+    """The columns of a record type's rows in the records output (the module docstring)."""
+    return pa.schema([pa.field("id", pa.string()), pa.field("record_type", pa.string()),
+                      pa.field("record_index", pa.int32()), *record_fields(record),
+                      pa.field("record_evidence", pa.list_(RECORD_EVIDENCE_TYPE)), pa.field("first_chunk", pa.int32()),
+                      pa.field("last_chunk", pa.int32()), pa.field("mentions", pa.int32())])
+
+
+def records_table(record: RecordType, row_id: str, records: Iterable[Any]) -> pa.Table:
+    """One document's merged records (:class:`memagent.extraction.records.Record`) of one type as rows."""
+    rows = [{"id": row_id, "record_type": record.name, "record_index": i, **typed_record(record, r.values),
+             "record_evidence": r.evidence_rows(), "first_chunk": r.first_chunk, "last_chunk": r.last_chunk,
+             "mentions": r.mentions} for i, r in enumerate(records)]
+    return pa.Table.from_pylist(rows, schema=records_arrow_schema(record))
 
 
 def null_columns(schema: ExtractionSchema) -> dict[str, None]:

@@ -41,7 +41,7 @@ from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
     check_size, parse_schema,
 )
-from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, RESULT_COLUMNS
+from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RESULT_COLUMNS
 
 __all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "load_schema", "schema_from",
            "parse_fields", "PROPERTY_KEYWORDS", "SUPPORTED", "TOP_KEYWORDS", "RECORD_COLUMNS"]
@@ -83,6 +83,11 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     @model_validator(mode="after")
     def _parse(self) -> ExtractionSchema:
         self._fields, self._records = parse_schema(self.root, _reserved_columns(), RECORD_COLUMNS)
+        counts = {N_RECORDS_PREFIX + r.name for r in self._records}
+        for f in self._fields:
+            if f.name in counts:
+                raise ValueError(f"properties.{f.name}: property {f.name!r} clashes with the record count column "
+                                 f"of record type {f.name.removeprefix(N_RECORDS_PREFIX)!r}; rename it")
         return self
 
     @property

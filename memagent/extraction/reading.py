@@ -1,0 +1,175 @@
+"""Reading records per chunk: one constrained call per record type, grounded, split when it overflows.
+
+For each chunk the memory agent reads (:func:`memagent.agent.read_document` with a schema that has
+record types), :func:`read_chunk_records` asks once per record type for the records that chunk
+states, a JSON array under :meth:`ExtractionSchema.records_schema` (``SamplingParams.json_schema``),
+given the memory the chunk's update reads. The prompt is the memory update's up to its chunk, then
+the records request (:func:`memagent.prompts.records_messages`): the two calls share their prefix.
+
+A reply cut at its budget (``finish_reason`` "length") or one that is not a valid array is never
+truncated or guessed at: the text is split in two halves (at a whitespace near the middle) and
+each half (cut at the paragraph, line, sentence or word break nearest the middle) is read
+again with the same memory, recursively down to :data:`MIN_SPLIT_CHARS`; every
+split is counted. A piece still failing at that size yields no records and is counted as failed.
+
+Each record is grounded in the piece's char window (:func:`ground_chunk`) and kept as a
+:class:`~memagent.extraction.records.Mention` of its step; records are never written into the
+memory. :func:`merge_mentions` merges a read's mentions per record type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+from memagent.engines.base import Engine, SamplingParams
+from memagent.extraction.grounding import Span, ground_chunk
+from memagent.extraction.output import _validator
+from memagent.extraction.records import Mention, Record, merge_records
+from memagent.extraction.schema import ExtractionSchema
+from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
+
+MIN_SPLIT_CHARS = 64  # a piece this short is not split again
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """One record one chunk stated: its type and the mention (values and their spans as ``(start, end)``)."""
+
+    record_type: str
+    mention: Mention
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.mention
+        return {"type": self.record_type, "step": m.step, "values": dict(m.values),
+                "spans": {k: (list(v) if v is not None else None) for k, v in m.spans.items()}}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Emitted:
+        spans = {k: (tuple(v) if v is not None else None) for k, v in dict(data["spans"]).items()}
+        return Emitted(str(data["type"]), Mention(int(data["step"]), dict(data["values"]), spans))
+
+
+@dataclass
+class ChunkRecords:
+    """What the records calls of one chunk produced."""
+
+    emitted: list[Emitted] = field(default_factory=list)
+    splits: int = 0  # pieces split in two because a reply overflowed or did not parse
+    failed: int = 0  # pieces of MIN_SPLIT_CHARS or less whose reply still failed (no records from them)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, other: ChunkRecords) -> None:
+        self.emitted += other.emitted
+        self.splits += other.splits
+        self.failed += other.failed
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+
+
+@dataclass(frozen=True)
+class RecordsCall:
+    """The fixed parts of one document's records calls."""
+
+    engine: Engine
+    schema: ExtractionSchema
+    question: str
+    params: SamplingParams
+    instruction: str | None = None
+    prompts: PromptTemplates | None = None
+    require_grounding: bool = False
+
+
+def _parse(schema: ExtractionSchema, name: str, text: str) -> list[dict[str, Any]] | None:
+    """The reply as a list of records valid under the records schema, or None."""
+    try:
+        obj = parse_json_answer(strip_thinking(text))
+    except ValueError:
+        return None
+    if not isinstance(obj, list) or any(True for _ in _validator(schema.records_schema_json(name)).iter_errors(obj)):
+        return None
+    return obj
+
+
+_BREAKS = ("\n\n", "\n", ". ", "。", " ")  # preferred cuts: paragraph, line, sentence, word
+
+
+def split_point(text: str) -> int:
+    """Where to cut ``text`` in two: after the break nearest the middle, paragraphs before lines before
+    sentences before words, within the middle half; the middle itself when there is none."""
+    mid, lo, hi = len(text) // 2, len(text) // 4, 3 * len(text) // 4
+    for sep in _BREAKS:
+        best = None
+        i = text.find(sep, lo)
+        while i != -1 and i + len(sep) <= hi:
+            if best is None or abs(i + len(sep) - mid) < abs(best - mid):
+                best = i + len(sep)
+            i = text.find(sep, i + 1)
+        if best is not None and 0 < best < len(text):
+            return best
+    return mid
+
+
+async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, start: int, end: int,
+                      step: int, priority: int) -> ChunkRecords:
+    """The records of type ``name`` in ``context[start:end]``; halves re-read when the reply fails."""
+    text = context[start:end]
+    messages = records_messages(call.question, memory, text, call.schema.records_instruction(name),
+                                call.instruction, call.prompts)
+    params = replace(call.params, json_schema=call.schema.records_schema_json(name), priority=priority)
+    reply = await call.engine.chat(messages, params)
+    out = ChunkRecords(prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+    records = _parse(call.schema, name, reply.text) if reply.finish_reason != "length" else None
+    if records is None:
+        if end - start <= MIN_SPLIT_CHARS:
+            out.failed += 1
+            return out
+        cut = start + split_point(text)
+        out.splits += 1
+        halves = await asyncio.gather(*(_read_piece(call, name, memory, context, a, b, step, priority)
+                                        for a, b in ((start, cut), (cut, end))))
+        for h in halves:
+            out.add(h)
+        return out
+    grounded = ground_chunk(call.schema.record_type(name), records, context, (start, end),
+                            require_grounding=call.require_grounding)
+    for values, spans in zip(grounded.records, grounded.spans):
+        out.emitted.append(Emitted(name, Mention(step, values, _plain_spans(spans))))
+    return out
+
+
+def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int] | None]:
+    return {k: (s.start, s.end) if s is not None else None for k, s in spans.items()}
+
+
+async def read_chunk_records(call: RecordsCall, memory: str, context: str, start: int, end: int, step: int,
+                             priority: int = 0) -> ChunkRecords:
+    """Every record type's records in the chunk ``context[start:end]`` (memory step ``step``), concurrently."""
+    parts = await asyncio.gather(*(_read_piece(call, r.name, memory, context, start, end, step, priority)
+                                   for r in call.schema.record_types))
+    out = ChunkRecords()
+    for p in parts:  # record-type order, then piece order: deterministic
+        out.add(p)
+    return out
+
+
+def merge_mentions(schema: ExtractionSchema, emitted: Sequence[Emitted]) -> dict[str, list[Record]]:
+    """The document's records per record type (:func:`merge_records`, the rule in its module)."""
+    return {r.name: merge_records(r, [e.mention for e in emitted if e.record_type == r.name])
+            for r in schema.record_types}
+
+
+@dataclass
+class RecordsSoFar:
+    """A read's records calls so far (carried in :class:`memagent.agent.ChainState`, never in the memory)."""
+
+    emitted: list[Emitted] = field(default_factory=list)
+    splits: int = 0
+    failed: int = 0
+
+    def add(self, found: ChunkRecords) -> None:
+        self.emitted += found.emitted
+        self.splits += found.splits
+        self.failed += found.failed

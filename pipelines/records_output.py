@@ -1,0 +1,142 @@
+"""The records output of an extraction with record types: one Parquet dataset per record type.
+
+    OUTPUT/_records/<record type>/<stem>.parquet     one file per document and type (its records)
+
+``<record type>`` is the type's name, percent-quoted (``urllib.parse.quote``, nothing kept); a
+file's rows are :func:`memagent.extraction.output.records_table`'s. The ``_`` keeps the records
+out of the documents dataset for every reader (pyarrow, pandas, Spark and Ray skip ``_`` paths;
+so does this project's listing rule), so ``pd.read_parquet(OUTPUT)`` still reads documents only.
+
+**Exactly once.** The actor writes a document's records files first, under a stem new to this
+attempt (``<sha256(id)[:32]>-<random>``), each atomically (local: a hidden file, then rename; S3:
+one object), and only then returns the document's row, which names the stem (``records_file``).
+The row is committed when its documents file lands, so the committed rows name exactly the
+records that count: :func:`read_records` reads only the files whose stem a committed (not
+``infra:``) row names. Files of an attempt whose row never landed (a killed task, a retried
+call, a row taken out to be redone) are orphans: ignored by :func:`read_records`, removed by
+:func:`remove_orphans` under the output's lease before a run starts and after it ends (no actor
+is writing then). A rerun skips ids already in the documents dataset, so their records stay as
+committed; a redone id writes new files under a new stem and the old ones become orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from memagent.extraction import ExtractionSchema, Record, records_table
+from memagent.result_schema import RECORDS_FILE_COLUMN
+from pipelines import storage
+from pipelines.storage import S3Options
+
+log = logging.getLogger(__name__)
+
+RECORDS_DIR = "_records"
+
+
+def type_dir(root: str, record_type: str) -> str:
+    return f"{root}/{quote(record_type, safe='')}"
+
+
+class RecordsWriter:
+    """Writes documents' records beside an output (inside the actors): ``answer_row``'s ``on_records``."""
+
+    def __init__(self, output: str, s3: S3Options | None, schema: ExtractionSchema):
+        self.fs, path = storage.filesystem(output, s3)
+        self.root = f"{path.rstrip('/')}/{RECORDS_DIR}"
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.schema = schema
+
+    def write(self, row_id: str, records: dict[str, list[Record]]) -> str | None:
+        """Write one document's records; the stem its files are named by (None: it has none)."""
+        if not any(records.values()):
+            return None
+        stem = f"{hashlib.sha256(row_id.encode()).hexdigest()[:32]}-{uuid.uuid4().hex[:12]}"
+        for record in self.schema.record_types:
+            found = records.get(record.name) or []
+            if found:
+                self._put(type_dir(self.root, record.name), stem, records_table(record, row_id, found))
+        return stem
+
+    def _put(self, directory: str, stem: str, table: pa.Table) -> None:
+        name = f"{directory}/{stem}.parquet"
+        if self.local:  # atomic: a reader sees the whole file or none of it
+            self.fs.create_dir(directory, recursive=True)
+            tmp = f"{directory}/.{stem}.tmp"
+            pq.write_table(table, tmp, filesystem=self.fs)
+            self.fs.move(tmp, name)
+        else:  # one object: S3 makes it visible whole, on close
+            pq.write_table(table, name, filesystem=self.fs)
+
+    async def __call__(self, row_id: str, records: dict[str, list[Record]]) -> str | None:
+        return await asyncio.to_thread(self.write, row_id, records)
+
+
+def committed_stems(fs: pafs.FileSystem, path: str) -> set[str]:
+    """The ``records_file`` stems the committed, done rows of the documents dataset name."""
+    from memagent.error_kinds import INFRA_PREFIX
+
+    files = storage.parquet_files(fs, path)
+    good = [f for f in files if _complete(fs, f)]
+    table = storage.read_columns(fs, good, ["error", RECORDS_FILE_COLUMN])
+    stems, errors = table.column(RECORDS_FILE_COLUMN).to_pylist(), table.column("error").to_pylist()
+    return {s for s, e in zip(stems, errors)
+            if isinstance(s, str) and not (isinstance(e, str) and e.startswith(INFRA_PREFIX))}
+
+
+def _complete(fs: pafs.FileSystem, file: str) -> bool:
+    try:
+        with fs.open_input_file(file) as f:
+            pq.read_metadata(f)
+        return True
+    except (OSError, pa.ArrowInvalid):
+        return False
+
+
+def _record_files(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
+    return [f for f in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+            if f.type == pafs.FileType.File]
+
+
+def read_records(output: str, record_type: str, s3: S3Options | None = None) -> pa.Table:
+    """The committed records of ``record_type`` in ``output`` (orphans of unfinished attempts left out)."""
+    fs, path = storage.filesystem(output, s3)
+    stems = committed_stems(fs, path)
+    directory = type_dir(f"{path.rstrip('/')}/{RECORDS_DIR}", record_type)
+    tables = []
+    for info in sorted(_record_files(fs, directory), key=lambda f: f.path):
+        name = info.base_name
+        if name.endswith(".parquet") and not name.startswith(".") and name.removesuffix(".parquet") in stems:
+            with fs.open_input_file(info.path) as f:
+                tables.append(pq.read_table(f))
+    if not tables:
+        return pa.table({})
+    table = pa.concat_tables(tables, promote_options="permissive")
+    return table.sort_by([("id", "ascending"), ("record_index", "ascending")]) if len(table) else table
+
+
+def remove_orphans(output: str, s3: S3Options | None = None) -> int:
+    """Remove records files no committed row names (run only while no actor writes: under the lease)."""
+    fs, path = storage.filesystem(output, s3)
+    root = f"{path.rstrip('/')}/{RECORDS_DIR}"
+    files = _record_files(fs, root)
+    if not files:
+        return 0
+    stems = committed_stems(fs, path)
+    removed = 0
+    for info in files:
+        stem = info.base_name.removeprefix(".").removesuffix(".tmp").removesuffix(".parquet")
+        if stem not in stems or info.base_name.startswith("."):
+            fs.delete_file(info.path)
+            removed += 1
+    if removed:
+        log.info("output %s: removed %d records file(s) of rows never committed", output, removed)
+    return removed
+

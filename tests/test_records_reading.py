@@ -1,0 +1,140 @@
+"""Records read per chunk (memagent/extraction/reading.py through memagent.agent.read_document): emitted
+per step, grounded, merged across chunks, split and re-read when a reply overflows, kept through a
+chain checkpoint; and one document's records as the records output's typed rows."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+
+import pyarrow as pa
+import pytest
+from transformers import AutoTokenizer
+
+from memagent.agent import read_document
+from memagent.checkpoint import new_segment, parse_segment, replay
+from memagent.extraction import records_table, schema_from
+from memagent.extraction.reading import split_point
+from tests.records_helpers import CONFIG, SCHEMA, RecordsEngine, document, payment, planted, section
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir):
+    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+
+
+def three_chunk_document() -> str:
+    # The same payment in chunks 0 and 2 (amended amount, a bank named later), another only in chunk 1.
+    return document([payment("Acme Ltd", 1250, "2021-03-14")],
+                    [payment("Birch Ltd", 300, "2021-04-01", "Northbank")],
+                    [payment("Acme Ltd", 1300, "2021-03-14", "Southbank")])
+
+
+def read(engine, text, **kw):
+    return asyncio.run(read_document(engine, None, text, CONFIG, **kw))
+
+
+def test_records_are_emitted_per_chunk_and_merged_across_chunks(tokenizer):
+    engine = RecordsEngine(tokenizer)
+    text = three_chunk_document()
+    r = read(engine, text)
+    assert r.n_chunks >= 3
+    memory_steps = [s for s in r.steps if s.kind == "memory"]
+    # Each chunk got one records call (one record type) and its records are the ones it states.
+    records_calls = [c for c in engine.calls if c[0] == "records"]
+    assert [section(c[1]) for c in records_calls] == [text[s.char_start:s.char_end] for s in memory_steps]
+    payments = r.records["payments"]
+    assert [(p.values["payer"], p.values["amount"], p.mentions) for p in payments] == [
+        ("Acme Ltd", 1300, 2), ("Birch Ltd", 300, 1)]
+    acme = payments[0]
+    assert acme.values["bank"] == {"name": "Southbank"} and acme.first_chunk == 0 and acme.last_chunk >= 2
+    # Evidence: the amended amount cites the later chunk's span, the date the first statement.
+    amount, date = acme.evidence["amount"], acme.evidence["date"]
+    assert text[amount.char_start:amount.char_end] == "1300" and amount.step == acme.last_chunk
+    assert date.step == 0 and text[date.char_start:date.char_end] == "2021-03-14"
+    assert date.char_start < memory_steps[0].char_end
+    # Never carried in the memory; the records call is constrained to the array schema.
+    assert all(s.memory == "mem" for s in memory_steps)
+    assert all('"type": "array"' in c[2].json_schema for c in records_calls)
+    assert r.record_splits == 0 and r.record_failed == 0
+
+
+def test_the_records_call_shares_the_memory_updates_prefix(tokenizer):
+    engine = RecordsEngine(tokenizer)
+    read(engine, three_chunk_document())
+    memory = [c[1] for c in engine.calls if c[0] == "memory"]
+    records = [c[1] for c in engine.calls if c[0] == "records"]
+    for m, rec in zip(memory, records):
+        shared = m[: m.index("</section>") + len("</section>")]
+        assert rec.startswith(shared) and len(shared) > 0.9 * len(m)  # instruction, question, memory, chunk
+
+
+def test_a_reply_cut_at_its_budget_is_split_and_reread_never_truncated(tokenizer):
+    names = ["Alpha Ltd", "Bravo Ltd", "Charlie Ltd", "Delta Ltd"]
+    text = document([payment(n, 100 + i, f"2021-05-{i + 1:02d}") for i, n in enumerate(names)], filler=1)
+    engine = RecordsEngine(tokenizer, max_records=1)  # any reply listing 2+ records is cut
+    r = read(engine, text)
+    chunks = [text[s.char_start:s.char_end] for s in r.steps if s.kind == "memory"]
+    stated = sorted(p["payer"] for c in chunks for p in planted(c))  # a sentence cut by a chunk edge is in none
+    assert len(stated) >= 3 and sorted(p.values["payer"] for p in r.records["payments"]) == stated
+    crowded = sum(len(planted(c)) - 1 for c in chunks if len(planted(c)) > 1)  # halvings needed at least
+    assert crowded >= 1 and r.record_splits >= crowded and r.record_failed == 0
+    cut = [c for c in engine.calls if c[0] == "records" and len(planted(section(c[1]))) > 1]
+    assert cut  # the full chunk was asked for first, and its reply was cut
+    for p in r.records["payments"]:  # grounded inside the piece that stated it
+        e = p.evidence["payer"]
+        assert text[e.char_start:e.char_end] == p.values["payer"]
+
+
+def test_a_piece_too_short_to_split_is_counted_not_guessed(tokenizer):
+    engine = RecordsEngine(tokenizer, max_records=0)  # every reply with a record is cut
+    r = read(engine, document([payment("Acme Ltd", 5, "2021-01-01")], filler=1))
+    assert r.records["payments"] == [] and r.record_failed >= 1 and r.record_splits >= 1
+
+
+def test_split_point_prefers_line_breaks_near_the_middle():
+    text = "one two\nthree four five. six\nseven eight"
+    i = split_point(text)
+    assert text[i - 1] == "\n" and 0 < i < len(text)
+    assert split_point("x" * 10) == 5
+
+
+def test_a_resumed_read_keeps_the_records_of_the_chunks_before(tokenizer):
+    text = three_chunk_document()
+    states = []
+
+    async def keep(state):
+        states.append(state)
+
+    full = read(RecordsEngine(tokenizer), text, on_state=keep)
+    mid = states[1]  # after two chunks: Acme's first mention and Birch are in the state
+    assert {e.mention.values["payer"] for e in mid.records} == {"Acme Ltd", "Birch Ltd"}
+    # Through the stored log (two segments), as an actor would read it back.
+    log = [parse_segment(json.dumps(new_segment("d", "k", states[0], 0))),
+           parse_segment(json.dumps(new_segment("d", "k", mid, 1)))]
+    state, why = replay(log, "d", "k")
+    assert why is None and state.records == mid.records
+    engine = RecordsEngine(tokenizer)
+    resumed = read(engine, text, resume=state)
+    assert [c for c in engine.calls if c[0] == "records"] and resumed.resumed_at_chunk == 2
+    assert resumed.records == full.records  # evidence and mentions included
+
+
+def test_records_table_has_typed_columns_and_evidence(tokenizer):
+    r = read(RecordsEngine(tokenizer), three_chunk_document())
+    record = CONFIG.extraction.record_type("payments")
+    t = records_table(record, "doc-1", r.records["payments"])
+    assert t.schema.field("date").type == pa.date32() and t.schema.field("amount").type == pa.float64()
+    assert t.schema.field("bank").type == pa.struct([("name", pa.string())])
+    assert t.column_names[:3] == ["id", "record_type", "record_index"]
+    assert t.column_names[-4:] == ["record_evidence", "first_chunk", "last_chunk", "mentions"]
+    rows = t.to_pylist()
+    assert rows[0]["date"] == dt.date(2021, 3, 14) and rows[0]["mentions"] == 2 and rows[1]["record_index"] == 1
+    assert {e["field"] for e in rows[0]["record_evidence"]} == {"payer", "date", "amount", "bank.name"}
+
+
+def test_a_field_named_like_a_record_count_column_is_refused():
+    clash = {**SCHEMA, "properties": {**SCHEMA["properties"], "n_records_payments": {"type": "integer"}}}
+    with pytest.raises(ValueError, match="n_records_payments.*clashes with the record count column"):
+        schema_from(clash)
