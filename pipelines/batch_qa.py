@@ -34,6 +34,8 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext
 from ray.data.datasource import FilenameProvider
 
+from memagent.agent import check_config
+from memagent.engines.budget import token_budget
 from memagent.error_kinds import InfrastructureFailure
 from pipelines import checkpoints, fingerprint, lease, records_output, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, resolve_max_in_flight
@@ -66,6 +68,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
     with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:
         t0 = time.perf_counter()
         plan = plan_input(cfg)
+        if build_engine is None and cfg.method == "memagent":  # budgets from the tokenizer, before any model loads
+            check_config(token_budget(cfg.engine), cfg.agent)
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())

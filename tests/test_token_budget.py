@@ -31,3 +31,19 @@ def test_a_window_given_in_the_config_wins(tiny_llama_dir):
 def test_budgets_that_cannot_fit_are_refused_from_the_tokenizer_alone(tiny_llama_dir, agent, problem):
     with pytest.raises(ValueError, match=problem):
         check_config(token_budget(EngineConfig(model=str(tiny_llama_dir))), agent)
+
+
+def test_the_batch_job_refuses_budgets_before_ray_starts(tiny_llama_dir, tmp_path):
+    import ray
+
+    from pipelines.batch_config import BatchQAConfig
+    from pipelines.batch_qa import run_batch_qa
+    from tests.pipeline_helpers import good_rows, write_rows
+
+    write_rows(tmp_path / "in" / "part.parquet", good_rows(2))
+    cfg = BatchQAConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"),
+                        engine=EngineConfig(model=str(tiny_llama_dir)),
+                        agent=AgentConfig(chunk_tokens=3000, memory_tokens=1024))
+    with pytest.raises(ValueError, match="context window of 4096"):
+        run_batch_qa(cfg)
+    assert not ray.is_initialized(), "refused before Ray started or any model loaded"
