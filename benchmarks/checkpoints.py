@@ -26,7 +26,6 @@ while the job ran). Record the load average: on a shared CPU expect 2x run-to-ru
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -39,34 +38,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import loadavg, machine, print_table, resolve_bench_model, write_json  # noqa: E402
-
-
-class KillAt:
-    """The job's ``build_engine``: the engine kills its own process (the Ray actor) at its
-    ``at_call``-th conversation, once per ``marker`` file (the restarted actor reads on)."""
-
-    def __init__(self, at_call: int, marker: Path):
-        self.at_call, self.marker = at_call, str(marker)
-
-    def __call__(self, engine_config: Any) -> Any:
-        from memagent.engines import make_engine
-
-        return _Killing(make_engine(engine_config), self.at_call, self.marker)
-
-
-class _Killing:
-    def __init__(self, inner: Any, at_call: int, marker: str):
-        self.inner, self.at_call, self.marker, self.calls = inner, at_call, marker, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def chat(self, messages: Any, params: Any) -> Any:
-        self.calls += 1
-        if self.calls == self.at_call and not os.path.exists(self.marker):
-            Path(self.marker).write_text(f"killed at call {self.calls}\n")
-            os._exit(1)
-        return await self.inner.chat(messages, params)
+# The engine that kills its own actor at its n-th call, once: the crash tests' build_engine seam.
+from tests.pipeline_helpers import CrashOnce as KillAt  # noqa: E402
 
 
 class SegmentWatcher:

@@ -210,17 +210,8 @@ class Sweeper:
             if file in self.seen:
                 continue
             done = committed_done_ids(self.fs, file)
-            if done or _has_footer(self.fs, file):
+            if done or storage.has_footer(self.fs, file):
                 self.seen.add(file)
                 ids.extend(done)
         if ids:
             self.removed += remove_logs(self.output, self.s3, ids)
-
-
-def _has_footer(fs: pafs.FileSystem, file: str) -> bool:
-    try:
-        with fs.open_input_file(file) as f:
-            pq.read_metadata(f)
-        return True
-    except (OSError, pa.ArrowInvalid):
-        return False

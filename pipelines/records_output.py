@@ -84,20 +84,11 @@ def committed_stems(fs: pafs.FileSystem, path: str) -> set[str]:
     from memagent.error_kinds import INFRA_PREFIX
 
     files = storage.parquet_files(fs, path)
-    good = [f for f in files if _complete(fs, f)]
+    good = [f for f in files if storage.has_footer(fs, f)]
     table = storage.read_columns(fs, good, ["error", RECORDS_FILE_COLUMN])
     stems, errors = table.column(RECORDS_FILE_COLUMN).to_pylist(), table.column("error").to_pylist()
     return {s for s, e in zip(stems, errors)
             if isinstance(s, str) and not (isinstance(e, str) and e.startswith(INFRA_PREFIX))}
-
-
-def _complete(fs: pafs.FileSystem, file: str) -> bool:
-    try:
-        with fs.open_input_file(file) as f:
-            pq.read_metadata(f)
-        return True
-    except (OSError, pa.ArrowInvalid):
-        return False
 
 
 def _record_files(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:

@@ -72,6 +72,16 @@ def complete_parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
     return good
 
 
+def has_footer(fs: pafs.FileSystem, file: str) -> bool:
+    """Whether ``file`` is a whole Parquet file (a writer killed mid-file leaves none)."""
+    try:
+        with fs.open_input_file(file) as f:
+            pq.read_metadata(f)
+        return True
+    except (OSError, pa.ArrowInvalid):
+        return False
+
+
 def read_column(fs: pafs.FileSystem, files: Iterable[str], column: str) -> pa.ChunkedArray:
     """One column from many Parquet files (only that column's pages are read)."""
     arrays = []
