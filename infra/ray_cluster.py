@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from infra.local_s3 import wait_until_stopped
+
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster
 
 LOOPBACK = "127.0.0.1"
 # Keep every raylet and client on loopback, without token auth (local development only).
@@ -29,20 +32,36 @@ OBJECT_STORE_MB = 1024
 def local_cluster(workers: int = 1, head_cpus: int = 1, worker_cpus: int = 1,
                   object_store_mb: int = OBJECT_STORE_MB) -> Iterator[str]:
     """Start a head and ``workers`` worker nodes; yield the cluster address; tear it all down."""
+    with loopback_cluster(workers, head_cpus, worker_cpus, object_store_mb) as cluster:
+        yield cluster.address
+
+
+@contextmanager
+def loopback_cluster(workers: int = 1, head_cpus: int = 1, worker_cpus: int = 1,
+                     object_store_mb: int = OBJECT_STORE_MB, resources: dict[str, float] | None = None,
+                     temp_dir: str | None = None) -> Iterator[Cluster]:
+    """:func:`local_cluster`, yielding the ``ray.cluster_utils.Cluster`` itself, so that a caller can
+    stop one node's processes (``cluster.remove_node(node)``, as a lost machine) and leave the rest.
+
+    ``resources``: custom resources every node carries (beside ``head_node``/``worker_node``);
+    ``temp_dir``: the cluster's session files (default Ray's /tmp/ray; keep it short: socket paths).
+    """
     os.environ.update(ENV)
     from ray.cluster_utils import Cluster
 
     store = object_store_mb * 1024 * 1024
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "node_ip_address": LOOPBACK, "num_cpus": head_cpus, "resources": {"head_node": 1},
-        "include_dashboard": False, "object_store_memory": store,
-    })
+    extra = dict(resources or {})
+    head_args = {"node_ip_address": LOOPBACK, "num_cpus": head_cpus, "resources": {"head_node": 1, **extra},
+                 "include_dashboard": False, "object_store_memory": store}
+    if temp_dir is not None:
+        head_args["temp_dir"] = temp_dir
+    cluster = Cluster(initialize_head=True, head_node_args=head_args)
     try:
         for _ in range(workers):
-            cluster.add_node(node_ip_address=LOOPBACK, num_cpus=worker_cpus, resources={"worker_node": 1},
+            cluster.add_node(node_ip_address=LOOPBACK, num_cpus=worker_cpus, resources={"worker_node": 1, **extra},
                              object_store_memory=store)
         cluster.wait_for_nodes()
-        yield cluster.address
+        yield cluster
     finally:
         cluster.shutdown()
 

@@ -78,10 +78,16 @@ class AgentWorker:
         """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""
         if not self.ledger_name:
             return
-        if self._ledger is None:
-            self._ledger = ray.get_actor(self.ledger_name)
-        await self._ledger.report.remote(self.key, {**self.gate.snapshot(), **self.meter.lag_snapshot(),
-                                                    **self.meter.spec_snapshot()})
+        try:
+            if self._ledger is None:
+                self._ledger = ray.get_actor(self.ledger_name)
+            await self._ledger.report.remote(self.key, {**self.gate.snapshot(), **self.meter.lag_snapshot(),
+                                                        **self.meter.spec_snapshot()})
+        except (ray.exceptions.RayError, ValueError) as exc:
+            # Occupancy figures are bookkeeping: a call that fails here (this actor's node going down,
+            # the ledger unreachable) must not fail the rows of a call that read them.
+            log.warning("actor %s: could not report occupancy (%s)", self.key, type(exc).__name__)
+            self._ledger = None
 
     async def _chain(self, row: dict) -> dict:
         """answer_row's checkpoint arguments for ``row``: its checkpointed state, if any, and a writer."""
