@@ -25,6 +25,7 @@ from memagent.engines.vllm import (
     completion_from_output,
     engine_args_from_config,
     sampling_kwargs,
+    speculative_config,
     visible_devices_for,
 )
 
@@ -84,6 +85,23 @@ def test_speculation_maps_to_vllm_ngram_speculative_config():
         if default.speculate else None)
     with pytest.raises(ValidationError, match="prompt_lookup_min"):
         EngineConfig(engine="vllm", prompt_lookup_min=5, prompt_lookup_max=2)
+
+
+def test_suffix_speculation_maps_to_vllm_suffix_speculative_config():
+    # The keys of vLLM's SpeculativeConfig for suffix decoding (vllm/config/speculative.py,
+    # read by vllm/v1/spec_decode/suffix_decoding.py); the tree depth bounds match + draft.
+    cfg = EngineConfig(engine="vllm", speculate=True, vllm_draft_method="suffix", speculative_tokens=16)
+    assert engine_args_from_config(cfg, "m")["speculative_config"] == {
+        "method": "suffix", "num_speculative_tokens": 16, "suffix_decoding_max_tree_depth": 24}
+    long = cfg.model_copy(update={"speculative_tokens": 32, "prompt_lookup_max": 6})
+    assert speculative_config(long)["suffix_decoding_max_tree_depth"] == 38  # a full draft after the longest match
+    assert speculative_config(cfg.model_copy(update={"speculate": False})) is None
+    assert EngineConfig(engine="vllm", speculate=True).vllm_draft_method == "ngram"  # built in, no extra package
+    assert speculative_config(EngineConfig(engine="vllm", speculate=True))["method"] == "ngram"
+    with pytest.raises(ValidationError, match="vllm_draft_method"):
+        EngineConfig(engine="hf", vllm_draft_method="suffix")
+    with pytest.raises(ValidationError):
+        EngineConfig(engine="vllm", vllm_draft_method="eagle")
 
 
 def test_json_schema_maps_to_vllm_structured_outputs():

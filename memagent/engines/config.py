@@ -85,6 +85,11 @@ class EngineConfig(BaseModel):
         "hf: most tokens drafted per step from the aligned prompt (an unchanged memory is drafted in long "
         "runs; the engine drafts fewer when verification would cost more than it yields)."),
         json_schema_extra=_only("hf"))
+    vllm_draft_method: Literal["ngram", "suffix"] = Field("ngram", description=(
+        "vllm: how vLLM drafts when speculating: 'ngram' (prompt lookup, built in) or 'suffix' (suffix "
+        "decoding from Arctic Inference: matches the prompt and earlier replies, drafts more the longer "
+        "the match; needs `pip install arctic-inference`). docs/engines.md says which suits memory updates."),
+        json_schema_extra=_only("vllm"))
     # -- vllm --
     tensor_parallel_size: int = Field(1, gt=0, description="vllm: GPUs one engine shards the model over.",
                                       json_schema_extra=_only("vllm"))

@@ -6,8 +6,9 @@ continuously (documents at different steps share forwards) and reuses the KV of 
 prefixes. Token ids therefore match the trainer's tokenisation exactly, and log-probs are the
 *processed* ones (after temperature), as the trainer computes them.
 
-Speculation and structured outputs: ``EngineConfig.speculate`` becomes vLLM's n-gram
-``speculative_config`` (prompt lookup, the same knobs as the hf engine's); a request's
+Speculation and structured outputs: ``EngineConfig.speculate`` becomes vLLM's
+``speculative_config``, n-gram (prompt lookup, the same knobs as the hf engine's) or, with
+``vllm_draft_method='suffix'``, suffix decoding (:func:`speculative_config`); a request's
 ``json_schema`` becomes ``structured_outputs`` with the schema every engine constrains to
 (:func:`memagent.engines.json_schema.render_schema`), decoded by llguidance (vLLM's ``guidance``
 backend, the hf engine's library) as compact JSON.
@@ -113,9 +114,26 @@ def engine_args_from_config(
 
 
 def speculative_config(config: EngineConfig) -> dict[str, Any] | None:
-    """vLLM's n-gram (prompt lookup) ``speculative_config`` for ``config``; None when not speculating."""
+    """vLLM's ``speculative_config`` for ``config``; None when not speculating.
+
+    Keys as read from vLLM's ``SpeculativeConfig`` (vllm/config/speculative.py; vLLM docs
+    features/speculative_decoding n_gram.md and suffix.md): 'ngram' takes ``num_speculative_tokens``
+    (drafted in full on every match) and ``prompt_lookup_min/max``; 'suffix'
+    (vllm/v1/spec_decode/suffix_decoding.py, Arctic Inference's ``SuffixDecodingCache``) takes
+    ``num_speculative_tokens`` as a cap and ``suffix_decoding_max_tree_depth``, which bounds the
+    match plus the draft (vLLM's default 24): kept at least the longest n-gram plus a full draft,
+    so that a copy can draft ``speculative_tokens`` after a match of ``prompt_lookup_max``. The
+    other suffix knobs keep vLLM's defaults (spec factor 1.0: draft at most as long as the match;
+    min token prob 0.1; 10,000 cached replies, which hold the memories of earlier steps).
+    """
     if not config.speculates():
         return None
+    if config.vllm_draft_method == "suffix":
+        return {
+            "method": "suffix",
+            "num_speculative_tokens": config.speculative_tokens,
+            "suffix_decoding_max_tree_depth": max(24, config.prompt_lookup_max + config.speculative_tokens),
+        }
     return {
         "method": "ngram",
         "num_speculative_tokens": config.speculative_tokens,
