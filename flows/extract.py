@@ -85,6 +85,15 @@ def field_table(output: str, s3: S3Options, schema: ExtractionSchema) -> list[di
     return out
 
 
+def _records_cells(summary: dict[str, Any], require_grounding: bool) -> dict[str, Any]:
+    """Record types: records written per type and what ``require_grounding`` dropped (no cells without them)."""
+    if not summary.get("records"):
+        return {}
+    return {"records": ", ".join(f"{n} {name}" for name, n in summary["records"].items()),
+            "grounding dropped": (f"{summary.get('dropped_values', 0)} values, {summary.get('dropped_records', 0)} "
+                                  "records" if require_grounding else "off")}
+
+
 @flow(name="extract-corpus", log_prints=True)
 def extract_corpus(
     input: DatasetURI = CONTRACTS_INPUT,
@@ -96,6 +105,7 @@ def extract_corpus(
     s3: S3Options = S3Options(),
     corpus: ContractCorpus | None = None,
     redo_changed: bool = False,
+    require_grounding: bool = False,
 ) -> dict[str, Any]:
     """Extract the fields of ``extraction`` from every document of a Parquet lake into typed columns.
 
@@ -104,7 +114,11 @@ def extract_corpus(
             passes through) and the output directory (local or s3://); reruns resume, and a
             changed schema on the same output is refused unless ``redo_changed``.
         extraction: the JSON Schema of the fields (memagent.extraction: string, number, integer,
-            boolean, date, enum, array of strings); checked before any work. (Named ``extraction``
+            boolean, date, enum, array of strings; record types: arrays of objects, e.g.
+            ``docs/schemas/statement.json``, written to ``OUTPUT/_records/<type>/``); checked before any work.
+        require_grounding: record types only: drop record values not found in the document, and records
+            whose key values are not, and count them (``AgentConfig.require_grounding``; set here, as
+            the schema is, because ``agent`` holds no schema). (Named ``extraction``
             as in ``AgentConfig``: a parameter called ``schema`` would shadow pydantic's.)
         engine / agent / job / s3: model backend, budgets (must hold the fields: the check names
             the budget to raise), Ray job shape, S3 endpoint.
@@ -117,7 +131,8 @@ def extract_corpus(
         raise ValueError("give the schema as the flow's extraction parameter, not inside agent")
     input, output = resolve_local(input), resolve_local(output)
     cfg = BatchQAConfig(  # budgets against the fields, cross-field checks: before any work
-        input=input, output=output, s3=s3, engine=engine, agent=agent.with_overrides(extraction=extraction),
+        input=input, output=output, s3=s3, engine=engine, agent=agent.with_overrides(extraction=extraction,
+                                                                     require_grounding=require_grounding or None),
         job=job.model_copy(update={"progress": False}), redo_changed=redo_changed,
     )
     if corpus is not None:
@@ -134,7 +149,8 @@ def extract_corpus(
         table=[{k: summary[k] for k in ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors",
                                         "context_tokens", "seconds", "tokens_per_second")}
                | {"model": engine.model, "fields": ", ".join(extraction.names),
-                  "budgets": f"chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer {a.answer_tokens}"}],
+                  "budgets": f"chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer {a.answer_tokens}"}
+               | _records_cells(summary, a.require_grounding)],
         description=f"Extraction {input} -> {output}: rows, errors (invalid_output among them), tokens read a second.",
     )
     create_table_artifact(key="extract-corpus-fields", table=fields,

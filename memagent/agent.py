@@ -88,6 +88,8 @@ class ChainState:
     records: tuple[Emitted, ...] = ()
     record_splits: int = 0
     record_failed: int = 0
+    dropped_values: int = 0  # require_grounding: values and records dropped so far (not found in the text)
+    dropped_records: int = 0
 
 
 @dataclass
@@ -109,6 +111,10 @@ class Result:
     records: dict[str, list[Record]] | None = None
     record_splits: int = 0
     record_failed: int = 0
+    # require_grounding: record values not found in the document (removed) and records whose key
+    # values were not all found (dropped).
+    dropped_values: int = 0
+    dropped_records: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -234,7 +240,8 @@ async def read_document(
         check_resume(resume, doc.chunks, len(context))
     memory, steps = state.memory, list(state.steps)
     records_call = _records_call(engine, question, config)  # None: no record types
-    found = RecordsSoFar(list(state.records), state.record_splits, state.record_failed)
+    found = RecordsSoFar(list(state.records), state.record_splits, state.record_failed, state.dropped_values,
+                         state.dropped_records)
     # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked
     # for, or a 3.5M-token document holds 860 prompts' ids until its answer (actor peak 795 MB
     # against 704 MB: benchmarks/README.md, long_document).
@@ -258,7 +265,7 @@ async def read_document(
         if on_state:
             nxt = doc.chunks[k + 1].char_start if k + 1 < len(doc.chunks) else len(context)
             await on_state(ChainState(k + 1, nxt, memory, tuple(steps), tuple(found.emitted), found.splits,
-                                      found.failed))
+                                      found.failed, found.dropped_values, found.dropped_records))
 
     t0 = time.perf_counter()
     messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts,
@@ -282,6 +289,8 @@ async def read_document(
         records=merge_mentions(schema, found.emitted) if records_call else None,
         record_splits=found.splits,
         record_failed=found.failed,
+        dropped_values=found.dropped_values,
+        dropped_records=found.dropped_records,
     )
 
 
@@ -291,7 +300,7 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
     if schema is None or not schema.record_types:
         return None
     return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p),
-                       config.instruction, config.prompts)
+                       config.instruction, config.prompts, config.require_grounding)
 
 
 async def _chunk_records(call: RecordsCall | None, memory: str, context: str, chunk: Chunk, step: int,

@@ -77,6 +77,8 @@ class Segment(BaseModel):
     records: list[SegmentRecord] = []
     record_splits: int = Field(0, ge=0)
     record_failed: int = Field(0, ge=0)
+    dropped_values: int = Field(0, ge=0)  # require_grounding counts after the segment
+    dropped_records: int = Field(0, ge=0)
 
 
 class BadSegment(ValueError):
@@ -91,7 +93,8 @@ def new_segment(row_id: str, key: str, state: ChainState, first_step: int) -> di
                 steps=[asdict(s) for s in state.steps[first_step:]], next_chunk=state.next_chunk,
                 char_offset=state.char_offset, memory=state.memory,
                 records=[e.to_json() for e in state.records if e.mention.step >= first_step],
-                record_splits=state.record_splits, record_failed=state.record_failed)
+                record_splits=state.record_splits, record_failed=state.record_failed,
+                dropped_values=state.dropped_values, dropped_records=state.dropped_records)
 
 
 def parse_segment(data: bytes | str) -> Segment:
@@ -131,5 +134,5 @@ def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainSta
         steps.extend(Step(**s.model_dump()) for s in seg.steps)
         records.extend(Emitted.from_json(r.model_dump()) for r in seg.records)
         state = ChainState(seg.next_chunk, seg.char_offset, seg.memory, tuple(steps), tuple(records),
-                           seg.record_splits, seg.record_failed)
+                           seg.record_splits, seg.record_failed, seg.dropped_values, seg.dropped_records)
     return state, None

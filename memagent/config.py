@@ -79,6 +79,12 @@ class AgentConfig(BaseModel):
         description="Corpus extraction: a JSON Schema (memagent.extraction) whose field list is the question and "
         "to which the final answer (one JSON object, answer_style 'json') is constrained. CLI: --schema FILE.",
     )
+    require_grounding: bool = Field(
+        False,
+        description="Record types only: drop every record value not found in the document (strings, dates, numbers, "
+        "list items; not enum labels or booleans) and every record whose key values are not all found, and count "
+        "both (grounding_dropped_values/records columns, the job summary). Off: kept, with a null span.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +115,9 @@ class AgentConfig(BaseModel):
                 raise ValueError(f"an extraction schema answers in JSON: answer_style must be 'json' (or unset), "
                                  f"got {self.answer_style!r}")
             self.extraction.check_budgets(self.memory_tokens, self.answer_tokens)
+        if self.require_grounding and (self.extraction is None or not self.extraction.record_types):
+            raise ValueError("require_grounding applies to record types (arrays of objects in the extraction "
+                             "schema): give a schema that has some, or leave it off")
         return self
 
     def max_prompt_tokens(self, template_tokens: int) -> int:

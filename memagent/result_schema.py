@@ -40,7 +40,11 @@ EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"
 # and the stem of the row's records files (pipelines/records_output.py); one ``n_records_<type>`` per type.
 RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN = "record_splits", "records_file"
 N_RECORDS_PREFIX = "n_records_"
-EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN)
+# require_grounding (AgentConfig): record values not found in the document and removed, records whose key
+# values were not all found and dropped (0 when it is off).
+DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN = "grounding_dropped_values", "grounding_dropped_records"
+EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN,
+                      DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN)
 
 # The batch job's own: which Ray node read the row, and the input fingerprint a resume compares.
 NODE_ID_COLUMN, FINGERPRINT_COLUMN = "node_id", "input_fingerprint"

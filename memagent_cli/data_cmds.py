@@ -1,4 +1,4 @@
-"""Data commands: ``memagent synth hotpotqa|ruler`` and ``memagent filter``.
+"""Data commands: ``memagent synth hotpotqa|ruler|statements`` and ``memagent filter``.
 
 Each calls the one implementation of its stage (``pipelines.synthesize.write_hotpotqa`` /
 ``write_ruler``, ``memagent.data.filter.run_filter``), which the train flow calls too.
@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from memagent.engines import DEFAULT_MODEL
-from memagent_cli.flags import add_model_flags, build
+from memagent_cli.flags import add_model_flags, build, parse_int
 from memagent_cli.options import add_engine_flags, engine_config
 
 
@@ -49,6 +49,27 @@ def cmd_synth_ruler(args: argparse.Namespace) -> int:
     written, rows = write_ruler(items, args.out, args.tokenizer, _synth_job(args))
     return _report({"rows": rows, "out": written, "tasks": items.tasks, "lengths": items.lengths,
                     "seconds": round(time.perf_counter() - t0, 2)})
+
+
+def cmd_synth_statements(args: argparse.Namespace) -> int:
+    """Generated bank statements with planted payments (memagent.data.records_corpus): an input for
+    ``memagent batch --schema docs/schemas/statement.json``; ``gold`` holds each document's planted records."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.data.records_corpus import statement
+
+    if args.docs < 1 or args.tokens < 1:
+        raise ValueError("--docs and --tokens must be at least 1")
+    docs = [statement(f"statement-{i:03d}", args.tokens, args.seed) for i in range(args.docs)]
+    rows = [{"id": d["id"], "context": d["text"], "gold": json.dumps(d["gold"], ensure_ascii=False, default=str)}
+            for d in docs]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), args.out)
+    return _report({"rows": len(rows), "out": args.out, "records": sum(len(d["gold"]) for d in docs),
+                    "chars": sum(len(d["text"]) for d in docs)})
 
 
 def dropped_path(output: str) -> str:
@@ -109,6 +130,15 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     ru.set_defaults(func=cmd_synth_ruler, _items_flags=add_model_flags(ru, RulerItems, "items",
                                                                        required=("tasks", "lengths")))
     _add_synth_common(ru)
+
+    stm = kinds.add_parser("statements", parents=[common],
+                           help="bank statements with planted payments (aliases, amendments, repeats, near misses) "
+                                "for record extraction (docs/schemas/statement.json)")
+    stm.add_argument("--out", required=True, help="output Parquet file (columns id, context, gold)")
+    stm.add_argument("--docs", type=int, default=2, help="documents (default 2)")
+    stm.add_argument("--tokens", type=parse_int, default=1024, help="about this many tokens each (default 1024)")
+    stm.add_argument("--seed", type=int, default=0, help="the corpus is a function of the seed (default 0)")
+    stm.set_defaults(func=cmd_synth_statements)
 
     fl = sub.add_parser("filter", parents=[common], help="drop questions a model answers without context (best-of-k)")
     fl.add_argument("--input", required=True, help="Parquet (file/dir) or HotpotQA JSON with question + answers")

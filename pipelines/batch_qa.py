@@ -33,10 +33,12 @@ import pyarrow.compute as pc
 import ray
 from ray.data import ActorPoolStrategy, DataContext
 from ray.data.datasource import FilenameProvider
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from memagent.agent import check_config
 from memagent.engines.budget import token_budget
 from memagent.error_kinds import InfrastructureFailure
+from memagent.result_schema import DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX
 from pipelines import checkpoints, fingerprint, lease, records_output, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, resolve_max_in_flight
 from pipelines.batch_config import BatchQAConfig, config_dict
@@ -81,7 +83,10 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
             return summarise(cfg, plan, time.perf_counter() - t0)
         # An actor no node can hold is refused now, not after the no-progress timeout.
         resources.check_job_fits(cfg.job, shutdown_on_refusal=run.started_ray)
-        ledger = ray.remote(OccupancyLedger).options(name=run.ledger_name, num_cpus=0).remote()
+        # The ledger lives on the driver's node: a lost worker node must not take it (and the job) along.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        ledger = ray.remote(OccupancyLedger).options(name=run.ledger_name, num_cpus=0,
+                                                     scheduling_strategy=here).remote()
         try:
             _write(cfg, plan, run, _dataset(cfg, plan, run, build_engine), t0)
             records_output.remove_orphans(cfg.output, cfg.s3)  # retried calls' records: no actor writes now
@@ -206,13 +211,15 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     """Read back the small columns of this run's output rows and count them."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     has_answers = "answers" in plan.output_schema.names
+    counts = [c for c in plan.output_schema.names
+              if c.startswith(N_RECORDS_PREFIX) or c in (DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN)]
     table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
                                  ["id", "error", "score", "context_tokens", "resumed_at_chunk", "checkpoint_ignored",
-                                  *(["answers"] if has_answers else [])])
+                                  *(["answers"] if has_answers else []), *counts])
     if len(plan.done_ids):
         table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
     return BatchSummary.from_rows(table, rows_in=plan.total_rows, skipped=plan.skipped, seconds=seconds,
-                                  output=cfg.output)
+                                  output=cfg.output, require_grounding=cfg.agent.require_grounding)
 
 
 def drop_done(batch: pa.Table, done_ids: pa.Array | ray.ObjectRef) -> pa.Table:

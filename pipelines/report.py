@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 
 from memagent.report import html as rh
 from memagent.report.fields import fields_html, schema_fields
-from pipelines import storage
+from memagent.report.records import records_view, schema_record_types
+from pipelines import records_output, storage
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,28 @@ def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None =
     return views, meta
 
 
+def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options, config: Any) -> list[dict]:
+    """The records view's data (:func:`memagent.report.records.records_view`) per record type of the
+    schema in ``config``, from the committed records of the output; the texts of their documents only."""
+    types = schema_record_types(config)
+    tables = {name: records_output.read_records(run, name, s3).to_pylist() for name in types}
+    docs = {str(r.get("id")) for rows in tables.values() for r in rows}
+    contexts: dict[str, str] = {}
+    for file in storage.parquet_files(fs, path) if docs else []:
+        try:
+            with fs.open_input_file(file) as f:
+                pf = pq.ParquetFile(f)
+                if not {"id", "context"} <= set(pf.schema_arrow.names):
+                    continue
+                for batch in pf.iter_batches(batch_size=256, columns=["id", "context"]):
+                    for rid, ctx in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+                        if str(rid) in docs and isinstance(ctx, str):
+                            contexts[str(rid)] = ctx
+        except (OSError, pa.ArrowInvalid) as exc:
+            log.warning("skipping unreadable output file %s: %s", file, exc)
+    return [records_view(name, rows, contexts) for name, rows in tables.items()]
+
+
 def _number(x: Any) -> float:
     """``x`` if it is a number, else 0 (a hand-edited output may hold text in a numeric column)."""
     return x if isinstance(x, (int, float)) and not isinstance(x, bool) else 0
@@ -138,6 +161,7 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
     images: list[tuple[str, str]] = []
     eval_table = ""
     extra: list[tuple[str, Any]] = []
+    record_views: list[dict] = []
     pred_dir = _join(path, "predictions")
     if _exists(fs, pred_dir, pafs.FileType.Directory):
         kind, views, meta = "eval", [], {}
@@ -169,13 +193,14 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
         if not views:
             raise ValueError(f"run {run!r}: no output rows (no readable Parquet files)")
         tps = [("tokens/s", _tokens_per_second(views, None, job_summary))]
+        record_views = read_record_views(fs, path, run, s3, meta.get("config"))
     groups = rh.group_errors(views)
     items = _summary_items(run, kind, views, meta, tps, extra)
     summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"),
                                    fields_html(views, schema_fields(meta.get("config"))))
     title = f"MemAgent report — {run.rstrip('/').rsplit('/', 1)[-1]}"
     page = rh.render(title, f"{kind} · {len(views):,} rows · generated {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                     summary_html, views, images, eval_table)
+                     summary_html, views, images, eval_table, record_views)
     target = out or _join(run, REPORT_NAME if kind == "eval" else BATCH_REPORT_NAME)
     out_fs, out_path = storage.filesystem(target, s3)
     if not storage.is_s3(target):

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memagent.error_kinds import INFRA_PREFIX
+from memagent.result_schema import DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX
 from pipelines.admission import occupancy
 
 
@@ -46,10 +47,18 @@ class BatchSummary:
     resumed_rows: int = 0
     resumed_chunks: int = 0
     checkpoints_ignored: int = 0
+    # Record types (extraction): records written per type by this run's rows, and what require_grounding
+    # dropped (values not found in the document; records whose key values were not all found).
+    records: dict[str, int] = field(default_factory=dict)
+    dropped_values: int = 0
+    dropped_records: int = 0
+    require_grounding: bool = False
 
     @classmethod
-    def from_rows(cls, table: pa.Table, *, rows_in: int, skipped: int, seconds: float, output: str) -> BatchSummary:
-        """Count this run's rows: ``table`` holds their ``id, error, score, context_tokens`` (and ``answers``)."""
+    def from_rows(cls, table: pa.Table, *, rows_in: int, skipped: int, seconds: float, output: str,
+                  require_grounding: bool = False) -> BatchSummary:
+        """Count this run's rows: ``table`` holds their ``id, error, score, context_tokens`` (and ``answers``;
+        with record types ``n_records_<type>`` and the ``grounding_dropped_*`` counts)."""
         has_answers = "answers" in table.column_names
         scores = table.column("score").drop_null() if len(table) else pa.array([])
         errors = table.column("error").drop_null().cast(pa.string()) if len(table) else pa.array([], pa.string())
@@ -71,6 +80,8 @@ class BatchSummary:
             seconds=seconds,
             output=output,
             **_resume_counts(table),
+            **_record_counts(table),
+            require_grounding=require_grounding,
         )
 
     def add_actor_snapshots(self, snapshots: dict[str, dict], max_in_flight: int) -> None:
@@ -94,7 +105,8 @@ class BatchSummary:
     def record(self) -> dict[str, Any]:
         """The headline figures as plain JSON-able data (flow results, artifacts)."""
         keys = ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors", "accuracy", "accuracy_answered",
-                "context_tokens", "resumed_rows", "resumed_chunks", "checkpoints_ignored")
+                "context_tokens", "resumed_rows", "resumed_chunks", "checkpoints_ignored", "records",
+                "dropped_values", "dropped_records", "require_grounding")
         return {**{k: getattr(self, k) for k in keys}, "seconds": round(self.seconds, 2),
                 "tokens_per_second": round(self.tokens_per_second, 1), "output": self.output}
 
@@ -119,6 +131,7 @@ class BatchSummary:
             f"tokens read/s:  {self.tokens_per_second:.1f} ({self.context_tokens} tokens in {self.seconds:.1f} s)",
             f"output:         {self.output}",
             *self.resume_lines(),
+            *self.records_lines(),
             *self.occupancy_lines(),
             *self.speculation_lines(),
         ]
@@ -130,6 +143,16 @@ class BatchSummary:
             if self.checkpoints_ignored else ""
         return [f"resumed:        {self.resumed_rows} document(s) inside the text, {self.resumed_chunks} chunk(s) not "
                 f"read again{ignored}"]
+
+    def records_lines(self) -> list[str]:
+        if not self.records:
+            return []
+        per = ", ".join(f"{n} {name}" for name, n in self.records.items())
+        lines = [f"records:        {per}"]
+        if self.require_grounding or self.dropped_values or self.dropped_records:
+            lines.append(f"  grounding:    {self.dropped_values} value(s) and {self.dropped_records} record(s) dropped "
+                         "(not found in the document; --require-grounding)")
+        return lines
 
     def speculation_lines(self) -> list[str]:
         if not self.decode_steps:
@@ -159,3 +182,20 @@ def _resume_counts(table: pa.Table) -> dict[str, int]:
     ignored = table.column("checkpoint_ignored") if "checkpoint_ignored" in table.column_names else pa.array([])
     return dict(resumed_rows=len(resumed), resumed_chunks=int(pc.sum(resumed).as_py() or 0),
                 checkpoints_ignored=len(ignored) - ignored.null_count)
+
+
+def _sum(table: pa.Table, name: str) -> int:
+    col = table.column(name)
+    return int(pc.sum(col).as_py() or 0) if len(table) and not pa.types.is_null(col.type) else 0
+
+
+def _record_counts(table: pa.Table) -> dict[str, Any]:
+    """Records per type and the grounding drops, summed over the rows (none without record types)."""
+    names = [c for c in table.column_names if c.startswith(N_RECORDS_PREFIX)]
+    if not names:
+        return {}
+    out: dict[str, Any] = {"records": {c[len(N_RECORDS_PREFIX):]: _sum(table, c) for c in names}}
+    for key, col in (("dropped_values", DROPPED_VALUES_COLUMN), ("dropped_records", DROPPED_RECORDS_COLUMN)):
+        if col in table.column_names:
+            out[key] = _sum(table, col)
+    return out

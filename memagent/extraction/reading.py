@@ -60,11 +60,15 @@ class ChunkRecords:
     failed: int = 0  # pieces of MIN_SPLIT_CHARS or less whose reply still failed (no records from them)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    dropped_values: int = 0  # require_grounding: values not found in the document, removed from their record
+    dropped_records: int = 0  # require_grounding: records whose key values were not all found
 
     def add(self, other: ChunkRecords) -> None:
         self.emitted += other.emitted
         self.splits += other.splits
         self.failed += other.failed
+        self.dropped_values += other.dropped_values
+        self.dropped_records += other.dropped_records
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
 
@@ -79,7 +83,7 @@ class RecordsCall:
     params: SamplingParams
     instruction: str | None = None
     prompts: PromptTemplates | None = None
-    require_grounding: bool = False
+    require_grounding: bool = False  # AgentConfig.require_grounding: drop what is not found in the text, counted
 
 
 def _parse(schema: ExtractionSchema, name: str, text: str) -> list[dict[str, Any]] | None:
@@ -135,6 +139,7 @@ async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, s
         return out
     grounded = ground_chunk(call.schema.record_type(name), records, context, (start, end),
                             require_grounding=call.require_grounding)
+    out.dropped_values, out.dropped_records = grounded.dropped_values, grounded.dropped_records
     for values, spans in zip(grounded.records, grounded.spans):
         out.emitted.append(Emitted(name, Mention(step, values, _plain_spans(spans))))
     return out
@@ -168,8 +173,12 @@ class RecordsSoFar:
     emitted: list[Emitted] = field(default_factory=list)
     splits: int = 0
     failed: int = 0
+    dropped_values: int = 0
+    dropped_records: int = 0
 
     def add(self, found: ChunkRecords) -> None:
         self.emitted += found.emitted
         self.splits += found.splits
         self.failed += found.failed
+        self.dropped_values += found.dropped_values
+        self.dropped_records += found.dropped_records

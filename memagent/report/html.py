@@ -343,9 +343,15 @@ def script_json(data: Any) -> str:
 
 
 def render(title: str, subtitle: str, summary: str, views: list[dict[str, Any]],
-           images: Sequence[tuple[str, str]] = (), eval_table: str = "") -> str:
-    """The whole page. ``images`` are (caption, data: URI) pairs; ``summary``/``eval_table`` are HTML."""
-    data = script_json({"rows": views, "facets": facets(views)})
+           images: Sequence[tuple[str, str]] = (), eval_table: str = "",
+           records: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The whole page. ``images`` are (caption, data: URI) pairs; ``summary``/``eval_table`` are HTML;
+    ``records``: the records view's data per record type (:mod:`memagent.report.records`)."""
+    data = script_json({"rows": views, "facets": facets(views), "records": list(records)})
+    recs = ('<section id="records"><h2>Records</h2><p class=mut>Per record type: click a header to sort, type to '
+            'filter, click a record for its spans in the document.</p><div id="rec-nav"></div>'
+            '<div id="rec-filters"></div><table id="rec-table"><thead></thead><tbody></tbody></table>'
+            '<div id="rec-detail"></div></section>') if records else ""
     pictures = "".join(f'<div><img alt="{_e(c)}" src="{src}"><div class="mut">{_e(c)}</div></div>' for c, src in images)
     evals = (f'<h2>Accuracy by task and length</h2><div class="grid">{pictures}</div>' if pictures else "") + (
         f"<h2>Task × length</h2><p class=mut>Click a cell to list its rows.</p>{eval_table}" if eval_table else "")
@@ -358,6 +364,7 @@ def render(title: str, subtitle: str, summary: str, views: list[dict[str, Any]],
 {evals}
 <section id="table"><h2>Rows</h2><p class=mut>Click a row for its timeline; click a header to sort.</p>
 <div id="filters"></div><table id="rows"><thead></thead><tbody></tbody></table><div class="pager"></div></section>
+{recs}
 <section id="detail"></section>
 </main>
 <script type="application/json" id="report-data">{data}</script>

@@ -273,9 +273,92 @@ function route() {
     $("#fq").value = st.q; st.page = 0; draw(); $("#table").scrollIntoView();
   }
 }
+// Records view (record types): one type at a time, sortable and filterable; a selected record
+// shows its snippets with its spans marked. State lives in the hash: #records=type=..&q=..&sort=..&dir=..&doc=..&i=..
+const RT = D.records || [], rs = {type: 0, q: "", sort: "", dir: 1, doc: null, i: null};
+const RCOLS = (t) => [["id", (r) => r.d], ["#", (r) => r.i]].concat(t.cols.map((c, j) => [c, (r) => r.v[j]]),
+  [["mentions", (r) => r.m], ["first chunk", (r) => r.fc], ["last chunk", (r) => r.lc]]);
+function recHash(ch) {
+  const p = new URLSearchParams(), t = RT[rs.type], n = Object.assign({}, rs, ch);
+  p.set("type", t ? t.name : "");
+  if (n.q) p.set("q", n.q);
+  if (n.sort !== "") { p.set("sort", n.sort); p.set("dir", String(n.dir)); }
+  if (n.doc != null) { p.set("doc", n.doc); p.set("i", String(n.i)); }
+  location.hash = "records=" + p.toString();
+}
+function recRows(t) {
+  const q = rs.q.toLowerCase(), cols = RCOLS(t);
+  let out = t.rows.filter((r) => !q || cols.map((c) => String(c[1](r) == null ? "" : c[1](r))).join("\u0001").toLowerCase().includes(q));
+  const c = cols.find((x) => x[0] === rs.sort);
+  if (c) {
+    out = out.slice().sort((a, b) => {
+      const x = c[1](a), y = c[1](b);
+      if (x == null) return y == null ? 0 : 1;
+      if (y == null) return -1;
+      return (typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y))) * rs.dir;
+    });
+  }
+  return out;
+}
+function recSnippet(s) {
+  const text = String(s[1]);
+  let h = "", at = 0;
+  for (const m of (s[2] || []).slice().sort((a, b) => a[0] - b[0])) {
+    const a = Math.max(Number(m[0]) || 0, at), e = Math.max(Number(m[1]) || 0, a);
+    h += esc(text.slice(at, a)) + '<mark class="fld rec" title="' + esc(m[2]) + '">' + esc(text.slice(a, e)) + "</mark>";
+    at = e;
+  }
+  return '<div class="snip"><span class="mut">@' + esc(s[0]) + ": </span>" + h + esc(text.slice(at)) + "</div>";
+}
+function recDraw() {
+  const t = RT[rs.type];
+  if (!t) return;
+  $("#rec-nav").innerHTML = RT.map((x, j) => '<a href="#" data-t="' + esc(j) + '"' + (j === rs.type ? ' class="sel"' : "") +
+    ">" + esc(x.name) + " (" + esc(x.total) + ")</a>").join(" · ");
+  const cols = RCOLS(t), rows = recRows(t);
+  $("#rec-filters").innerHTML = '<input type="search" id="rq" placeholder="filter records" value="' + esc(rs.q) +
+    '"> <span id="rec-count" class="mut">' + esc(rows.length) + " of " + esc(t.rows.length) + " records</span>";
+  $("#rec-table thead").innerHTML = "<tr>" + cols.map((c) => '<th data-c="' + esc(c[0]) + '"' +
+    (c[0] === rs.sort ? ' class="sorted' + (rs.dir < 0 ? " desc" : "") + '"' : "") + ">" + esc(c[0]) + "</th>").join("") + "</tr>";
+  $("#rec-table tbody").innerHTML = rows.slice(0, 500).map((r) => '<tr data-doc="' + esc(r.d) + '" data-i="' + esc(r.i) + '"' +
+    (r.d === rs.doc && String(r.i) === String(rs.i) ? ' class="sel"' : "") + ">" +
+    cols.map((c) => "<td>" + esc(c[1](r)) + "</td>").join("") + "</tr>").join("");
+  const cur = t.rows.find((r) => r.d === rs.doc && String(r.i) === String(rs.i));
+  $("#rec-detail").innerHTML = !cur ? "" : "<h3>" + esc(t.name) + " " + esc(cur.i) + " of document " + esc(cur.d) +
+    "</h3>" + (cur.sn.length ? cur.sn.map(recSnippet).join("") : '<p class="mut">no span of this record was found in the document</p>');
+  const q = $("#rq");
+  q.addEventListener("change", (e) => recHash({q: e.target.value}));
+}
+function recSetup() {
+  if (!RT.length) return;
+  $("#rec-nav").addEventListener("click", (e) => {
+    const a = e.target.closest("a[data-t]");
+    if (a) { e.preventDefault(); rs.type = Number(a.dataset.t); recHash({q: "", sort: "", doc: null}); }
+  });
+  $("#rec-table thead").addEventListener("click", (e) => {
+    const th = e.target.closest("th[data-c]");
+    if (th) recHash({sort: th.dataset.c, dir: rs.sort === th.dataset.c ? -rs.dir : 1});
+  });
+  $("#rec-table tbody").addEventListener("click", (e) => {
+    const tr = e.target.closest("tr[data-doc]");
+    if (tr) recHash({doc: tr.dataset.doc, i: tr.dataset.i});
+  });
+  recRoute();
+  window.addEventListener("hashchange", recRoute);
+}
+function recRoute() {
+  if (location.hash.startsWith("#records=")) {
+    const p = new URLSearchParams(location.hash.slice(9)), j = RT.findIndex((x) => x.name === p.get("type"));
+    rs.type = j < 0 ? 0 : j; rs.q = p.get("q") || ""; rs.sort = p.get("sort") || "";
+    rs.dir = p.get("dir") === "-1" ? -1 : 1; rs.doc = p.get("doc"); rs.i = p.get("i");
+    recDraw(); $("#records").scrollIntoView();
+  } else if (!$("#rec-table tbody").innerHTML) {
+    recDraw();
+  }
+}
 // Timings (ms) for the scale benchmark: page start -> table drawn, and the row/filter route.
 const t0 = performance.now();
-setup(); draw();
+setup(); draw(); recSetup();
 const t1 = performance.now();
 route();
 window.addEventListener("hashchange", route);

@@ -1,0 +1,113 @@
+"""The report's records view: per record type a table of the run's records and, per record, the
+document text around its evidence spans (no I/O; ``pipelines/report.py`` reads the records output).
+
+:func:`records_view` turns one record type's rows (as ``pipelines.records_output.read_records``
+gives them: ``id``, ``record_index``, one column per item field, nested objects as dicts,
+``record_evidence``, ``first_chunk``, ``last_chunk``, ``mentions``) and the documents' texts into
+the compact data the page embeds under ``records``: the columns (item leaves, dotted for nested
+objects) and per record its values as text and its snippets: windows of the document around its
+spans (close spans share one window), each span marked with the field it grounds. The page
+(``assets/report.js``) sorts, filters and shows them; every value is escaped there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+RECORD_SNIPPET_CHARS = 80  # document text kept either side of a record's span (or group of close spans)
+MAX_RECORD_SNIPPETS = 6  # windows per record; further spans are listed, not shown
+MAX_RECORDS_PER_TYPE = 20_000  # records embedded per type (the page says when there are more)
+_META = ("id", "record_type", "record_index", "record_evidence", "first_chunk", "last_chunk", "mentions")
+
+
+def _leaves(value: Any, prefix: str) -> Iterable[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _leaves(v, f"{prefix}.{k}")
+    else:
+        yield prefix, value
+
+
+def _text(value: Any) -> str | int | float | None:
+    """A value as the table shows it: numbers stay numbers (they sort as numbers), the rest text."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def record_snippets(context: str | None, evidence: Sequence[Mapping[str, Any]] | None,
+                    pad: int = RECORD_SNIPPET_CHARS) -> list[list[Any]]:
+    """``[[offset, text, [[start, end, field], ...]], ...]``: windows of ``context`` around the spans
+    (offsets into the document; span bounds relative to the window's text), close spans merged."""
+    if not isinstance(context, str):
+        return []
+    spans = sorted((s, e, str(ev.get("field"))) for ev in evidence or ()
+                   if isinstance(ev, Mapping) and (s := _int(ev.get("char_start"))) is not None
+                   and (e := _int(ev.get("char_end"))) is not None and 0 <= s < e <= len(context))
+    groups: list[list[tuple[int, int, str]]] = []
+    for span in spans:
+        if groups and span[0] - max(e for _, e, _ in groups[-1]) <= 2 * pad:
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    out = []
+    for group in groups[:MAX_RECORD_SNIPPETS]:
+        lo = max(0, group[0][0] - pad)
+        hi = min(len(context), max(e for _, e, _ in group) + pad)
+        out.append([lo, context[lo:hi], [[s - lo, e - lo, f] for s, e, f in group]])
+    return out
+
+
+def records_view(name: str, rows: Sequence[Mapping[str, Any]], contexts: Mapping[str, str],
+                 limit: int = MAX_RECORDS_PER_TYPE) -> dict[str, Any]:
+    """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
+    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``."""
+    cols: list[str] = []
+    flat: list[dict[str, Any]] = []
+    for row in rows[:limit]:
+        values: dict[str, Any] = {}
+        for key, value in row.items():
+            if key in _META:
+                continue
+            for path, leaf in _leaves(value, key):
+                if path not in values:
+                    values[path] = leaf
+                    if path not in cols:
+                        cols.append(path)
+        flat.append(values)
+    out_rows = []
+    for row, values in zip(rows, flat):
+        doc = str(row.get("id"))
+        out_rows.append({"d": doc, "i": _int(row.get("record_index")), "v": [_text(values.get(c)) for c in cols],
+                         "m": _int(row.get("mentions")), "fc": _int(row.get("first_chunk")),
+                         "lc": _int(row.get("last_chunk")),
+                         "sn": record_snippets(contexts.get(doc), row.get("record_evidence"))})
+    return {"name": name, "cols": cols, "rows": out_rows, "total": len(rows)}
+
+
+def schema_record_types(config: str | Mapping[str, Any] | None) -> list[str]:
+    """The record type names of the extraction schema recorded in a row's ``config`` (none: [])."""
+    try:
+        cfg = json.loads(config) if isinstance(config, str) else dict(config or {})
+        schema = cfg.get("extraction") if isinstance(cfg, dict) else None
+        if not isinstance(schema, dict):
+            return []
+        from memagent.extraction.schema import ExtractionSchema
+
+        return [r.name for r in ExtractionSchema.model_validate(schema).record_types]
+    except (ValueError, TypeError):  # a schema this version cannot read: no records view
+        return []
