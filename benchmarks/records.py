@@ -45,7 +45,6 @@ from benchmarks.common import loadavg, print_table, write_json
 
 SEED = 32
 ROOT = Path(__file__).resolve().parent.parent
-LE_PYTHON = "/work/.venv-langextract/bin/python"
 
 NAME = r"[A-Z][a-z]+ [A-Z][a-z]+ Ltd"
 PAY = re.compile(rf"(?:(?P<payer>{NAME})|The (?P<role>[A-Z][a-z]+)) paid (?P<amount>\d+) on "
@@ -341,10 +340,13 @@ def child_model(docs_path: str, out_path: str, deadline: float, threads: int, ma
 
 
 def run_child(args: list[str], timeout: float) -> tuple[int, float]:
+    return run_child_module("benchmarks.records", args, timeout)
+
+
+def run_child_module(module: str, args: list[str], timeout: float) -> tuple[int, float]:
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "benchmarks.records", *args], cwd=ROOT, timeout=max(timeout, 5),
-                           check=False)
+        p = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, timeout=max(timeout, 5), check=False)
         rc = p.returncode
     except subprocess.TimeoutExpired:
         rc = -9
@@ -371,6 +373,8 @@ def main() -> None:
     ap.add_argument("--deadline", default=None, help="HH:MM UTC: model and peer parts stop before it")
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-langextract", action="store_true")
+    ap.add_argument("--langextract-python", default=None,
+                    help="the python of a venv with langextract installed: runs the peer row (benchmarks.langextract_peer)")
     ap.add_argument("--no-scripted", action="store_true")
     ap.add_argument("--model-result", default=None, help="a --child-model JSON already written (run beside the scripted part)")
     ap.add_argument("--model-key", default="model", help="the JSON key of the model part")
@@ -470,16 +474,18 @@ def main() -> None:
             "bank_exact_match": wilson(*bk), "grounded_fraction": wilson(*gr)}
         out[args.model_key] = m
         write_json(args.out, out)
-    # 3. LangExtract peer
-    if args.no_langextract:
-        out["langextract"] = {"run": False, "reason": "--no-langextract"}
-    elif not Path(LE_PYTHON).exists():
-        out["langextract"] = {"run": False, "reason": f"{LE_PYTHON} missing (pip install langextract into a separate venv)"}
-    else:  # the peer driver (LangExtract's OpenAI provider against `memagent serve`) is not written yet
-        out["langextract"] = {"run": False, "reason": "not run: langextract 1.7.1 installs from PyPI into "
-                              f"{LE_PYTHON} and imports (OpenAILanguageModel takes base_url), but no peer driver was "
-                              "written or run in this session's time: on the shared 2-core machine (load 13-22) the "
-                              "packaged model's own run took the time"}
+    # 3. LangExtract peer: its own module (LangExtract lives in a separate venv; it merges its key into --out)
+    if args.no_langextract or not args.langextract_python:
+        out["langextract"] = {"run": False, "reason": "--no-langextract" if args.no_langextract else
+                              "no --langextract-python (a python with langextract installed, in a separate venv)"}
+    else:
+        write_json(args.out, out)
+        rc, wall = run_child_module("benchmarks.langextract_peer", ["--langextract-python", args.langextract_python,
+                                    "--sizes", args.sizes, "--out", args.out], max(deadline - time.time(), 600))
+        out = json.loads(Path(args.out).read_text())
+        out.pop("machine", None)
+        if rc != 0:
+            out["langextract"] = {"run": False, "reason": f"benchmarks.langextract_peer exited {rc} after {wall} s"}
     write_json(args.out, out)
     print_summary(out)
 

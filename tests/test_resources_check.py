@@ -4,6 +4,7 @@ waiting for an autoscaler until the no-progress timeout (6 hours by default)."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -88,15 +89,21 @@ def ray_two_cpus():
     (dict(num_cpus=3), "--num-cpus: each actor asks CPU=3, but no node of this Ray cluster has that much"),
     (dict(concurrency=3), "--concurrency 3: this Ray cluster holds at most 2 actor\\(s\\) of CPU=1 at once"),
 ])
-def test_batch_job_refuses_at_once(ray_two_cpus, tmp_path, job, message):
+def test_batch_job_refuses_at_once(ray_two_cpus, smollm2_dir, tmp_path, job, message):
     from memagent.engines import EngineConfig
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
     from tests.pipeline_helpers import FAST_AGENT, good_rows, write_rows
 
     write_rows(tmp_path / "in" / "part-0.parquet", good_rows(2))
-    # A model that does not exist: the refusal comes before any actor (and so any model) loads.
+    # A model without weights (config and tokenizer only: the budget check reads those): the
+    # refusal comes before any actor, and so any model, loads.
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    for f in smollm2_dir.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, no_weights / f.name)
     cfg = BatchQAConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"),
-                        engine=EngineConfig(model=str(tmp_path / "no-such-model")), agent=FAST_AGENT,
+                        engine=EngineConfig(model=str(no_weights)), agent=FAST_AGENT,
                         job=JobConfig(progress=False, no_progress_timeout_s=60, **job))
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=message):
