@@ -25,7 +25,7 @@ from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.reading import ChunkRecords, Emitted, RecordsCall, RecordsSoFar, merge_mentions, \
-    read_chunk_records
+    read_chunk_records, records_reach
 from memagent.extraction.records import Record
 from memagent.prompts import (
     NO_MEMORY,
@@ -255,7 +255,7 @@ async def read_document(
         ahead = len(doc.chunks) - k + 1  # this update, the later ones and the answer
         reply, chunk_records = await asyncio.gather(
             engine.chat(messages, replace(memory_params, priority=-ahead)),
-            _chunk_records(records_call, memory, context, chunk, len(steps), -ahead))
+            _chunk_records(records_call, memory, context, doc.chunks, k, len(steps), -ahead))
         memory = strip_thinking(reply.text).strip()  # overwrite, never append
         steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
         found.add(chunk_records)
@@ -303,12 +303,13 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
                        config.instruction, config.prompts, config.require_grounding)
 
 
-async def _chunk_records(call: RecordsCall | None, memory: str, context: str, chunk: Chunk, step: int,
-                         priority: int) -> ChunkRecords:
-    """The records ``chunk`` states (none without record types), read with the memory its update reads."""
+async def _chunk_records(call: RecordsCall | None, memory: str, context: str, chunks: list[Chunk], k: int,
+                         step: int, priority: int) -> ChunkRecords:
+    """The records chunk ``k`` states (none without record types), read with the memory its update reads."""
     if call is None:
         return ChunkRecords()
-    return await read_chunk_records(call, memory, context, chunk.char_start, chunk.char_end, step, priority)
+    start, owned_from, end = records_reach(context, chunks, k)
+    return await read_chunk_records(call, memory, context, start, end, step, priority, owned_from)
 
 
 def check_resume(state: ChainState, chunks: list[Chunk], text_len: int) -> None:

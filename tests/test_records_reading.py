@@ -15,7 +15,8 @@ from transformers import AutoTokenizer
 from memagent.agent import read_document
 from memagent.checkpoint import new_segment, parse_segment, replay
 from memagent.extraction import records_table, schema_from
-from memagent.extraction.reading import split_point
+from memagent.chunking import Chunk
+from memagent.extraction.reading import records_reach, sentence_end, split_point
 from tests.records_helpers import CONFIG, SCHEMA, RecordsEngine, document, payment, planted, section
 
 
@@ -41,9 +42,13 @@ def test_records_are_emitted_per_chunk_and_merged_across_chunks(tokenizer):
     r = read(engine, text)
     assert r.n_chunks >= 3
     memory_steps = [s for s in r.steps if s.kind == "memory"]
-    # Each chunk got one records call (one record type) and its records are the ones it states.
+    # Each chunk got one records call (one record type): the chunk, then the rest of the sentence its end cuts.
     records_calls = [c for c in engine.calls if c[0] == "records"]
-    assert [section(c[1]) for c in records_calls] == [text[s.char_start:s.char_end] for s in memory_steps]
+    assert len(records_calls) == len(memory_steps)
+    for c, s in zip(records_calls, memory_steps):
+        read_to = s.char_start + len(section(c[1]))
+        assert section(c[1]) == text[s.char_start:read_to] and read_to >= s.char_end
+        assert read_to == len(text) or text[read_to - 1] in ".\n"
     payments = r.records["payments"]
     assert [(p.values["payer"], p.values["amount"], p.mentions) for p in payments] == [
         ("Acme Ltd", 1300, 2), ("Birch Ltd", 300, 1)]
@@ -66,7 +71,7 @@ def test_the_records_call_shares_the_memory_updates_prefix(tokenizer):
     memory = [c[1] for c in engine.calls if c[0] == "memory"]
     records = [c[1] for c in engine.calls if c[0] == "records"]
     for m, rec in zip(memory, records):
-        shared = m[: m.index("</section>") + len("</section>")]
+        shared = m[: m.index("\n</section>")]  # then the records call reads on to the end of a cut sentence
         assert rec.startswith(shared) and len(shared) > 0.9 * len(m)  # instruction, question, memory, chunk
 
 
@@ -75,9 +80,10 @@ def test_a_reply_cut_at_its_budget_is_split_and_reread_never_truncated(tokenizer
     text = document([payment(n, 100 + i, f"2021-05-{i + 1:02d}") for i, n in enumerate(names)], filler=1)
     engine = RecordsEngine(tokenizer, max_records=1)  # any reply listing 2+ records is cut
     r = read(engine, text)
-    chunks = [text[s.char_start:s.char_end] for s in r.steps if s.kind == "memory"]
-    stated = sorted(p["payer"] for c in chunks for p in planted(c))  # a sentence cut by a chunk edge is in none
-    assert len(stated) >= 3 and sorted(p.values["payer"] for p in r.records["payments"]) == stated
+    # Each chunk's whole call is the one right after its memory update; its halves follow it.
+    chunks = [section(c[1]) for prev, c in zip(engine.calls, engine.calls[1:]) if prev[0] == "memory"]
+    stated = sorted(p["payer"] for p in planted(text))  # a sentence cut by a chunk edge is read whole once
+    assert len(stated) == 4 and sorted(p.values["payer"] for p in r.records["payments"]) == stated
     crowded = sum(len(planted(c)) - 1 for c in chunks if len(planted(c)) > 1)  # halvings needed at least
     assert crowded >= 1 and r.record_splits >= crowded and r.record_failed == 0
     cut = [c for c in engine.calls if c[0] == "records" and len(planted(section(c[1]))) > 1]
@@ -91,6 +97,31 @@ def test_a_piece_too_short_to_split_is_counted_not_guessed(tokenizer):
     engine = RecordsEngine(tokenizer, max_records=0)  # every reply with a record is cut
     r = read(engine, document([payment("Acme Ltd", 5, "2021-01-01")], filler=1))
     assert r.records["payments"] == [] and r.record_failed >= 1 and r.record_splits >= 1
+
+
+def test_a_sentence_cut_by_a_chunk_boundary_is_read_whole_once(tokenizer):
+    # Every line a payment, no key (so a sentence read by two calls would be two records): each
+    # boundary cuts a sentence, which the call before reads to its end and the call after leaves.
+    keyless = {**SCHEMA, "properties": {**SCHEMA["properties"], "payments": {
+        k: v for k, v in SCHEMA["properties"]["payments"].items() if k != "x-key"}}}
+    config = CONFIG.model_copy(update={"extraction": schema_from(keyless)})
+    text = "\n".join(payment(f"Firm{chr(65 + i)} Ltd", 100 + i, f"2021-06-{i % 28 + 1:02d}") for i in range(24))
+    r = asyncio.run(read_document(RecordsEngine(tokenizer), None, text, config))
+    steps = [s for s in r.steps if s.kind == "memory"]
+    cut = [s for s in steps[:-1] if text[s.char_end - 1] != "\n"]
+    assert len(steps) >= 3 and len(cut) >= 2  # boundaries inside sentences
+    assert [p.values["payer"] for p in r.records["payments"]] == [f"Firm{chr(65 + i)} Ltd" for i in range(24)]
+
+
+def test_records_reach_tiles_the_text_at_sentence_ends():
+    text = "Alpha paid 1. Beta paid 2.\nGamma paid 3. Delta"
+    chunks = [Chunk(0, 0, 0, 0, 8, text[:8]), Chunk(1, 0, 0, 8, 30, text[8:30]), Chunk(2, 0, 0, 30, 46, text[30:])]
+    reach = [records_reach(text, chunks, k) for k in range(3)]
+    assert reach == [(0, 0, 13), (8, 13, 40), (30, 40, 46)]
+    assert [text[o:e] for _, o, e in reach] == ["Alpha paid 1.", " Beta paid 2.\nGamma paid 3.", " Delta"]
+    assert sentence_end("x" * 1000, 10, 1000) == 10  # no sentence end within TAIL_CHARS: the cut stays
+    gap = [chunks[0], Chunk(2, 0, 0, 30, 46, text[30:])]  # the middle dropped (max_chunks): never crossed
+    assert [records_reach(text, gap, k) for k in range(2)] == [(0, 0, 8), (30, 30, 46)]
 
 
 def test_split_point_prefers_line_breaks_near_the_middle():

@@ -12,6 +12,12 @@ each half (cut at the paragraph, line, sentence or word break nearest the middle
 again with the same memory, recursively down to :data:`MIN_SPLIT_CHARS`; every
 split is counted. A piece still failing at that size yields no records and is counted as failed.
 
+A sentence cut by a chunk boundary is read whole, once (:func:`records_reach`): a chunk's records
+call reads on past its end to the end of the sentence the boundary cuts (at most
+:data:`TAIL_CHARS`), and the next chunk's call drops a record whose first grounded value lies in
+that finished sentence (the earlier call owned it). The chunk text itself stays the memory
+update's, so the two calls still share their prefix.
+
 Each record is grounded in the piece's char window (:func:`ground_chunk`) and kept as a
 :class:`~memagent.extraction.records.Mention` of its step; records are never written into the
 memory. :func:`merge_mentions` merges a read's mentions per record type.
@@ -20,8 +26,9 @@ memory. :func:`merge_mentions` merges a read's mentions per record type.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Engine, SamplingParams
 from memagent.extraction.grounding import Span, ground_chunk
@@ -31,6 +38,42 @@ from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
 
 MIN_SPLIT_CHARS = 64  # a piece this short is not split again
+TAIL_CHARS = 400  # how far a records call reads past its chunk to finish a cut sentence
+_SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")  # a line break, or a sentence's last character
+
+
+class HasCharSpan(Protocol):
+    char_start: int
+    char_end: int
+
+
+def sentence_end(text: str, pos: int, limit: int) -> int:
+    """Where the sentence that ``pos`` cuts ends: ``pos`` itself when a sentence or line ends there
+    (or at the text's end), else after the first sentence end in ``(pos, min(limit, pos + TAIL_CHARS)]``,
+    else ``pos`` (no end near: the cut stays where it is)."""
+    if pos <= 0 or pos >= len(text):
+        return pos
+    m = _SENTENCE_END.search(text, pos - 1, min(limit, pos + TAIL_CHARS, len(text)))
+    return m.end() if m is not None else pos
+
+
+def records_reach(text: str, chunks: Sequence[HasCharSpan], k: int) -> tuple[int, int, int]:
+    """``(start, owned_from, end)``: chunk ``k``'s records call reads ``text[start:end]`` (the chunk and the
+    rest of the sentence its end cuts) and keeps the records whose first grounded value is at or after
+    ``owned_from`` (the end of the sentence its start cuts, read whole by the call before it).
+
+    Each boundary's sentence end is computed the same way from both sides, so the owned parts
+    ``[owned_from, end)`` of consecutive chunks tile the text. A boundary where chunks are not
+    contiguous (the middle dropped by ``max_chunks``) is not crossed.
+    """
+    c = chunks[k]
+    owned_from = c.char_start
+    if k > 0 and chunks[k - 1].char_end == c.char_start:
+        owned_from = sentence_end(text, c.char_start, c.char_end)
+    end = c.char_end
+    if k + 1 < len(chunks) and chunks[k + 1].char_start == c.char_end:
+        end = sentence_end(text, c.char_end, chunks[k + 1].char_end)
+    return c.char_start, owned_from, end
 
 
 @dataclass(frozen=True)
@@ -117,8 +160,9 @@ def split_point(text: str) -> int:
 
 
 async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, start: int, end: int,
-                      step: int, priority: int) -> ChunkRecords:
-    """The records of type ``name`` in ``context[start:end]``; halves re-read when the reply fails."""
+                      step: int, priority: int, owned_from: int) -> ChunkRecords:
+    """The records of type ``name`` in ``context[start:end]``; halves re-read when the reply fails. A record
+    whose first grounded value is before ``owned_from`` belongs to the call before (:func:`records_reach`)."""
     text = context[start:end]
     messages = records_messages(call.question, memory, text, call.schema.records_instruction(name),
                                 call.instruction, call.prompts)
@@ -132,7 +176,7 @@ async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, s
             return out
         cut = start + split_point(text)
         out.splits += 1
-        halves = await asyncio.gather(*(_read_piece(call, name, memory, context, a, b, step, priority)
+        halves = await asyncio.gather(*(_read_piece(call, name, memory, context, a, b, step, priority, owned_from)
                                         for a, b in ((start, cut), (cut, end))))
         for h in halves:
             out.add(h)
@@ -141,7 +185,9 @@ async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, s
                             require_grounding=call.require_grounding)
     out.dropped_values, out.dropped_records = grounded.dropped_values, grounded.dropped_records
     for values, spans in zip(grounded.records, grounded.spans):
-        out.emitted.append(Emitted(name, Mention(step, values, _plain_spans(spans))))
+        first = min((s.start for s in spans.values() if s is not None), default=None)
+        if first is None or first >= owned_from:
+            out.emitted.append(Emitted(name, Mention(step, values, _plain_spans(spans))))
     return out
 
 
@@ -150,9 +196,11 @@ def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int] 
 
 
 async def read_chunk_records(call: RecordsCall, memory: str, context: str, start: int, end: int, step: int,
-                             priority: int = 0) -> ChunkRecords:
-    """Every record type's records in the chunk ``context[start:end]`` (memory step ``step``), concurrently."""
-    parts = await asyncio.gather(*(_read_piece(call, r.name, memory, context, start, end, step, priority)
+                             priority: int = 0, owned_from: int | None = None) -> ChunkRecords:
+    """Every record type's records in ``context[start:end]`` (memory step ``step``), concurrently; those
+    first grounded before ``owned_from`` are left to the call before (:func:`records_reach`)."""
+    owned = start if owned_from is None else owned_from
+    parts = await asyncio.gather(*(_read_piece(call, r.name, memory, context, start, end, step, priority, owned)
                                    for r in call.schema.record_types))
     out = ChunkRecords()
     for p in parts:  # record-type order, then piece order: deterministic
