@@ -14,10 +14,11 @@ from transformers import AutoTokenizer
 
 from memagent.agent import read_document
 from memagent.checkpoint import new_segment, parse_segment, replay
-from memagent.extraction import records_table, schema_from
 from memagent.chunking import Chunk
-from memagent.extraction.reading import records_reach, sentence_end, split_point
-from tests.records_helpers import CONFIG, SCHEMA, RecordsEngine, document, payment, planted, section
+from memagent.engines.base import Completion, SamplingParams
+from memagent.extraction import records_table, schema_from
+from memagent.extraction.reading import RecordsCall, read_chunk_records, records_reach, sentence_end, split_point
+from tests.records_helpers import CONFIG, FILLER, SCHEMA, RecordsEngine, document, payment, planted, section
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,29 @@ def test_a_sentence_cut_by_a_chunk_boundary_is_read_whole_once(tokenizer):
     cut = [s for s in steps[:-1] if text[s.char_end - 1] != "\n"]
     assert len(steps) >= 3 and len(cut) >= 2  # boundaries inside sentences
     assert [p.values["payer"] for p in r.records["payments"]] == [f"Firm{chr(65 + i)} Ltd" for i in range(24)]
+
+
+class FixedReply(RecordsEngine):
+    async def chat(self, messages, params):
+        reply = [{"payer": "Acme Ltd", "date": "2021-01-01", "amount": 5, "bank": {"name": "Northbank"}}]
+        return Completion(text=json.dumps(reply), prompt_tokens=50, completion_tokens=20, finish_reason="stop")
+
+
+def test_ownership_counts_only_the_spans_in_the_window(tokenizer):
+    # The payer is named only by its role here, resolved through the memory: its span is the
+    # introduction far before the window. And the window opens on the end of another payment's
+    # sentence naming the same bank. Neither hands the record to the call before.
+    text = ("Acme Ltd (hereinafter the Carrier) signs.\nBirch Ltd paid 9 on 2020-02-02 via Northbank.\n" + FILLER
+            + "\nThe Carrier paid 5 on 2021-01-01 via Northbank.\n" + FILLER)
+    start, owned_from, sentence = text.index("2020-02-02"), text.index(FILLER), text.index("The Carrier")
+    call = RecordsCall(FixedReply(tokenizer), CONFIG.extraction, "q", SamplingParams(64))
+
+    def payers(owned):
+        found = asyncio.run(read_chunk_records(call, "mem", text, start, len(text), 1, owned_from=owned))
+        return [e.mention.values["payer"] for e in found.emitted]
+
+    assert payers(start) == payers(owned_from) == payers(sentence) == ["Acme Ltd"]
+    assert payers(len(text) - 1) == []  # every value found in the window lies before: the call before's
 
 
 def test_records_reach_tiles_the_text_at_sentence_ends():

@@ -14,8 +14,8 @@ split is counted. A piece still failing at that size yields no records and is co
 
 A sentence cut by a chunk boundary is read whole, once (:func:`records_reach`): a chunk's records
 call reads on past its end to the end of the sentence the boundary cuts (at most
-:data:`TAIL_CHARS`), and the next chunk's call drops a record whose first grounded value lies in
-that finished sentence (the earlier call owned it). The chunk text itself stays the memory
+:data:`TAIL_CHARS`), and the next chunk's call drops a record whose values grounded in its window all lie in that
+finished sentence (the earlier call owned it). The chunk text itself stays the memory
 update's, so the two calls still share their prefix.
 
 Each record is grounded in the piece's char window (:func:`ground_chunk`) and kept as a
@@ -59,8 +59,8 @@ def sentence_end(text: str, pos: int, limit: int) -> int:
 
 def records_reach(text: str, chunks: Sequence[HasCharSpan], k: int) -> tuple[int, int, int]:
     """``(start, owned_from, end)``: chunk ``k``'s records call reads ``text[start:end]`` (the chunk and the
-    rest of the sentence its end cuts) and keeps the records whose first grounded value is at or after
-    ``owned_from`` (the end of the sentence its start cuts, read whole by the call before it).
+    rest of the sentence its end cuts) and leaves out the records whose values grounded in that text
+    all lie before ``owned_from`` (the end of the sentence its start cuts, read whole by the call before).
 
     Each boundary's sentence end is computed the same way from both sides, so the owned parts
     ``[owned_from, end)`` of consecutive chunks tile the text. A boundary where chunks are not
@@ -162,7 +162,7 @@ def split_point(text: str) -> int:
 async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, start: int, end: int,
                       step: int, priority: int, owned_from: int) -> ChunkRecords:
     """The records of type ``name`` in ``context[start:end]``; halves re-read when the reply fails. A record
-    whose first grounded value is before ``owned_from`` belongs to the call before (:func:`records_reach`)."""
+    whose values grounded in the window all lie before ``owned_from`` is the call before's (:func:`records_reach`)."""
     text = context[start:end]
     messages = records_messages(call.question, memory, text, call.schema.records_instruction(name),
                                 call.instruction, call.prompts)
@@ -185,8 +185,11 @@ async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, s
                             require_grounding=call.require_grounding)
     out.dropped_values, out.dropped_records = grounded.dropped_values, grounded.dropped_records
     for values, spans in zip(grounded.records, grounded.spans):
-        first = min((s.start for s in spans.values() if s is not None), default=None)
-        if first is None or first >= owned_from:
+        # Only spans in this window count (a name resolved through the memory may be grounded chunks
+        # before), and all of them must lie in the finished sentence: one value that also occurs
+        # there (a bank, a date) does not make a later sentence's record the call before's.
+        here = [s.start for s in spans.values() if s is not None and start <= s.start < end]
+        if not here or max(here) >= owned_from:
             out.emitted.append(Emitted(name, Mention(step, values, _plain_spans(spans))))
     return out
 
@@ -198,7 +201,7 @@ def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int] 
 async def read_chunk_records(call: RecordsCall, memory: str, context: str, start: int, end: int, step: int,
                              priority: int = 0, owned_from: int | None = None) -> ChunkRecords:
     """Every record type's records in ``context[start:end]`` (memory step ``step``), concurrently; those
-    first grounded before ``owned_from`` are left to the call before (:func:`records_reach`)."""
+    grounded only before ``owned_from`` are left to the call before (:func:`records_reach`)."""
     owned = start if owned_from is None else owned_from
     parts = await asyncio.gather(*(_read_piece(call, r.name, memory, context, start, end, step, priority, owned)
                                    for r in call.schema.record_types))
