@@ -177,12 +177,44 @@ def test_json_schema_reply_is_valid_json_through_structured_outputs(engine):
         assert not re.search(r"\s", re.sub(r'"(?:[^"\\]|\\.)*"', '""', reply.text)), reply.text  # compact
 
 
+STATEMENT = ("Harlow Freight Ltd paid 1250 on 2021-03-14 via Northbank.\n"
+             "The office was repainted in May.\nBirch Timber Ltd paid 300 on 2021-04-01.")
+
+
+def test_records_call_takes_the_record_schema_through_structured_outputs(engine):
+    """The records call (memagent/extraction/reading.py) as it reaches vLLM: the memory update's prefix,
+    the records request, and the array-of-objects schema the hf and openai engines take too."""
+    import json
+
+    import jsonschema
+
+    from memagent.extraction import schema_from
+    from memagent.prompts import records_messages
+    from tests.records_helpers import SCHEMA
+
+    schema = schema_from(SCHEMA)
+    records_json = schema.records_schema_json("payments", max_items=2)  # the grammar must close the array
+    messages = records_messages(schema.question(), "No memory yet.", STATEMENT, schema.records_instruction("payments"))
+    for kw in ({}, {"temperature": 1.0}):
+        reply = asyncio.run(engine.chat(messages, SamplingParams(max_tokens=1200, json_schema=records_json, **kw)))
+        assert reply.finish_reason == "stop", reply.text
+        value = json.loads(reply.text)
+        jsonschema.validate(value, json.loads(records_json), format_checker=jsonschema.FormatChecker())
+        assert isinstance(value, list) and len(value) <= 2
+
+
 def test_ngram_speculation_keeps_greedy_tokens(device):
-    """vLLM's n-gram speculation, as EngineConfig maps it, gives the same greedy tokens as no speculation.
+    """vLLM's n-gram speculation, as EngineConfig maps it, gives the same greedy tokens as no speculation,
+    also with JSON-schema-constrained rows in the same batches under concurrency (vllm #52620 reports
+    n-gram speculation plus structured outputs failing under concurrent requests).
 
     Both engines fp32 (dtype auto is bf16 on CPUs with bf16 units, where a verification forward
     may round differently from single steps), each built here with the same settings but one.
     """
+    import json
+
+    import jsonschema
+
     def build(speculate: bool):
         return make_engine(EngineConfig(engine="vllm", model="smollm2-135m", device=device, dtype="fp32",
                                         max_batch_size=8, max_model_len=2048, speculate=speculate,
@@ -199,5 +231,17 @@ def test_ngram_speculation_keeps_greedy_tokens(device):
     try:
         assert fast.engine_args["speculative_config"]["method"] == "ngram"
         assert [chat(fast, text, max_tokens=48).token_ids for text in texts] == expected
+
+        async def mixed():  # free greedy rows and constrained rows (greedy and sampled), all at once
+            free = [fast.chat(msgs(t), SamplingParams(max_tokens=48)) for t in texts * 2]
+            constrained = [fast.chat(msgs(CONTRACT), SamplingParams(max_tokens=300, json_schema=json.dumps(EXTRACT),
+                                                                     temperature=temp)) for temp in (0.0, 1.0) * 3]
+            return await asyncio.gather(*free), await asyncio.gather(*constrained)
+
+        free, constrained = asyncio.run(mixed())
+        assert [c.token_ids for c in free] == expected * 2
+        for c in constrained:
+            assert c.finish_reason == "stop"
+            jsonschema.validate(json.loads(c.text), EXTRACT, format_checker=jsonschema.FormatChecker())
     finally:
         fast.shutdown()
