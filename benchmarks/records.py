@@ -18,8 +18,10 @@ Three parts, one run, each in its own subprocess (peak RSS is the reading proces
    template included); a reply over ``max_tokens`` is cut there with ``finish_reason`` "length".
    One document per size in ``--sizes``.
 2. ``model`` -- the packaged model (smollm2-135m) on ``--model-docs`` short documents.
-3. ``langextract`` -- LangExtract (a separate venv) through its OpenAI provider against
-   ``memagent serve`` on the same short documents: not written yet; the JSON says so, with the reason.
+3. ``langextract`` -- LangExtract (a separate venv, ``--langextract-python``) on the ``--sizes``
+   documents, run by :mod:`benchmarks.langextract_peer`: its OpenAI provider against an oracle
+   endpoint that answers each prompt from the planted sentences of the chunk in it (the scripted
+   double's part for LangExtract: architecture vs architecture); it writes its own key into ``--out``.
 
 A measurement, never an assertion. ``--deadline HH:MM`` (UTC) cuts the model and peer parts
 short (figures so far, labelled partial).
@@ -512,7 +514,7 @@ def print_summary(out: dict[str, Any]) -> None:
         print_table(["model", "docs", "schema-valid", "recall", "precision", "amount EM", "grounded"],
                     [[m["model"], f"{m['docs_read']}/{m['docs_asked']}", m["schema_valid_rate"]["rate"], m["recall"]["rate"],
                       m["precision"]["rate"], m["amount_exact_match"]["rate"], m["grounded_fraction"]["rate"]]])
-    print("langextract:", json.dumps({k: v for k, v in out.get("langextract", {}).items() if k != "docs"})[:600])
+    print("langextract:", json.dumps({k: v for k, v in out.get("langextract", {}).items() if k not in ("docs", "documents")})[:600])
 
 
 if __name__ == "__main__":
