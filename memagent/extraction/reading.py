@@ -14,9 +14,9 @@ split is counted. A piece still failing at that size yields no records and is co
 
 A sentence cut by a chunk boundary is read whole, once (:func:`records_reach`): a chunk's records
 call reads on past its end to the end of the sentence the boundary cuts (at most
-:data:`TAIL_CHARS`), and the next chunk's call drops a record whose values grounded in its window all lie in that
-finished sentence (the earlier call owned it). The chunk text itself stays the memory
-update's, so the two calls still share their prefix.
+:data:`TAIL_CHARS`), and the next chunk's call drops a record whose values grounded in its
+window all lie in that finished sentence (the earlier call owned it). The chunk text itself
+stays the memory update's, so the two calls still share their prefix.
 
 Each record is grounded in the piece's char window (:func:`ground_chunk`) and kept as a
 :class:`~memagent.extraction.records.Mention` of its step; records are never written into the
