@@ -24,7 +24,7 @@ from typing import Awaitable, Callable
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
-from memagent.extraction.reading import ChunkRecords, Emitted, RecordsCall, RecordsSoFar, merge_mentions, \
+from memagent.extraction.reading import ChunkRecords, Emitted, RecordsCall, merge_mentions, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
 from memagent.prompts import (
@@ -240,8 +240,8 @@ async def read_document(
         check_resume(resume, doc.chunks, len(context))
     memory, steps = state.memory, list(state.steps)
     records_call = _records_call(engine, question, config)  # None: no record types
-    found = RecordsSoFar(list(state.records), state.record_splits, state.record_failed, state.dropped_values,
-                         state.dropped_records)
+    found = ChunkRecords(list(state.records), state.record_splits, state.record_failed,
+                         dropped_values=state.dropped_values, dropped_records=state.dropped_records)
     # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked
     # for, or a 3.5M-token document holds 860 prompts' ids until its answer (actor peak 795 MB
     # against 704 MB: benchmarks/README.md, long_document).

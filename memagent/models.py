@@ -73,35 +73,36 @@ def materialize_gguf(gguf_path: Path, out_dir: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out_dir) + ".lock"), quiet_weight_loading():
+    with FileLock(str(out_dir) + ".lock"):
         if (out_dir / "config.json").exists():
             return out_dir
         log.info("converting %s to an HF directory once: %s", gguf_path.name, out_dir)
-        src_dir, name = str(gguf_path.parent), gguf_path.name
-        tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
-        config = gguf_model.config
-        # Drop the GGUF quantisation flags so the plain model is serialisable.
-        for attr in ("quantization_config", "_pre_quantization_dtype"):
-            if hasattr(config, attr):
-                delattr(config, attr)
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
-        missing = [k for k in missing if not (k.endswith("lm_head.weight") and config.tie_word_embeddings)]
-        if missing or unexpected:
-            raise RuntimeError(f"GGUF weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        plain.tie_weights()
-        plain.generation_config = gguf_model.generation_config
-        tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-        try:
-            plain.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "SOURCE").write_text(f"{gguf_path}\n")
-            tmp.chmod(0o755)  # mkdtemp makes it private; other users and actors read it
-            tmp.rename(out_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with quiet_weight_loading():  # the conversion only: never the log line, never a wait on the lock
+            src_dir, name = str(gguf_path.parent), gguf_path.name
+            tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+            gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+            config = gguf_model.config
+            # Drop the GGUF quantisation flags so the plain model is serialisable.
+            for attr in ("quantization_config", "_pre_quantization_dtype"):
+                if hasattr(config, attr):
+                    delattr(config, attr)
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
+            missing = [k for k in missing if not (k.endswith("lm_head.weight") and config.tie_word_embeddings)]
+            if missing or unexpected:
+                raise RuntimeError(f"GGUF weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            plain.tie_weights()
+            plain.generation_config = gguf_model.generation_config
+            tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+            try:
+                plain.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                (tmp / "SOURCE").write_text(f"{gguf_path}\n")
+                tmp.chmod(0o755)  # mkdtemp makes it private; other users and actors read it
+                tmp.rename(out_dir)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
     return out_dir
 
 

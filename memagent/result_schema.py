@@ -40,6 +40,8 @@ EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"
 # and the stem of the row's records files (pipelines/records_output.py); one ``n_records_<type>`` per type.
 RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN = "record_splits", "records_file"
 N_RECORDS_PREFIX = "n_records_"
+# The records output's own columns, around a record type's value columns (``_records/<type>/``).
+RECORD_COLUMNS = ("id", "record_type", "record_index", "record_evidence", "first_chunk", "last_chunk", "mentions")
 # require_grounding (AgentConfig): record values not found in the document and removed, records whose key
 # values were not all found and dropped (0 when it is off).
 DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN = "grounding_dropped_values", "grounding_dropped_records"

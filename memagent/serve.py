@@ -275,24 +275,24 @@ def _check_supported(req: ChatRequest) -> None:
         _check_schema(rf.json_schema.schema_, "response_format.json_schema.schema")
 
 
-def _walk(value: Any, path: str) -> Iterator[tuple[str, Any, int]]:
-    """Every (path, value, depth) of a JSON value, iteratively (a deeply nested one cannot overflow the stack)."""
-    stack = [(path, value, 0)]
+def _walk(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """Every (path, value) of a JSON value, iteratively (a deeply nested one cannot overflow the stack)."""
+    stack = [(path, value)]
     while stack:
-        path, value, depth = stack.pop()
-        yield path, value, depth
+        path, value = stack.pop()
+        yield path, value
         if isinstance(value, dict):
             for k, v in value.items():
-                yield f"{path}.{k}", k, depth + 1  # keys are text too
-                stack.append((f"{path}.{k}", v, depth + 1))
+                yield f"{path}.{k}", k  # keys are text too
+                stack.append((f"{path}.{k}", v))
         elif isinstance(value, list):
-            stack.extend((f"{path}.{i}", v, depth + 1) for i, v in enumerate(value))
+            stack.extend((f"{path}.{i}", v) for i, v in enumerate(value))
 
 
 def _check_unicode(req: ChatRequest) -> None:
     """400 for text that is not valid Unicode: JSON's ``\\ud800`` escape (or raw surrogate bytes,
     which Python's JSON decoder lets through) is a lone surrogate that no tokenizer can encode."""
-    for path, value, _ in _walk(req.model_dump(by_alias=True, exclude_none=True), "body"):
+    for path, value in _walk(req.model_dump(by_alias=True, exclude_none=True), "body"):
         if isinstance(value, str) and not value.isascii():
             try:
                 value.encode("utf-8")

@@ -273,18 +273,11 @@ def ensure_ray(cfg: BatchQAConfig) -> bool:
 
 def lease_lost(exc: BaseException) -> lease.LeaseLost | None:
     """The writer's :class:`pipelines.lease.LeaseLost` inside the exception Ray Data raised, if any."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in storage.error_chain(exc):
         # Ray's task error wraps the writer's line in its own: take the line itself.
         match = re.search(r"output \S+: while this run wrote, its lease was taken over by [^\n]*", str(e))
         if match:
             return lease.LeaseLost(match.group(0))
-        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
     return None
 
 

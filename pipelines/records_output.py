@@ -81,14 +81,17 @@ class RecordsWriter:
 
 def committed_stems(fs: pafs.FileSystem, path: str) -> set[str]:
     """The ``records_file`` stems the committed, done rows of the documents dataset name."""
-    from memagent.error_kinds import INFRA_PREFIX
+    from memagent.error_kinds import is_infra_error
 
-    files = storage.parquet_files(fs, path)
-    good = [f for f in files if storage.has_footer(fs, f)]
-    table = storage.read_columns(fs, good, ["error", RECORDS_FILE_COLUMN])
-    stems, errors = table.column(RECORDS_FILE_COLUMN).to_pylist(), table.column("error").to_pylist()
-    return {s for s, e in zip(stems, errors)
-            if isinstance(s, str) and not (isinstance(e, str) and e.startswith(INFRA_PREFIX))}
+    stems: set[str] = set()
+    for file in storage.parquet_files(fs, path):
+        try:  # one read per file: a file without a footer yet (its writer is at it) commits nothing
+            table = storage.read_columns(fs, [file], ["error", RECORDS_FILE_COLUMN])
+        except (OSError, pa.ArrowInvalid):
+            continue
+        stems.update(s for s, e in zip(table.column(RECORDS_FILE_COLUMN).to_pylist(), table.column("error").to_pylist())
+                     if isinstance(s, str) and not (isinstance(e, str) and is_infra_error(e)))
+    return stems
 
 
 def _record_files(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
@@ -96,10 +99,12 @@ def _record_files(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
             if f.type == pafs.FileType.File]
 
 
-def read_records(output: str, record_type: str, s3: S3Options | None = None) -> pa.Table:
-    """The committed records of ``record_type`` in ``output`` (orphans of unfinished attempts left out)."""
+def read_records(output: str, record_type: str, s3: S3Options | None = None,
+                 stems: set[str] | None = None) -> pa.Table:
+    """The committed records of ``record_type`` in ``output`` (orphans of unfinished attempts left out);
+    ``stems``: :func:`committed_stems` of the output, when the caller has them already."""
     fs, path = storage.filesystem(output, s3)
-    stems = committed_stems(fs, path)
+    stems = committed_stems(fs, path) if stems is None else stems
     directory = type_dir(f"{path.rstrip('/')}/{RECORDS_DIR}", record_type)
     tables = []
     for info in sorted(_record_files(fs, directory), key=lambda f: f.path):

@@ -24,8 +24,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from memagent.report import html as rh
-from memagent.report.fields import fields_html, schema_fields
+from memagent.report.fields import fields_html, is_number, schema_fields
 from memagent.report.records import records_view, schema_record_types
+from memagent.result_schema import RECORDS_FILE_COLUMN
 from pipelines import records_output, storage
 from pipelines.storage import S3Options
 
@@ -39,7 +40,7 @@ BATCH_REPORT_NAME = "_report.html"
 ROW_COLUMNS = ["id", "question", "answers", "context", "prediction", "response", "n_chunks", "context_tokens",
                "truncated", "steps", "score", "error", "model", "config", "seconds", "method", "task", "length",
                "metric", "evidence_step", "evidence_char_start", "evidence_char_end", "answer_spans",
-               "answer_found_step", "answer_lost_step", "extraction", "field_evidence"]
+               "answer_found_step", "answer_lost_step", "extraction", "field_evidence", RECORDS_FILE_COLUMN]
 EVAL_IMAGES = [("heatmap.png", "Accuracy heatmap: method · task × length"),
                ("accuracy_vs_length.png", "Accuracy against document length (95% intervals)")]
 
@@ -72,10 +73,15 @@ def iter_rows(fs: pafs.FileSystem, files: list[str], batch_rows: int = 256) -> I
             log.warning("skipping unreadable output file %s: %s", file, exc)
 
 
-def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None = None) -> tuple[list[dict], dict]:
-    """Row views of one batch output directory, and its first row's model/config."""
+def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None = None,
+               contexts: dict[str, str] | None = None) -> tuple[list[dict], dict]:
+    """Row views of one batch output directory, and its first row's model/config; ``contexts`` gets
+    the text of each row that has records (for the records view), in the same pass."""
     views, meta = [], {}
     for row in iter_rows(fs, storage.parquet_files(fs, path)):
+        if contexts is not None and isinstance(row.get(RECORDS_FILE_COLUMN), str) \
+                and isinstance(row.get("context"), str):
+            contexts[str(row.get("id"))] = row["context"]
         if method and not row.get("method"):
             row["method"] = method
         if not meta and row.get("config"):
@@ -86,31 +92,19 @@ def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None =
     return views, meta
 
 
-def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options, config: Any) -> list[dict]:
+def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options, config: Any,
+                      contexts: dict[str, str]) -> list[dict]:
     """The records view's data (:func:`memagent.report.records.records_view`) per record type of the
-    schema in ``config``, from the committed records of the output; the texts of their documents only."""
+    schema in ``config``, from the committed records of the output (``contexts``: their documents' texts)."""
     types = schema_record_types(config)
-    tables = {name: records_output.read_records(run, name, s3).to_pylist() for name in types}
-    docs = {str(r.get("id")) for rows in tables.values() for r in rows}
-    contexts: dict[str, str] = {}
-    for file in storage.parquet_files(fs, path) if docs else []:
-        try:
-            with fs.open_input_file(file) as f:
-                pf = pq.ParquetFile(f)
-                if not {"id", "context"} <= set(pf.schema_arrow.names):
-                    continue
-                for batch in pf.iter_batches(batch_size=256, columns=["id", "context"]):
-                    for rid, ctx in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
-                        if str(rid) in docs and isinstance(ctx, str):
-                            contexts[str(rid)] = ctx
-        except (OSError, pa.ArrowInvalid) as exc:
-            log.warning("skipping unreadable output file %s: %s", file, exc)
-    return [records_view(name, rows, contexts) for name, rows in tables.items()]
+    stems = records_output.committed_stems(fs, path) if types else set()
+    return [records_view(name, records_output.read_records(run, name, s3, stems).to_pylist(), contexts)
+            for name in types]
 
 
 def _number(x: Any) -> float:
     """``x`` if it is a number, else 0 (a hand-edited output may hold text in a numeric column)."""
-    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else 0
+    return x if is_number(x) else 0
 
 
 def _tokens_per_second(views: list[dict], seconds: float | None, job: dict[str, Any] | None = None) -> str:
@@ -189,11 +183,12 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
             eval_table = rh.eval_table_html(list(csv.DictReader(io.StringIO(results.decode()))))
     else:
         kind = "batch output"
-        views, meta = read_views(fs, path, metric)
+        contexts: dict[str, str] = {}
+        views, meta = read_views(fs, path, metric, contexts=contexts)
         if not views:
             raise ValueError(f"run {run!r}: no output rows (no readable Parquet files)")
         tps = [("tokens/s", _tokens_per_second(views, None, job_summary))]
-        record_views = read_record_views(fs, path, run, s3, meta.get("config"))
+        record_views = read_record_views(fs, path, run, s3, meta.get("config"), contexts)
     groups = rh.group_errors(views)
     items = _summary_items(run, kind, views, meta, tps, extra)
     summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"),

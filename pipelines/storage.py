@@ -220,11 +220,6 @@ RERUN_ADVICE = "run the same command again: rows already written are kept"
 
 def error_chain(exc: BaseException) -> list[BaseException]:
     """``exc``, its causes and contexts, and the original of a Ray task error (``.cause``)."""
-    return _chain(exc)
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc``, its causes and contexts, and the original of a Ray task error (``.cause``)."""
     seen: list[BaseException] = []
     todo = [exc]
     while todo:
@@ -255,7 +250,7 @@ def _write_cause(text: str, errnos: set[int], uri: str) -> tuple[str, str] | Non
 def write_failure(exc: BaseException, uri: str, endpoint: str | None = None) -> OSError | None:
     """One line for a failure to write the output (full disk, permission, quota, S3 error),
     naming the output, the cause and what to do; None when ``exc`` is not one."""
-    chain = _chain(exc)
+    chain = error_chain(exc)
     cause = _write_cause(" ".join(str(e) for e in chain), {e.errno for e in chain if isinstance(e, OSError)}, uri)
     if cause is None:
         return None

@@ -10,14 +10,9 @@ import json
 import re
 
 from memagent.config import AgentConfig
+from memagent.data.records_corpus import SCHEMA  # the statement corpus's record type
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 
-SCHEMA = {"type": "object", "properties": {
-    "holder": {"type": "string", "description": "Who the statement is addressed to"},
-    "payments": {"type": "array", "x-key": ["payer", "date"], "items": {"type": "object", "properties": {
-        "payer": {"type": "string"}, "date": {"type": "string", "format": "date"}, "amount": {"type": "number"},
-        "bank": {"type": "object", "properties": {"name": {"type": "string"}}}},
-        "required": ["payer", "date"]}}}}
 CONFIG = AgentConfig(chunk_tokens=64, memory_tokens=96, answer_tokens=32, query_tokens=200, extraction=SCHEMA)
 
 PLANTED = re.compile(r"([A-Z][A-Za-z]* Ltd) paid (\d+) on (\d{4}-\d{2}-\d{2})(?: via (\w+))?\.")

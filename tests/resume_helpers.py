@@ -4,11 +4,11 @@ for the batch job's ``build_engine`` seam that pace a read or fail it once mid-c
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 from memagent.data.demo import niah_row
+from tests.pipeline_helpers import CrashOnce
 
 # 32-token chunks: a few thousand tokens make a chain of tens of steps that a tiny model reads in seconds.
 LONG_AGENT: dict[str, Any] = {"preset": "tiny", "chunk_tokens": 32, "memory_tokens": 6, "answer_tokens": 4,
@@ -57,29 +57,8 @@ class _PacedEngine:
         return await self.inner.chat(messages, params)
 
 
-class RefusedOnce:
+class RefusedOnce(CrashOnce):
     """``build_engine``: the default engine, whose ``at_call``-th conversation fails as an endpoint that
     went away would (``ConnectionRefusedError``, an infrastructure error), once per ``marker`` file."""
 
-    def __init__(self, at_call: int, marker: Path):
-        self.at_call, self.marker = at_call, str(marker)
-
-    def __call__(self, engine_config: Any) -> Any:
-        from memagent.engines import make_engine
-
-        return _RefusingEngine(make_engine(engine_config), self.at_call, self.marker)
-
-
-class _RefusingEngine:
-    def __init__(self, inner: Any, at_call: int, marker: str):
-        self.inner, self.at_call, self.marker, self.calls = inner, at_call, marker, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def chat(self, messages: Any, params: Any) -> Any:
-        self.calls += 1
-        if self.calls == self.at_call and not os.path.exists(self.marker):
-            Path(self.marker).write_text(f"refused call {self.calls} on pid {os.getpid()}\n")
-            raise ConnectionRefusedError("injected: the endpoint went away mid-chain")
-        return await self.inner.chat(messages, params)
+    fault = "refuse"

@@ -139,7 +139,7 @@ def statement(doc_id: str, target_tokens: int, seed: int, *, records_per_1k: flo
             if i is None:
                 break
             lead = f"The {role}" if role else payer
-            lines[i] = f"{lead} paid {amount} on {date}" + (f" via {bank}" if bank else "") + "."
+            lines[i] = payment_sentence(lead, amount, date, bank)
             at = [i]
         elif kind == "amended":
             second = take(first + gap_lines)

@@ -28,11 +28,13 @@ class TokenBudget:
 def token_budget(config: EngineConfig) -> TokenBudget:
     """The tokenizer and window the engine ``config`` describes will have (as its ``from_config`` sets them).
 
-    hf and openai: ``context_window`` or the model config's ``max_position_embeddings``; vllm:
-    ``max_model_len``, else ``context_window``, else the model's own.
+    hf and openai: ``context_window`` or the model config's ``max_position_embeddings``; vllm: the
+    smaller of ``max_model_len`` and ``context_window`` (``VLLMEngine`` caps one by the other), else
+    the model's own.
     """
     from memagent.models import load_tokenizer, model_context_window
 
     name = config.tokenizer or config.model if config.engine != "hf" else config.model
-    window = (config.max_model_len if config.engine == "vllm" else None) or config.context_window
+    windows = [config.context_window] + ([config.max_model_len] if config.engine == "vllm" else [])
+    window = min((w for w in windows if w), default=None)
     return TokenBudget(load_tokenizer(name), window or model_context_window(name))

@@ -211,7 +211,9 @@ class DecodeLoop:
         return out
 
     def _global(self, name: str) -> AcceptanceTracker:
-        return self.acceptance.setdefault(name, AcceptanceTracker())
+        if name not in self.acceptance:  # not setdefault: a tracker per call, rows x drafters a step
+            self.acceptance[name] = AcceptanceTracker()
+        return self.acceptance[name]
 
     def _drafts(self, rows: list[Row], history: list[np.ndarray], drafters: list[list], trackers: list[list]
                 ) -> tuple[list[list[int]], list[list[list[int]]], list[int | None]]:
@@ -224,13 +226,15 @@ class DecodeLoop:
         """
         spec = self.spec
         caps = {"ngram": spec.max_draft, "aligned": spec.aligned_draft}
+        # The drafters' acceptance over all rows: the same prior for every row this step.
+        prior = {name: self._global(name).alpha() for name in {d.name for ds in drafters for d in ds}}
         proposals: list[list[list[int]]] = []
         alphas: list[list[float]] = []
         for r, h, ds, trs in zip(rows, history, drafters, trackers):
             room = r.max_tokens - len(r.tokens) - 1  # the step also yields the model's own token
             live = not r.done and room > 0
             proposals.append([d.propose(h, min(caps[d.name], room)) if live else [] for d in ds])
-            alphas.append([tr.alpha(self._global(d.name).alpha()) for d, tr in zip(ds, trs)])
+            alphas.append([tr.alpha(prior[d.name]) for d, tr in zip(ds, trs)])
         self._forwards += 1
         chosen = [pick_proposal(p, a) if p else None for p, a in zip(proposals, alphas)]
         found = [p[j] if j is not None else [] for p, j in zip(proposals, chosen)]

@@ -110,25 +110,47 @@ def aligned_draft(source: np.ndarray, pointer: int | None, max_draft: int) -> li
     return source[pointer : pointer + max_draft].tolist()
 
 
+TokenIndex = tuple[np.ndarray, np.ndarray]
+
+
+def token_index(source: np.ndarray) -> TokenIndex:
+    """Where each token id occurs in ``source`` (all but its last token), for :func:`resync`: the
+    positions sorted by token id (ascending positions within one id), and those ids.
+
+    Shapes: ``source`` ``[S]``; returns two ``[S - 1]`` arrays. Built once per prompt.
+    """
+    head = source[: max(len(source) - 1, 0)]
+    order = np.argsort(head, kind="stable")
+    return order, head[order]
+
+
 def resync(source: np.ndarray, history: np.ndarray, expected: int | None, n_max: int = 3,
-           near: int = RESYNC_NEAR) -> int | None:
+           near: int = RESYNC_NEAR, index: TokenIndex | None = None) -> int | None:
     """Where in ``source`` the reply goes on, found by matching ``history``'s last tokens.
 
     The last ``n`` tokens of ``history`` (``n = n_max … 1``, longest first) are looked up in
     ``source``; among the occurrences with something after them, the one ending nearest to
     ``expected`` wins (the earliest when ``expected`` is None: in a memory-update prompt the
     previous memory comes before the chunk). A single token is trusted only within ``near`` of
-    ``expected`` and never without one.
+    ``expected`` and never without one. ``index``: :func:`token_index` of ``source`` (built here
+    when not given; a drafter keeps it, as the lookup runs at every step of an unaligned row).
 
     Shapes: ``source`` ``[S]``, ``history`` ``[L]`` (prompt + reply so far). Returns the position
     in ``source`` of the token predicted next, or None when nothing matches.
     """
     limit = len(source) - 1  # an occurrence must leave at least one token to draft
+    if limit < 1 or len(history) == 0:
+        return None
+    order, ids = index if index is not None else token_index(source)
+    last = history[len(history) - 1]
+    lasts = order[np.searchsorted(ids, last, "left"):np.searchsorted(ids, last, "right")]  # ascending
     for n in range(min(n_max, len(history), limit), 0, -1):
         if n == 1 and expected is None:
             break
-        windows = np.lib.stride_tricks.sliding_window_view(source[:limit], n)
-        ends = np.flatnonzero((windows == history[len(history) - n:]).all(axis=1)) + n
+        at = lasts[lasts >= n - 1]  # where an n-token match would end (its last token)
+        for j in range(1, n):
+            at = at[source[at - j] == history[len(history) - 1 - j]]
+        ends = at + 1
         if n == 1:
             ends = ends[np.abs(ends - expected) <= near]
         if len(ends):
@@ -137,7 +159,7 @@ def resync(source: np.ndarray, history: np.ndarray, expected: int | None, n_max:
 
 
 def advance_alignment(source: np.ndarray, pointer: int | None, synced: bool, history: np.ndarray,
-                      new: int, n_max: int = 3) -> tuple[int | None, bool]:
+                      new: int, n_max: int = 3, index: TokenIndex | None = None) -> tuple[int | None, bool]:
     """The pointer after the reply grew by ``history``'s last ``new`` tokens.
 
     While in sync each token equal to ``source[pointer]`` moves the pointer one on. A token that
@@ -154,7 +176,7 @@ def advance_alignment(source: np.ndarray, pointer: int | None, synced: bool, his
         synced = synced and pointer < len(source) and source[pointer] == tok
         pointer += 1
     if not synced:
-        found = resync(source, history, pointer, n_max)
+        found = resync(source, history, pointer, n_max, index=index)
         if found is not None:
             return found, True
     return pointer, synced
@@ -189,6 +211,7 @@ class AlignedDrafter:
 
     def __init__(self, source: np.ndarray, n_max: int = 3):
         self.source, self.n_max = source, n_max
+        self.index = token_index(source)
         self.pointer: int | None = None
         self.synced = False
 
@@ -198,7 +221,7 @@ class AlignedDrafter:
     def observe(self, history: np.ndarray, new: int) -> None:
         """``history`` (``[L]``, prompt + reply) grew by its last ``new`` tokens."""
         self.pointer, self.synced = advance_alignment(self.source, self.pointer, self.synced, history, new,
-                                                      self.n_max)
+                                                      self.n_max, self.index)
 
 
 def pick_proposal(proposals: Sequence[Sequence[int]], alphas: Sequence[float], k: int | None = None) -> int:

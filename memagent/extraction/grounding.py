@@ -41,7 +41,6 @@ FUZZY_MIN_CHARS = 5  # shorter values are found exactly or not at all (a fuzzy 4
 MAX_SEEDS = 4  # rarest n-grams of a value whose occurrences seed fuzzy candidates
 MAX_CANDIDATES = 24  # candidate windows scored per value and window
 MAX_OCCURRENCES = 5000  # occurrences of one n-gram looked at
-MAX_SPANS = 1000  # occurrences of one value collected (exact and normalised stages)
 
 Method = Literal["exact", "normalised", "fuzzy"]
 _CJK = re.compile(r"[\u2e80-\u2fff\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -93,15 +92,25 @@ def _regex(forms: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE)
 
 
-@functools.lru_cache(maxsize=4)
+_SCAN_CACHED_FROM = 10_000  # characters: a text this long (a document) keeps its number scan
+
+
 def _numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
-    """Every numeric token of ``text`` with its value, by position (cached: one scan per document)."""
+    """Every numeric token of ``text`` with its value, by position: one scan per document (memories,
+    short and many, are scanned each time and never push a document's scan out of the cache)."""
+    return _scan_numbers_cached(text) if len(text) >= _SCAN_CACHED_FROM else _scan_numbers(text)
+
+
+def _scan_numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
     found = []
     for m in _NUMBER_TOKEN.finditer(text):
         v = parse_number(m.group())
         if v is not None:
             found.append((m.start(), m.end(), v))
     return [f[0] for f in found], found
+
+
+_scan_numbers_cached = functools.lru_cache(maxsize=4)(_scan_numbers)
 
 
 def _first_exact(text: str, needle: str, lo: int, hi: int, numeric: bool) -> tuple[int, int] | None:
@@ -113,9 +122,9 @@ def _first_exact(text: str, needle: str, lo: int, hi: int, numeric: bool) -> tup
     return None
 
 
-def _first_normalised(kind: FieldKind, value: Any, text: str, lo: int, hi: int) -> tuple[int, int] | None:
+def _first_normalised(kind: FieldKind, value: Any, forms: tuple[str, ...], text: str, lo: int,
+                      hi: int) -> tuple[int, int] | None:
     k = KINDS[kind]
-    forms = tuple(k.forms(value))
     if forms:
         for m in _regex(forms).finditer(text, lo, hi):
             if m.end() > m.start() and bounded(text, m.start(), m.end(), k.by_value == "number"):
@@ -181,11 +190,11 @@ def locate(kind: FieldKind, value: Any, text: str | None, window: tuple[int, int
         lo, hi = max(0, int(window[0])), min(len(text), int(window[1]))
         if (lo, hi) != (0, len(text)) and lo < hi:
             areas.insert(0, (lo, hi))
-    forms = k.forms(value)
+    forms = tuple(k.forms(value))
     for lo, hi in areas:  # the chunk, then the document; a written form anywhere beats a fuzzy match
         if forms and (found := _first_exact(text, forms[0], lo, hi, k.by_value == "number")):
             return Span(*found, "exact")
-        if found := _first_normalised(kind, value, text, lo, hi):
+        if found := _first_normalised(kind, value, forms, text, lo, hi):
             return Span(*found, "normalised")
     if fuzzy and k.fuzzy and isinstance(value, str) and len(value.strip()) >= FUZZY_MIN_CHARS:
         for lo, hi in areas:
@@ -294,19 +303,6 @@ def _renumber(spans: dict[str, Span | None], values: dict[str, Any], record: Rec
 
 
 # -- document-level fields' evidence -----------------------------------------------------------------
-
-
-def find_spans(context: str | None, forms: list[str]) -> list[tuple[int, int]]:
-    """Char spans of any of ``forms`` in ``context`` (case-, whitespace-insensitive, whole words), sorted."""
-    if not context or not forms:
-        return []
-    out = []
-    for m in _regex(tuple(forms)).finditer(context):
-        if m.end() > m.start() and bounded(context, m.start(), m.end()):
-            out.append((m.start(), m.end()))
-            if len(out) >= MAX_SPANS:
-                break
-    return out
 
 
 def value_evidence(kind: FieldKind, value: Any, steps: Iterable[Any] | None,

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from memagent.extraction.grounding import value_evidence
-from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind, to_arrow
+from memagent.extraction.kinds import ITEM_KIND, KINDS, to_arrow
 from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
@@ -49,7 +49,6 @@ EVIDENCE_TYPE = pa.struct([
 RECORD_EVIDENCE_TYPE = pa.struct([
     ("field", pa.string()), ("step", pa.int32()), ("char_start", pa.int64()), ("char_end", pa.int64()),
 ])
-ARROW_TYPES: dict[FieldKind, pa.DataType] = {name: k.arrow for name, k in KINDS.items()}
 
 
 class InvalidOutput(ValueError):

@@ -96,7 +96,8 @@ class Emitted:
 
 @dataclass
 class ChunkRecords:
-    """What the records calls of one chunk produced."""
+    """What the records calls of one chunk produced, or (summed with :meth:`add`) of a read so far:
+    carried in :class:`memagent.agent.ChainState`, never in the memory."""
 
     emitted: list[Emitted] = field(default_factory=list)
     splits: int = 0  # pieces split in two because a reply overflowed or did not parse
@@ -215,21 +216,3 @@ def merge_mentions(schema: ExtractionSchema, emitted: Sequence[Emitted]) -> dict
     """The document's records per record type (:func:`merge_records`, the rule in its module)."""
     return {r.name: merge_records(r, [e.mention for e in emitted if e.record_type == r.name])
             for r in schema.record_types}
-
-
-@dataclass
-class RecordsSoFar:
-    """A read's records calls so far (carried in :class:`memagent.agent.ChainState`, never in the memory)."""
-
-    emitted: list[Emitted] = field(default_factory=list)
-    splits: int = 0
-    failed: int = 0
-    dropped_values: int = 0
-    dropped_records: int = 0
-
-    def add(self, found: ChunkRecords) -> None:
-        self.emitted += found.emitted
-        self.splits += found.splits
-        self.failed += found.failed
-        self.dropped_values += found.dropped_values
-        self.dropped_records += found.dropped_records

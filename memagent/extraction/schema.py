@@ -41,15 +41,13 @@ from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
     check_size, parse_schema,
 )
-from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RESULT_COLUMNS
+from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RECORD_COLUMNS, RESULT_COLUMNS
 
 __all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "load_schema", "schema_from",
            "parse_fields", "PROPERTY_KEYWORDS", "SUPPORTED", "TOP_KEYWORDS", "RECORD_COLUMNS"]
 
 # Input columns a job reads or passes with a meaning (a property may not take their names, nor an output's).
 INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
-# The records output's own columns (a record's property may not take their names).
-RECORD_COLUMNS = ("id", "record_type", "record_index", "record_evidence", "first_chunk", "last_chunk", "mentions")
 
 # Rough budget sizes (tokens) for the up-front checks: what one field takes in the memory (a
 # candidate value and where it was seen); a record type, the keys of the records already known.
@@ -180,11 +178,6 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
 
     def answer_tokens_needed(self) -> int:
         return 2 + sum(f.answer_tokens() for f in self._fields)
-
-    @staticmethod
-    def record_tokens(record: RecordType) -> int:
-        """A rough size of one record's JSON object in tokens (a records call needs a multiple of it)."""
-        return 2 + sum(f.answer_tokens() for f in record.fields)
 
     def check_budgets(self, memory_tokens: int, answer_tokens: int) -> None:
         """``ValueError`` naming the budget to raise when the memory or the answer cannot hold the fields."""

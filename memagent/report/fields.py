@@ -21,6 +21,15 @@ DISTRIBUTION_KINDS = ("enum", "boolean")
 MAX_DISTINCT_SHOWN = 12  # an enum's values beyond this are summed as "other"
 
 
+def is_int(x: Any) -> bool:
+    """A whole number, not a bool (a hand-edited output may hold anything in a numeric column)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def schema_fields(config: str | Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
     """``[{"name", "kind", "enum"}]`` of the extraction schema recorded in a row's ``config``, or None."""
     try:
@@ -73,7 +82,7 @@ def field_view(row: Mapping[str, Any], context: str | None) -> dict[str, Any]:
         step, a, b = e.get("step"), e.get("char_start"), e.get("char_end")
         x.append([name, value, step, a, b])
         # A hand-edited output may hold anything there: only whole numbers within the text cut a snippet.
-        if context and all(type(v) is int for v in (a, b)) and 0 <= a <= b <= len(context):
+        if context and all(is_int(v) for v in (a, b)) and 0 <= a <= b <= len(context):
             lo, hi = max(0, a - FIELD_SNIPPET_CHARS), min(len(context), b + FIELD_SNIPPET_CHARS)
             snips.append([name, lo, context[lo:hi], [[a - lo, b - lo, "fld"]]])
     if not x:

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from memagent.attribution import attribute, holds, memory_steps
 from memagent.evaluate import TASK_LABELS, length_label, wilson_interval
-from memagent.report.fields import field_view
+from memagent.report.fields import field_view, is_int, is_number
 
 SNIPPET_CHARS = 90  # context kept either side of a highlighted span
 MAX_SNIPPETS = 4
@@ -126,14 +126,6 @@ def snippets(context: str, gold: Sequence[tuple[int, int]], evidence: tuple[int,
     return out
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_em") -> dict[str, Any]:
     """The compact record of one output row that the page embeds (``context`` is read, never kept).
 
@@ -196,8 +188,8 @@ def _snippets(context: str | None, spans: list[tuple[Any, Any]], evidence: tuple
     """:func:`snippets` over the spans and evidence whose positions are whole numbers within the text."""
     if not context:
         return None
-    spans = [(a, b) for a, b in spans if _is_int(a) and _is_int(b) and 0 <= a <= b <= len(context)]
-    if evidence and not all(_is_int(x) for x in evidence):
+    spans = [(a, b) for a, b in spans if is_int(a) and is_int(b) and 0 <= a <= b <= len(context)]
+    if evidence and not all(is_int(x) for x in evidence):
         evidence = None
     prediction = prediction if isinstance(prediction, str) else None
     return snippets(context, spans, evidence, prediction) if spans or evidence else None
@@ -231,7 +223,7 @@ def accuracy(views: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Mean score over rows with answers (an error row scores 0), with its 95% Wilson interval. A
     score that is not a number (a hand-edited output) counts as no score."""
     scores = [0.0 if v.get("e") else float(v["s"]) for v in views
-              if v.get("a") and (v.get("e") or _is_number(v.get("s")))]
+              if v.get("a") and (v.get("e") or is_number(v.get("s")))]
     if not scores:
         return None
     mean = sum(scores) / len(scores)

@@ -16,10 +16,12 @@ import datetime as dt
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
+from memagent.report.fields import is_int
+from memagent.result_schema import RECORD_COLUMNS
+
 RECORD_SNIPPET_CHARS = 80  # document text kept either side of a record's span (or group of close spans)
 MAX_RECORD_SNIPPETS = 6  # windows per record; further spans are listed, not shown
 MAX_RECORDS_PER_TYPE = 20_000  # records embedded per type (the page says when there are more)
-_META = ("id", "record_type", "record_index", "record_evidence", "first_chunk", "last_chunk", "mentions")
 
 
 def _leaves(value: Any, prefix: str) -> Iterable[tuple[str, Any]]:
@@ -46,7 +48,7 @@ def _text(value: Any) -> str | int | float | None:
 
 
 def _int(x: Any) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
+    return x if is_int(x) else None
 
 
 def record_snippets(context: str | None, evidence: Sequence[Mapping[str, Any]] | None,
@@ -81,7 +83,7 @@ def records_view(name: str, rows: Sequence[Mapping[str, Any]], contexts: Mapping
     for row in rows[:limit]:
         values: dict[str, Any] = {}
         for key, value in row.items():
-            if key in _META:
+            if key in RECORD_COLUMNS:
                 continue
             for path, leaf in _leaves(value, key):
                 if path not in values:
