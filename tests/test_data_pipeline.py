@@ -37,7 +37,7 @@ def test_ray_jobs_match_local_runs(tmp_path: Path, smollm2_dir: Path):
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     sizes = [("docs", 30), ("tokens", 1500)]
 
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         hp = HotpotSynthConfig(source=str(source), num_docs=[30], tokens=[1500], samples=5, seed=5)
         _, n = write_hotpotqa(hp, str(tmp_path / "hp"), str(smollm2_dir), SynthJob(ray=True, workers=1))

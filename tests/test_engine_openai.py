@@ -422,7 +422,7 @@ def test_memagent_batch_with_engine_openai(server_url, served_engine, tiny_llama
     rows = good_rows(4)
     write_rows(tmp_path / "in" / "part-0.parquet", rows)
     before = served_engine.stats.requests
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         rc = main(["batch", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
                    "--engine", "openai", "--endpoint", server_url, "--model", str(tiny_llama_dir),

@@ -25,7 +25,9 @@ def ray_local():
 
     # The job ships no credentials: workers use their own environment, and this Ray
     # starts before the S3 test sets moto's (fake) ones, so its workers get them here.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": dict(CREDENTIALS)})
+    # address "local": never another test's `ray start` cluster (pytest-xdist runs two files at once).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": dict(CREDENTIALS)})
     yield
     ray.shutdown()
 

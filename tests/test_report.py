@@ -223,7 +223,7 @@ def batch_output(tmp_path_factory, tiny_llama_dir) -> Path:
     rows[1]["context"] = "  "
     rows[2]["question"] = None
     write_rows(tmp / "in" / "part-0.parquet", rows)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         run_batch_qa(BatchQAConfig(input=str(tmp / "in"), output=str(tmp / "out"),
                                    engine=EngineConfig(model=str(tiny_llama_dir)), agent=FAST_AGENT,
