@@ -14,11 +14,17 @@ Headline keys:
   at the fp32 matmul rate measured in the same run, plus its decode steps (forwards of one
   token per row) at the median measured step interval of that run (target >= 0.8).
 
-``--speculation both`` skips the sequential read and reads the documents
-concurrently twice on one engine, prompt-lookup speculation off then on: ``speculation.ratio``
-is wall off ÷ wall on (target ≥ 1.0), ``speculation.identical_rows`` counts rows whose every
-memory and answer match, and ``speculation.k_by_active_rows`` shows the draft length the
-adaptive rule chose per number of rows still decoding (where it switched drafting off).
+``--speculation MODES`` skips the sequential read and reads the documents concurrently on one
+engine without speculation, then once per mode (``benchmarks.speculation.spec_for``: ``ngram``,
+``aligned``, ``both``, ``MODE:K`` for a fixed ``K`` drafted tokens a step; ``both`` alone is the
+engine's default against none). Per mode under ``speculation.modes``: ``ratio`` is wall without
+÷ wall with (target ≥ 1.0), ``identical_rows`` counts rows whose every memory and answer match
+the read without, and ``k_by_active_rows`` shows the draft length chosen per number of rows
+still decoding (where the adaptive rule switched drafting off). The top-level ``speculation``
+keys repeat the first mode's, with ``off``/``on`` for it.
+
+    python -m benchmarks.concurrency --threads 1 --docs 16 --tokens 1200 \
+        --speculation ngram,both,both:4,both:8,both:16,both:32 --out benchmarks/results/concurrency_speculation_k.json
 
 ``--sequential-docs N`` reads only the first N documents sequentially and scales the time to
 all documents (stated in the JSON as ``sequential_extrapolated``) when the full sequential run
@@ -90,8 +96,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="runs/bench/concurrency.json")
-    parser.add_argument("--speculation", choices=["default", "both"], default="default",
-                        help="both: concurrent reads with speculation off, then on (no sequential read)")
+    parser.add_argument("--speculation", default=None, metavar="MODES",
+                        help="comma-separated drafting modes (ngram, aligned, both, MODE:K): concurrent reads "
+                        "without speculation, then once per mode (no sequential read)")
     add_threads_option(parser)
     args = parser.parse_args()
 
@@ -146,7 +153,7 @@ def main() -> None:
               f"{s['decode_steps']} steps); load {s['loadavg_end']}", flush=True)
         return s
 
-    if args.speculation == "both":
+    if args.speculation:
         compare_speculation(engine, rows, concurrent, args, config, threads, load_start)
         return
     n_seq = args.sequential_docs or args.docs
@@ -191,14 +198,16 @@ def main() -> None:
 
 
 def compare_speculation(engine, rows, concurrent, args, config, threads, load_start) -> None:
-    """Concurrent reads with speculation off, then on (the engine's settings): wall, outputs, k chosen."""
+    """Concurrent reads without speculation, then once per mode: wall, outputs, k chosen."""
     from collections import Counter, defaultdict
-    from dataclasses import replace
+
+    from benchmarks.speculation import spec_for
 
     spec_on = engine.speculation
+    modes = [m for m in args.speculation.split(",") if m and m != "none"]
     runs = {}
-    for label, spec in (("off", replace(spec_on, max_draft=0)), ("on", spec_on)):
-        engine.speculation = spec
+    for label in ("none", *modes):
+        engine.speculation = spec_for(label, spec_on)
         with DecodeForwards() as forwards:
             t0 = time.perf_counter()
             results = asyncio.run(concurrent(rows))
@@ -215,29 +224,41 @@ def compare_speculation(engine, rows, concurrent, args, config, threads, load_st
         print(f"speculation {label}: {wall:.1f}s, {len(forwards.steps)} decode forwards; load {loadavg()}",
               flush=True)
     engine.speculation = spec_on
-    off, on = runs["off"], runs["on"]
-    same = sum(all(x.memory == y.memory for x, y in zip(a.steps, b.steps)) and a.response == b.response
-               for a, b in zip(off["results"], on["results"]))
-    drafting = [a for a, c in on["k_by_active_rows"].items() if any(k > 0 for k in c)]
+    off = runs["none"]
+
+    def against_none(r: dict) -> dict:
+        same = sum(all(x.memory == y.memory for x, y in zip(a.steps, b.steps)) and a.response == b.response
+                   for a, b in zip(off["results"], r["results"]))
+        drafting = [a for a, c in r["k_by_active_rows"].items() if any(k > 0 for k in c)]
+        return {"ratio": round(off["wall_s"] / r["wall_s"], 3), "identical_rows": same, "rows": len(rows),
+                "acceptance": r["accepted"] / r["drafted"] if r["drafted"] else None,
+                "drafted_with_active_rows_at_most": max(drafting, default=0),
+                **{k: v for k, v in r.items() if k != "results"}}
+
+    per_mode = {label: against_none(runs[label]) for label in modes}
+    head = per_mode[modes[0]]
     result = {
         "benchmark": "concurrency-speculation",
         "speculation": {
-            "ratio": round(off["wall_s"] / on["wall_s"], 3), "identical_rows": same, "rows": len(rows),
-            "acceptance": on["accepted"] / on["drafted"] if on["drafted"] else None,
-            "drafted_with_active_rows_at_most": max(drafting, default=0),
+            **{k: head[k] for k in ("ratio", "identical_rows", "rows", "acceptance",
+                                    "drafted_with_active_rows_at_most")},
             "note": "k_by_active_rows: {rows still decoding: {k chosen: forwards}}",
-            **{label: {k: v for k, v in r.items() if k != "results"} for label, r in runs.items()},
+            "off": {k: v for k, v in off.items() if k != "results"},
+            "on": {k: v for k, v in runs[modes[0]].items() if k != "results"},
+            "modes": per_mode,
         },
         "settings": {"docs": args.docs, "doc_tokens": args.tokens, "model": args.model, "preset": args.preset,
                      "agent": config.model_dump(), "dtype": str(engine.dtype), "max_batch_size": engine.max_batch_size,
-                     "threads": threads, "speculation": vars(spec_on)},
+                     "threads": threads, "speculation": vars(spec_on), "modes": ["none", *modes]},
         "loadavg_start": load_start, "machine": machine(),
     }
     out = write_json(args.out, result)
-    print_table(["speculation", "wall s", "decode forwards", "completion tokens", "load end"],
-                [[k, r["wall_s"], r["decode_forwards"], r["completion_tokens"], r["loadavg_end"][0]]
+    print_table(["mode", "wall s", "ratio", "identical rows", "decode forwards", "acceptance", "load end"],
+                [[k, r["wall_s"], round(off["wall_s"] / r["wall_s"], 3),
+                  per_mode[k]["identical_rows"] if k in per_mode else len(rows), r["decode_forwards"],
+                  round(r["accepted"] / r["drafted"], 3) if r["drafted"] else "-", r["loadavg_end"][0]]
                  for k, r in runs.items()])
-    print(f"ratio {result['speculation']['ratio']}, identical rows {same}/{len(rows)}; wrote {out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ Corpus extraction (``config.extraction``, a JSON Schema): the field list is ever
 and the record adds one typed column per field, ``extraction`` and ``field_evidence``
 (:func:`result_schema`, :mod:`memagent.extraction.output`); a reply that does not match the
 schema is an ``invalid_output:`` error row. Record types add ``n_records_<type>``,
-``record_splits`` and the ``grounding_dropped_values``/``_records`` counts (``require_grounding``); the records themselves go to ``on_records`` (the batch job writes them to the
-records output and names their files in ``records_file``: pipelines/records_output.py).
+``record_splits``, ``record_failed_pieces`` and the ``grounding_dropped_values``/``_records`` counts
+(``require_grounding``); the records themselves go to ``on_records`` (the batch job writes them to
+the records output and names their files in ``records_file``: pipelines/records_output.py).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from memagent.extraction import InvalidOutput, Record, extraction_columns, null_
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
-    DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN,
-    RESULT_COLUMNS, RESULT_SCHEMA,
+    DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_FAILED_COLUMN, RECORD_SPLITS_COLUMN,
+    RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA,
 )
 from memagent.verify import METRICS
 from memagent.verify import score as score_metric
@@ -138,6 +139,7 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         records = result.records or {}
         record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
         record[RECORD_SPLITS_COLUMN] = result.record_splits
+        record[RECORD_FAILED_COLUMN] = result.record_failed
         record[DROPPED_VALUES_COLUMN] = result.dropped_values
         record[DROPPED_RECORDS_COLUMN] = result.dropped_records
     return record

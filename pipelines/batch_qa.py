@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import re
 import signal
 import threading
@@ -38,12 +37,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from memagent.agent import check_config
 from memagent.engines.budget import token_budget
 from memagent.error_kinds import InfrastructureFailure
-from memagent.result_schema import DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX
+from memagent.result_schema import N_RECORDS_PREFIX
 from pipelines import checkpoints, fingerprint, lease, records_output, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger, resolve_max_in_flight
 from pipelines.batch_config import BatchQAConfig, config_dict
 from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows, unreadable_input
-from pipelines.summary import BatchSummary
+from pipelines.job import ray_init_address
+from pipelines.summary import RECORD_COUNT_COLUMNS, BatchSummary
 from pipelines.worker import AgentWorker, EngineBuilder
 
 log = logging.getLogger(__name__)
@@ -211,8 +211,7 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     """Read back the small columns of this run's output rows and count them."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     has_answers = "answers" in plan.output_schema.names
-    counts = [c for c in plan.output_schema.names
-              if c.startswith(N_RECORDS_PREFIX) or c in (DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN)]
+    counts = [c for c in plan.output_schema.names if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS]
     table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
                                  ["id", "error", "score", "context_tokens", "resumed_at_chunk", "checkpoint_ignored",
                                   *(["answers"] if has_answers else []), *counts])
@@ -258,9 +257,7 @@ def ensure_ray(cfg: BatchQAConfig) -> bool:
     # starts has workers that inherit this process's environment, credentials included; a
     # cluster already running (`ray start`, --ray-address) has its nodes' own environment
     # (infra/kuberay: a Kubernetes Secret). Endpoint/region travel inside the pickled filesystem.
-    # No address: a fresh local Ray (as JobConfig.ray_address documents), not whatever cluster
-    # `ray start` left in /tmp/ray/ray_current_cluster; RAY_ADDRESS (`ray job submit`) still wins.
-    address = cfg.job.ray_address or (None if os.environ.get("RAY_ADDRESS") else "local")
+    address = ray_init_address(cfg.job.ray_address)
     # ray.init replaces SIGTERM's handler with sys.exit; a handler the process owner installed
     # (the CLI's: SIGTERM acts like Ctrl-C, so a scheduler's stop releases the lease) is kept.
     main = threading.current_thread() is threading.main_thread()

@@ -7,7 +7,16 @@ default below is written once.
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def ray_init_address(explicit: str | None) -> str | None:
+    """The address ``ray.init`` is given: ``explicit`` when set; else ``RAY_ADDRESS`` when set (``ray job
+    submit``: None lets Ray read it); else "local", a fresh local Ray, not whatever cluster ``ray start``
+    left in /tmp/ray/ray_current_cluster (``ray.init()`` without an address would join that one)."""
+    return explicit or (None if os.environ.get("RAY_ADDRESS") else "local")
 
 
 class JobConfig(BaseModel):

@@ -9,8 +9,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memagent.error_kinds import INFRA_PREFIX
-from memagent.result_schema import DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX
+from memagent.result_schema import (
+    DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_FAILED_COLUMN, RECORD_SPLITS_COLUMN,
+)
 from pipelines.admission import occupancy
+
+# The per-row record counts a summary adds up (besides the n_records_<type> columns).
+RECORD_COUNT_COLUMNS = (RECORD_SPLITS_COLUMN, RECORD_FAILED_COLUMN, DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN)
 
 
 @dataclass
@@ -47,9 +52,12 @@ class BatchSummary:
     resumed_rows: int = 0
     resumed_chunks: int = 0
     checkpoints_ignored: int = 0
-    # Record types (extraction): records written per type by this run's rows, and what require_grounding
-    # dropped (values not found in the document; records whose key values were not all found).
+    # Record types (extraction): records written per type by this run's rows, records replies split and
+    # re-read, pieces left unread (their records are missing), and what require_grounding dropped (values
+    # not found in the document; records whose key values were not all found).
     records: dict[str, int] = field(default_factory=dict)
+    record_splits: int = 0
+    record_failed_pieces: int = 0
     dropped_values: int = 0
     dropped_records: int = 0
     require_grounding: bool = False
@@ -106,7 +114,7 @@ class BatchSummary:
         """The headline figures as plain JSON-able data (flow results, artifacts)."""
         keys = ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors", "accuracy", "accuracy_answered",
                 "context_tokens", "resumed_rows", "resumed_chunks", "checkpoints_ignored", "records",
-                "dropped_values", "dropped_records", "require_grounding")
+                "record_splits", "record_failed_pieces", "dropped_values", "dropped_records", "require_grounding")
         return {**{k: getattr(self, k) for k in keys}, "seconds": round(self.seconds, 2),
                 "tokens_per_second": round(self.tokens_per_second, 1), "output": self.output}
 
@@ -149,6 +157,11 @@ class BatchSummary:
             return []
         per = ", ".join(f"{n} {name}" for name, n in self.records.items())
         lines = [f"records:        {per}"]
+        if self.record_splits or self.record_failed_pieces:
+            unread = (f"; {self.record_failed_pieces} piece(s) left unread, their records missing (the reply never "
+                      "fit --memory-tokens or never parsed: raise it, or use a stronger model)"
+                      if self.record_failed_pieces else "")
+            lines.append(f"  overflow:     {self.record_splits} reply(ies) split and re-read in halves{unread}")
         if self.require_grounding or self.dropped_values or self.dropped_records:
             lines.append(f"  grounding:    {self.dropped_values} value(s) and {self.dropped_records} record(s) dropped "
                          "(not found in the document; --require-grounding)")
@@ -195,7 +208,8 @@ def _record_counts(table: pa.Table) -> dict[str, Any]:
     if not names:
         return {}
     out: dict[str, Any] = {"records": {c[len(N_RECORDS_PREFIX):]: _sum(table, c) for c in names}}
-    for key, col in (("dropped_values", DROPPED_VALUES_COLUMN), ("dropped_records", DROPPED_RECORDS_COLUMN)):
+    for key, col in zip(("record_splits", "record_failed_pieces", "dropped_values", "dropped_records"),
+                        RECORD_COUNT_COLUMNS):
         if col in table.column_names:
             out[key] = _sum(table, col)
     return out

@@ -19,6 +19,7 @@ from memagent.data.hotpotqa import TRAINING_SCHEMA, DocPool, HotpotSynthConfig, 
 from memagent.data.io import write_parquet
 from memagent.data.ruler import RULER_SCHEMA, RulerItems
 from memagent.models import load_tokenizer
+from pipelines.job import ray_init_address
 
 
 class SynthJob(BaseModel):
@@ -69,7 +70,7 @@ def _run(units: list[dict], udf: type, kwargs: dict[str, Any], out: str, job: Sy
     if not units:
         raise ValueError("nothing to generate: no work units")
     if not ray.is_initialized():
-        ray.init(address=job.ray_address)
+        ray.init(address=ray_init_address(job.ray_address))
     ds = ray.data.from_items(units, override_num_blocks=min(len(units), job.workers * 4))
     ds = ds.map_batches(
         udf,

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memagent.config import AgentConfig
 from memagent.engines import DEFAULT_MODEL
 from memagent.rl.config import TrainConfig
+from pipelines.job import ray_init_address
 
 if TYPE_CHECKING:
     from memagent.rl.rollout import RewardFn
@@ -227,7 +228,7 @@ def _fit(job: TrainJob, loop_config: dict[str, Any], out: Path) -> None:
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        ray.init(address=job.ray_address, include_dashboard=False, log_to_driver=True)
+        ray.init(address=ray_init_address(job.ray_address), include_dashboard=False, log_to_driver=True)
     try:
         gpu = job.gpus_per_worker > 0
         resources = {"CPU": job.cpus_per_worker, **job.resources}

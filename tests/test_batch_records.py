@@ -62,3 +62,25 @@ def test_json_answers_are_parsed_or_flagged(tiny_engine):
     [b] = asyncio.run(answer_rows(bad, row, cfg, question="Which code?"))
     assert b["prediction"] is None and b["response"] == "not json at all"
     assert b["error"].startswith("answer: reply is not valid JSON") and b["steps"]
+
+
+def test_records_left_unread_are_a_column_and_a_summary_line(tiny_engine):
+    """A piece whose records reply never fits, even at the smallest split, loses its records: the row says
+    how many pieces (``record_failed_pieces``) and the job's summary says so in words."""
+    from pipelines.summary import BatchSummary
+    from tests.records_helpers import CONFIG, RecordsEngine, document, payment
+
+    text = document([payment("Acme Ltd", 100, "2021-03-14")], [payment("Birch Ltd", 7, "2021-04-01")])
+    row = [{"id": "d", "question": "", "context": text}]
+    fits = asyncio.run(answer_rows(RecordsEngine(tiny_engine.tokenizer), row, CONFIG))[0]
+    never = asyncio.run(answer_rows(RecordsEngine(tiny_engine.tokenizer, max_records=0), row, CONFIG))[0]
+    assert fits["record_failed_pieces"] == 0 and fits["record_splits"] == 0 and fits["n_records_payments"] == 2
+    assert never["n_records_payments"] == 0
+    assert never["record_failed_pieces"] >= 2 and never["record_splits"] >= never["record_failed_pieces"]
+    table = pa.Table.from_pylist([fits, never])
+    summary = BatchSummary.from_rows(table, rows_in=2, skipped=0, seconds=1.0, output="out")
+    assert summary.record_failed_pieces == never["record_failed_pieces"]
+    assert summary.record_splits == never["record_splits"]
+    overflow = next(line for line in summary.lines() if line.lstrip().startswith("overflow:"))
+    assert f"{never['record_failed_pieces']} piece(s) left unread" in overflow
+    assert summary.record()["record_failed_pieces"] == never["record_failed_pieces"]

@@ -116,3 +116,14 @@ def test_a_long_document_is_searched_whole(n):
     text = ("filler text without it. " * 20_000) + "Payer: Zephyr Maritime Group." + " tail" * n
     span = locate("string", "Zephyr Maritme Group", text, (0, 500))
     assert span is not None and span.method == "fuzzy" and text[span.start:span.end] == "Zephyr Maritime Group"
+
+
+def test_a_number_is_not_grounded_inside_a_date_written_in_digits():
+    # A small model's made-up amount of 2020 must not pass as grounded by every ISO date of a statement.
+    text = "Paid on 2020-08-08 by Acme; also on 14/04/2021 and 02.04.21. Ref 4 of 1.250.000 units."
+    assert found("number", 2020, text) is None and found("integer", 8, text) is None
+    assert found("integer", 14, text) is None and found("integer", 21, text) is None
+    assert found("integer", 4, text) == ("4", "exact") and locate("integer", 4, text).start == text.index("4 of")
+    assert found("number", 1250000, text) == ("1.250.000", "normalised")  # a grouping, not a date
+    assert found("date", "2020-08-08", text) == ("2020-08-08", "exact")  # the date itself still is
+    assert found("number", 2020, "The 2020 accounts, filed 2021-01-31.") == ("2020", "exact")

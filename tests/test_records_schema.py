@@ -58,8 +58,9 @@ def test_a_record_schema_loads_beside_document_fields():
     # The final answer is the document-level object; records have their own per-chunk schema.
     assert set(schema.decoding_schema()["properties"]) == {"account"}
     assert [f.name for f in output_fields(schema)] == ["account", "extraction", "field_evidence",
-                                                       "n_records_payments", "record_splits", "records_file",
-                                                       "grounding_dropped_values", "grounding_dropped_records"]
+                                                       "n_records_payments", "record_splits", "record_failed_pieces",
+                                                       "records_file", "grounding_dropped_values",
+                                                       "grounding_dropped_records"]
     question = schema.question()
     assert "- account (text, required)" in question and "- payments: records identified by payer, date" in question
     assert "  - address (object)" in question and "    - city (text, required)" in question

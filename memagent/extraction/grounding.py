@@ -14,7 +14,9 @@ whole document; stage 3 only when they found nothing, again chunk first. The fir
    :data:`FUZZY_THRESHOLD`.
 
 Matches may not cut a word (``25`` is not found inside ``250``), except next to CJK text, which
-has no word boundaries (``東京`` is found in ``東京都``). Booleans have no span.
+has no word boundaries (``東京`` is found in ``東京都``); a number is not found inside a date
+written in digits (an amount of 2020 is not in ``2020-08-08``, nor 4 in ``14.04.2021``: a small
+model's made-up amounts would otherwise pass as grounded by every date). Booleans have no span.
 
 :func:`ground_chunk` grounds the records one chunk emitted; with ``require_grounding`` it drops
 free values (string, date, number, integer, array items; not enum labels or booleans, which the
@@ -48,6 +50,7 @@ _CJK = re.compile(r"[\u2e80-\u2fff\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-
 _NUMBER_TOKEN = re.compile(r"(?<![A-Za-z0-9.,])[-\u2212]?\d(?:[\d,.'\u00a0\u202f]*\d)?(?![A-Za-z0-9])")
 _NUMBER_EDGE_BEFORE = re.compile(r"\d[.,'\u00a0\u202f]$")
 _NUMBER_EDGE_AFTER = re.compile(r"[.,'\u00a0\u202f]\d")
+_DIGIT_DATE = re.compile(r"(?<!\d)(?:\d{4}([-/.])\d{1,2}\1\d{1,2}|\d{1,2}([-/.])\d{1,2}\2\d{2,4})(?!\d)")
 _PUNCT = {"'": "['\u2018\u2019]", '"': "[\"\u201c\u201d]", "-": "[-\u2010-\u2015]", ",": ",?"}
 
 
@@ -72,7 +75,15 @@ def bounded(text: str, start: int, end: int, numeric: bool = False) -> bool:
             or end < len(text) and end > start and _word(text[end]) and _word(text[end - 1]):
         return False
     return not numeric or not (_NUMBER_EDGE_BEFORE.search(text, max(0, start - 2), start)
-                               or _NUMBER_EDGE_AFTER.match(text, end))
+                               or _NUMBER_EDGE_AFTER.match(text, end) or in_digit_date(text, start, end))
+
+
+def in_digit_date(text: str, start: int, end: int) -> bool:
+    """``text[start:end]`` lies inside a date written in digits (``2020-08-08``, ``14/04/2021``, ``02.04.21``)."""
+    for m in _DIGIT_DATE.finditer(text, max(0, start - 10), min(len(text), end + 10)):
+        if m.start() <= start and end <= m.end():
+            return True
+    return False
 
 
 def _pattern(form: str) -> str:
@@ -105,7 +116,7 @@ def _scan_numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
     found = []
     for m in _NUMBER_TOKEN.finditer(text):
         v = parse_number(m.group())
-        if v is not None:
+        if v is not None and not in_digit_date(text, m.start(), m.end()):
             found.append((m.start(), m.end(), v))
     return [f[0] for f in found], found
 

@@ -39,7 +39,7 @@ from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
     DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX,
-    RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN,
+    RECORD_FAILED_COLUMN, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN,
 )
 
 EVIDENCE_TYPE = pa.struct([
@@ -57,13 +57,15 @@ class InvalidOutput(ValueError):
 
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``, one
-    ``n_records_<type>`` per record type, ``record_splits``, ``records_file``, ``grounding_dropped_values`` and
+    ``n_records_<type>`` per record type, ``record_splits``, ``record_failed_pieces``, ``records_file``,
+    ``grounding_dropped_values`` and
     ``grounding_dropped_records`` (what ``require_grounding`` dropped; null without record types)."""
     dropped = [pa.field(DROPPED_VALUES_COLUMN, pa.int32()), pa.field(DROPPED_RECORDS_COLUMN, pa.int32())]
     return [*(pa.field(f.name, KINDS[f.kind].arrow) for f in schema.fields),
             pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),
             *(pa.field(N_RECORDS_PREFIX + r.name, pa.int32()) for r in schema.record_types),
-            pa.field(RECORD_SPLITS_COLUMN, pa.int32()), pa.field(RECORDS_FILE_COLUMN, pa.string()), *dropped]
+            pa.field(RECORD_SPLITS_COLUMN, pa.int32()), pa.field(RECORD_FAILED_COLUMN, pa.int32()),
+            pa.field(RECORDS_FILE_COLUMN, pa.string()), *dropped]
 
 
 def _arrow_field(spec: FieldSpec | ObjectSpec) -> pa.Field:
