@@ -26,6 +26,7 @@ from memagent.engines.speculation import (
     choose_draft_len,
     expected_tokens,
     find_draft,
+    nonnegative_quadratic_min,
     sampling_probs,
 )
 
@@ -344,3 +345,27 @@ def test_metered_engine_counts_speculation_and_the_summary_prints_it():
     assert any("acceptance 0.800" in line and "3.00 tokens per decode step" in line for line in summary.lines())
     assert not BatchSummary(rows_in=1, skipped=0, rows_out=1, error_rows=0, accuracy=None, context_tokens=1,
                             seconds=1.0, output="out").speculation_lines()
+
+
+def test_cost_model_learns_a_single_batch_size_without_a_negative_coefficient():
+    # One batch size only: c0 and c_row · 16 cannot be told apart, and the exact fit wants c0 + 16 c_row
+    # below the prior's; the refit keeps every coefficient >= 0 and still prices the forwards it saw.
+    cost = CostModel()  # prior c0 + 16 c_row = 0.237 s
+    for _ in range(20):
+        for t in (1, 6, 9, 16):
+            cost.update(16, t, 0.10 + 16 * t * 0.0075)
+    assert min(cost.c0, cost.c_row, cost.c_tok) >= 0
+    assert cost.seconds(16, 1) == pytest.approx(0.22, rel=0.05) and cost.seconds(16, 9) == pytest.approx(1.18, rel=0.05)
+    # Priced right, a full batch at acceptance 0.8 drafts a token or two, not the 5-26 the prior's split chose.
+    assert choose_draft_len([100] * 16, [0.8] * 16, rows=16, cost=cost, max_draft=256) <= 2
+
+
+def test_nonnegative_quadratic_min_is_the_constrained_optimum():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        m = rng.standard_normal((3, 3))
+        a, b = m @ m.T + 0.1 * np.eye(3), rng.standard_normal(3)
+        theta = nonnegative_quadratic_min(a, b)
+        grid = np.stack(np.meshgrid(*[np.linspace(0, 3, 31)] * 3), -1).reshape(-1, 3)
+        values = np.einsum("ni,ij,nj->n", grid, a, grid) - 2 * grid @ b
+        assert (theta >= 0).all() and theta @ a @ theta - 2 * b @ theta <= values.min() + 1e-9

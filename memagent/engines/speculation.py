@@ -292,17 +292,37 @@ class CostModel:
         return float(self.theta[2])
 
     def update(self, rows: int, tokens: int, seconds: float) -> None:
-        """Record one forward of ``rows × tokens`` that took ``seconds``."""
+        """Record one forward of ``rows × tokens`` that took ``seconds``; refit, no coefficient below zero."""
         x = np.array([1.0, rows, rows * tokens]) / self._scale
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + x * seconds
         prior = self.prior * self._scale
-        fit = np.linalg.solve(self._xtx + self.ridge * np.eye(3), self._xty + self.ridge * prior) / self._scale
-        if (fit > 0).all():
-            self.theta = fit
+        self.theta = np.maximum(nonnegative_quadratic_min(self._xtx + self.ridge * np.eye(3),
+                                                          self._xty + self.ridge * prior) / self._scale, 1e-7)
 
     def seconds(self, rows: int, tokens: int) -> float:
         return float(self.theta @ np.array([1.0, rows, rows * tokens]))
+
+
+def nonnegative_quadratic_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``argmin θ'Aθ - 2b'θ`` over ``θ ≥ 0`` (``A`` ``[n, n]`` positive definite, ``n`` small): every set of
+    coefficients left free, the best feasible one (the optimum is the free minimum of its own face).
+
+    Why not keep the last fit with all coefficients positive: a loop that only ever runs one batch size
+    cannot tell ``c0`` from ``c_row · rows``; its exact fit then often puts one below zero, and a refit
+    refused every step left the prior's split (16 rows on AVX-512: verification priced ~2x too cheap,
+    drafts of 5-26 tokens where 0-2 pay; benchmarks/README.md, "Speculation").
+    """
+    n = len(b)
+    best, best_value = np.zeros(n), 0.0
+    for mask in range(1, 1 << n):
+        free = [i for i in range(n) if mask >> i & 1]
+        theta = np.zeros(n)
+        theta[free] = np.linalg.solve(a[np.ix_(free, free)], b[free])
+        value = float(theta @ a @ theta - 2 * b @ theta)
+        if (theta >= 0).all() and value < best_value:
+            best, best_value = theta, value
+    return best
 
 
 def choose_draft_len(draft_lens: Sequence[int], alphas: Sequence[float], rows: int, cost: CostModel,
