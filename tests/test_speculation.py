@@ -356,7 +356,7 @@ def test_cost_model_learns_a_single_batch_size_without_a_negative_coefficient():
             cost.update(16, t, 0.10 + 16 * t * 0.0075)
     assert min(cost.c0, cost.c_row, cost.c_tok) >= 0
     assert cost.seconds(16, 1) == pytest.approx(0.22, rel=0.05) and cost.seconds(16, 9) == pytest.approx(1.18, rel=0.05)
-    # Priced right, a full batch at acceptance 0.8 drafts a token or two, not the 5-26 the prior's split chose.
+    # Priced right, a full batch at acceptance 0.8 drafts a token or two (the stale fit chose 3 here).
     assert choose_draft_len([100] * 16, [0.8] * 16, rows=16, cost=cost, max_draft=256) <= 2
 
 

@@ -58,8 +58,8 @@ class InvalidOutput(ValueError):
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``, one
     ``n_records_<type>`` per record type, ``record_splits``, ``record_failed_pieces``, ``records_file``,
-    ``grounding_dropped_values`` and
-    ``grounding_dropped_records`` (what ``require_grounding`` dropped; null without record types)."""
+    ``grounding_dropped_values`` and ``grounding_dropped_records`` (what ``require_grounding`` dropped;
+    null without record types)."""
     dropped = [pa.field(DROPPED_VALUES_COLUMN, pa.int32()), pa.field(DROPPED_RECORDS_COLUMN, pa.int32())]
     return [*(pa.field(f.name, KINDS[f.kind].arrow) for f in schema.fields),
             pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),
