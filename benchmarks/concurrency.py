@@ -205,6 +205,8 @@ def compare_speculation(engine, rows, concurrent, args, config, threads, load_st
 
     spec_on = engine.speculation
     modes = [m for m in args.speculation.split(",") if m and m != "none"]
+    if not modes:
+        raise SystemExit("--speculation: name at least one drafting mode besides none (ngram, aligned, both, MODE:K)")
     runs = {}
     for label in ("none", *modes):
         engine.speculation = spec_for(label, spec_on)
