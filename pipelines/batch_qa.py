@@ -211,7 +211,7 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     """Read back the small columns of this run's output rows and count them."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     has_answers = "answers" in plan.output_schema.names
-    counts = [c for c in plan.output_schema.names if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS]
+    counts = [c for c in plan.output_schema.names if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS.values()]
     table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
                                  ["id", "error", "score", "context_tokens", "resumed_at_chunk", "checkpoint_ignored",
                                   *(["answers"] if has_answers else []), *counts])

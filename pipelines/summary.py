@@ -14,8 +14,9 @@ from memagent.result_schema import (
 )
 from pipelines.admission import occupancy
 
-# The per-row record counts a summary adds up (besides the n_records_<type> columns).
-RECORD_COUNT_COLUMNS = (RECORD_SPLITS_COLUMN, RECORD_FAILED_COLUMN, DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN)
+# The per-row record counts a summary adds up (besides the n_records_<type> columns): field -> column.
+RECORD_COUNT_COLUMNS = {"record_splits": RECORD_SPLITS_COLUMN, "record_failed_pieces": RECORD_FAILED_COLUMN,
+                        "dropped_values": DROPPED_VALUES_COLUMN, "dropped_records": DROPPED_RECORDS_COLUMN}
 
 
 @dataclass
@@ -208,8 +209,7 @@ def _record_counts(table: pa.Table) -> dict[str, Any]:
     if not names:
         return {}
     out: dict[str, Any] = {"records": {c[len(N_RECORDS_PREFIX):]: _sum(table, c) for c in names}}
-    for key, col in zip(("record_splits", "record_failed_pieces", "dropped_values", "dropped_records"),
-                        RECORD_COUNT_COLUMNS):
+    for key, col in RECORD_COUNT_COLUMNS.items():
         if col in table.column_names:
             out[key] = _sum(table, col)
     return out
