@@ -148,18 +148,19 @@ def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:
     """Remove the logs of ``ids`` (rows committed as done); how many there were."""
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
-    present = {f.base_name for f in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-               if f.type == pafs.FileType.Directory}
-    if not present:
-        return 0
-    removed = 0
-    for key in {log_key(i) for i in ids} & present:
-        fs.delete_dir_contents(f"{root}/{key}", missing_dir_ok=True)
-        try:
-            fs.delete_dir(f"{root}/{key}")
-        except OSError:
-            pass  # S3 has no directories: nothing left to delete
-        removed += 1
+    with storage.io_errors("output", output, storage.s3_endpoint(s3)):
+        present = {f.base_name for f in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+                   if f.type == pafs.FileType.Directory}
+        if not present:
+            return 0
+        removed = 0
+        for key in {log_key(i) for i in ids} & present:
+            fs.delete_dir_contents(f"{root}/{key}", missing_dir_ok=True)
+            try:
+                fs.delete_dir(f"{root}/{key}")
+            except OSError:
+                pass  # S3 has no directories: nothing left to delete
+            removed += 1
     return removed
 
 
@@ -182,7 +183,8 @@ class Sweeper:
     def __init__(self, output: str, s3: S3Options | None, every_s: float = 30.0):
         self.output, self.s3, self.every_s = output, s3, every_s
         self.fs, self.path = storage.filesystem(output, s3)
-        self.seen = set(storage.parquet_files(self.fs, self.path))  # files before this run: swept by the plan
+        with storage.io_errors("output", output, storage.s3_endpoint(s3)):  # files before this run: swept by the plan
+            self.seen = set(storage.parquet_files(self.fs, self.path))
         self.removed = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memagent-checkpoint-sweeper", daemon=True)
@@ -206,12 +208,13 @@ class Sweeper:
 
     def sweep(self) -> None:
         ids: list[str] = []
-        for file in storage.parquet_files(self.fs, self.path):
-            if file in self.seen:
-                continue
-            done = committed_done_ids(self.fs, file)
-            if done or storage.has_footer(self.fs, file):
-                self.seen.add(file)
-                ids.extend(done)
+        with storage.io_errors("output", self.output, storage.s3_endpoint(self.s3)):
+            for file in storage.parquet_files(self.fs, self.path):
+                if file in self.seen:
+                    continue
+                done = committed_done_ids(self.fs, file)
+                if done or storage.has_footer(self.fs, file):
+                    self.seen.add(file)
+                    ids.extend(done)
         if ids:
             self.removed += remove_logs(self.output, self.s3, ids)

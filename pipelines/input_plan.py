@@ -144,7 +144,8 @@ def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:
     if not len(plan.redo_ids):
         return
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
-    n = storage.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
+    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
+        n = storage.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
     log.warning("%d row(s) in %s failed on the infrastructure in an earlier run: redoing them", n, cfg.output)
 
 

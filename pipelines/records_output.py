@@ -122,16 +122,17 @@ def remove_orphans(output: str, s3: S3Options | None = None) -> int:
     """Remove records files no committed row names (run only while no actor writes: under the lease)."""
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{RECORDS_DIR}"
-    files = _record_files(fs, root)
-    if not files:
-        return 0
-    stems = committed_stems(fs, path)
-    removed = 0
-    for info in files:
-        stem = info.base_name.removeprefix(".").removesuffix(".tmp").removesuffix(".parquet")
-        if stem not in stems or info.base_name.startswith("."):
-            fs.delete_file(info.path)
-            removed += 1
+    with storage.io_errors("output", output, storage.s3_endpoint(s3)):
+        files = _record_files(fs, root)
+        if not files:
+            return 0
+        stems = committed_stems(fs, path)
+        removed = 0
+        for info in files:
+            stem = info.base_name.removeprefix(".").removesuffix(".tmp").removesuffix(".parquet")
+            if stem not in stems or info.base_name.startswith("."):
+                fs.delete_file(info.path)
+                removed += 1
     if removed:
         log.info("output %s: removed %d records file(s) of rows never committed", output, removed)
     return removed

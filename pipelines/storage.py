@@ -239,6 +239,11 @@ def _write_cause(text: str, errnos: set[int], uri: str) -> tuple[str, str] | Non
     if not is_s3(uri):
         return None
     bucket = re.search(r"Bucket '([^']+)' not found", text)
+    if bucket is None and ("NO_SUCH_BUCKET" in text or "NoSuchBucket" in text):
+        # Any S3 call on the output (a listing, a read) once the bucket is gone; an input bucket's
+        # error names that bucket, not this output's.
+        bucket = re.search(r"in bucket '([^']+)'", text) or re.match(r"s3://([^/]+)", uri)
+        bucket = bucket if bucket and bucket.group(1) == uri.removeprefix("s3://").split("/", 1)[0] else None
     if bucket:
         return f"bucket {bucket.group(1)!r} does not exist", f"create it (or give another output) and {RERUN_ADVICE}"
     if "AWS Error" in text and any(op in text for op in _S3_WRITES):

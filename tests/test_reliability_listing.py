@@ -219,6 +219,59 @@ def test_s3_bucket_gone_during_the_job_is_one_line(ray_local, tiny_llama_dir, tm
     assert getattr(err.value, "_memagent_checked", False)
 
 
+def test_output_listings_name_a_bucket_gone_between_calls_in_one_line(monkeypatch):
+    """The bucket goes between the output's check and its listing (the race a job loses when the
+    bucket is deleted mid-run): the checkpoint sweeper, at its start and at a sweep, says so in one line."""
+    import urllib.request
+
+    import pyarrow.fs as pafs
+
+    from infra.local_s3 import CREDENTIALS, s3_server
+    from pipelines import checkpoints
+
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    real_filesystem = storage.filesystem
+
+    class BucketGoesBeforeListing:
+        """The real S3 filesystem; the bucket is dropped (moto reset) right before a listing."""
+
+        def __init__(self, fs, endpoint):
+            self.fs, self.endpoint = fs, endpoint
+
+        def get_file_info(self, what):
+            if isinstance(what, pafs.FileSelector):
+                urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"))
+            return self.fs.get_file_info(what)
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+    def assert_one_line(err) -> None:
+        msg = str(err.value)
+        assert msg.startswith("output s3://lake/out") and "bucket 'lake' does not exist" in msg, msg
+        assert "\n" not in msg and getattr(err.value, "_memagent_checked", False)
+
+    with s3_server(buckets=("lake",)) as endpoint:
+        import boto3
+
+        opts = storage.S3Options(endpoint_url=endpoint)
+        boto3.client("s3", endpoint_url=endpoint).put_object(Bucket="lake", Key="out/a.parquet", Body=b"x")
+        sweeper = checkpoints.Sweeper("s3://lake/out", opts)  # the bucket is there at the start
+        sweeper.fs = BucketGoesBeforeListing(sweeper.fs, endpoint)
+        with pytest.raises(OSError) as err:
+            sweeper.sweep()
+        assert_one_line(err)
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="lake")
+        boto3.client("s3", endpoint_url=endpoint).put_object(Bucket="lake", Key="out/a.parquet", Body=b"x")
+        monkeypatch.setattr(storage, "filesystem", lambda uri, s3=None: (
+            BucketGoesBeforeListing(real_filesystem(uri, s3)[0], endpoint), real_filesystem(uri, s3)[1]))
+        with pytest.raises(OSError) as err:
+            checkpoints.Sweeper("s3://lake/out", opts)
+        assert_one_line(err)
+
+
 @pytest.mark.parametrize("uri, error, expected", [
     ("/data/out", OSError(28, "No space left on device"), "output /data/out: no space left on device; free some space"),
     ("/data/out", OSError(122, "Disk quota exceeded"), "output /data/out: disk quota exceeded; free some quota"),
@@ -228,6 +281,11 @@ def test_s3_bucket_gone_during_the_job_is_one_line(ray_local, tiny_llama_dir, tm
     ("s3://lake/out", OSError("When uploading part for key 'out/a.parquet': AWS Error ACCESS_DENIED during UploadPart "
                               "operation: Access Denied"),
      "output s3://lake/out at http://h:1: S3 error while writing: access denied (check the credentials"),
+    ("s3://lake/out", OSError("When listing objects under key 'out/' in bucket 'lake': AWS Error NO_SUCH_BUCKET during "
+                              "ListObjectsV2 operation: The specified bucket does not exist"),
+     "output s3://lake/out at http://h:1: bucket 'lake' does not exist; create it"),
+    ("s3://lake/out", OSError("When listing objects under key 'in/' in bucket 'docs': AWS Error NO_SUCH_BUCKET during "
+                              "ListObjectsV2 operation: The specified bucket does not exist"), None),  # the input's
     ("/data/out", ValueError("context is not a string"), None),
 ])
 def test_write_failures_mapped_to_one_line(uri, error, expected):
