@@ -21,7 +21,9 @@ engine's default against none). Per mode under ``speculation.modes``: ``ratio`` 
 ÷ wall with (target ≥ 1.0), ``identical_rows`` counts rows whose every memory and answer match
 the read without, and ``k_by_active_rows`` shows the draft length chosen per number of rows
 still decoding (where the adaptive rule switched drafting off). The top-level ``speculation``
-keys repeat the first mode's, with ``off``/``on`` for it.
+keys repeat the first mode's, with ``off``/``on`` for it. Each read also says what its decode
+forwards cost (``decode_forward_s``; ``forward_cost``: per rows × tokens the measured mean beside
+the engine's cost model, ``observed_fit`` beside ``model_fit``: is the adaptive rule's price right?).
 
     python -m benchmarks.concurrency --threads 1 --docs 16 --tokens 1200 \
         --speculation ngram,both,both:4,both:8,both:16,both:32 --out benchmarks/results/concurrency_speculation_k.json
@@ -197,6 +199,29 @@ def main() -> None:
     print(f"wrote {out}")
 
 
+def forward_costs(steps: list[tuple[int, int, int, float]], cost) -> dict:
+    """What the decode forwards of one read cost, beside what the engine's cost model says they cost.
+
+    ``steps``: (k, rows, active rows, seconds) per forward, ``t = k + 1`` tokens a row. Returns the
+    decode seconds, per (rows, t) the forwards' count, mean seconds and the model's price, and the
+    least-squares fit of ``c0 + c_row·rows + c_tok·rows·t`` to these forwards beside the model's.
+    """
+    import numpy as np
+
+    by_shape: dict[tuple[int, int], list[float]] = {}
+    for k, b, _active, seconds in steps:
+        by_shape.setdefault((b, k + 1), []).append(seconds)
+    table = [{"rows": b, "tokens": t, "forwards": len(xs), "mean_s": round(statistics.mean(xs), 4),
+              "model_s": round(cost.seconds(b, t), 4)} for (b, t), xs in sorted(by_shape.items())]
+    fit = None
+    if len({(b, t) for b, t in by_shape}) >= 2:
+        x = np.array([[1.0, b, b * (k + 1)] for k, b, _a, _s in steps])
+        fit = dict(zip(("c0", "c_row", "c_tok"), np.linalg.lstsq(x, [s for *_, s in steps], rcond=None)[0].round(6)))
+    return {"decode_forward_s": round(sum(s for *_, s in steps), 2), "forward_cost": table,
+            "observed_fit": fit, "model_fit": {"c0": round(cost.c0, 6), "c_row": round(cost.c_row, 6),
+                                               "c_tok": round(cost.c_tok, 6)}}
+
+
 def compare_speculation(engine, rows, concurrent, args, config, threads, load_start) -> None:
     """Concurrent reads without speculation, then once per mode: wall, outputs, k chosen."""
     from collections import Counter, defaultdict
@@ -218,13 +243,13 @@ def compare_speculation(engine, rows, concurrent, args, config, threads, load_st
         for k, _b, active, _s in forwards.steps:
             by_active[active][k] += 1
         runs[label] = {"wall_s": round(wall, 2), "results": results, "decode_forwards": len(forwards.steps),
-                       "loadavg_end": loadavg(),
+                       "loadavg_end": loadavg(), **forward_costs(forwards.steps, engine.cost),
                        "k_by_active_rows": {a: dict(sorted(c.items())) for a, c in sorted(by_active.items())},
                        "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
                        "drafted": sum(st.draft_tokens for r in results for st in r.steps),
                        "accepted": sum(st.accepted_tokens for r in results for st in r.steps)}
-        print(f"speculation {label}: {wall:.1f}s, {len(forwards.steps)} decode forwards; load {loadavg()}",
-              flush=True)
+        print(f"speculation {label}: {wall:.1f}s, {len(forwards.steps)} decode forwards "
+              f"({runs[label]['decode_forward_s']}s); load {loadavg()}", flush=True)
     engine.speculation = spec_on
     off = runs["none"]
 

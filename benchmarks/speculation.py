@@ -11,7 +11,9 @@ memory), ``both`` (the engine's default: per row the better proposal); ``MODE:K`
 ``K`` tokens each step instead of the adaptive length (``K`` caps both drafters). The reads run in
 lockstep (chunk i of every mode, then chunk i + 1, ...; one call at a time), so all see the same
 load on a shared CPU; each call is timed alone. Also measures the forward cost table behind the
-adaptive draft length (``--cost``: B rows × t tokens over a ~1,100-token context).
+adaptive draft length (``--cost``: B rows × t tokens over a ~1,100-token context), under the
+engine's attention (``forward_cost``) and transformers' ``sdpa`` (``forward_cost_sdpa``, which
+copies the KV cache on every masked multi-token forward; ``memagent.engines.gqa_attention``).
 
 Headline keys (``modes[label]``; the top-level ones are the headline mode's, ``both`` when read,
 against ``none``):
@@ -73,41 +75,52 @@ class Lockstep:
         return self.inner.count_chat_tokens(messages)
 
 
-def forward_cost(engine, context_tokens: int = 1100, rows=(1, 4, 16), tokens=(1, 3, 9), repeats: int = 3) -> dict:
-    """Median seconds of one forward of ``B × t`` tokens over a cache of ``context_tokens`` per row."""
+def forward_cost(engine, context_tokens: int = 1100, rows=(1, 4, 16), tokens=(1, 2, 3, 9, 33), repeats: int = 3,
+                 attention: str | None = None) -> dict:
+    """Median seconds of one forward of ``B × t`` tokens over a cache of ``context_tokens`` per row,
+    under the model's ``attention`` implementation (default: the engine's), with a digest of the
+    logits (the same inputs under every implementation: equal digests are equal bits)."""
+    import hashlib
+
     import torch
 
     from memagent.engines.kv_cache import ReservedCache
 
     model = engine.model
-    ids = torch.randint(100, 20000, (1, context_tokens))
+    before = model.config._attn_implementation
+    model.set_attn_implementation(attention or before)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 20000, (1, context_tokens), generator=g)
     table = []
     with torch.inference_mode():
-        base = ReservedCache(engine.num_layers, context_tokens + 16)
+        base = ReservedCache(engine.num_layers, context_tokens + max(tokens) + 1)
         model(input_ids=ids, cache=base, use_cache=True, logits_to_keep=1)
         for b in rows:
             kv = [(layer.keys.expand(b, -1, -1, -1).contiguous(), layer.values.expand(b, -1, -1, -1).contiguous())
                   for layer in base.layers]
-            cache = ReservedCache(engine.num_layers, context_tokens + 16, kv)
+            cache = ReservedCache(engine.num_layers, context_tokens + max(tokens) + 1, kv)
             for t in tokens:
                 mask = torch.ones((b, context_tokens + t), dtype=torch.long)
                 pos = torch.arange(context_tokens, context_tokens + t).expand(b, -1)
+                step = torch.randint(100, 20000, (b, t), generator=g)
                 times = []
                 for _ in range(repeats + 1):
-                    step = torch.randint(100, 20000, (b, t))
                     t0 = time.perf_counter()
-                    model(input_ids=step, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+                    logits = model(input_ids=step, position_ids=pos, attention_mask=mask, cache=cache,
+                                   use_cache=True).logits
                     times.append(time.perf_counter() - t0)
                     cache.truncate(context_tokens)
                 table.append({"rows": b, "tokens": t, "seconds": round(statistics.median(times[1:]), 5),
+                              "logits_sha256": hashlib.sha256(logits.float().numpy().tobytes()).hexdigest()[:16],
                               "loadavg": loadavg()[0]})
-                print(table[-1], flush=True)
+                print(model.config._attn_implementation, table[-1], flush=True)
+    model.set_attn_implementation(before)
     import numpy as np
 
     x = np.array([[1.0, r["rows"], r["rows"] * r["tokens"]] for r in table])
     y = np.array([r["seconds"] for r in table])
     c0, c_row, c_tok = np.linalg.lstsq(x, y, rcond=None)[0]
-    return {"context_tokens": context_tokens, "table": table,
+    return {"context_tokens": context_tokens, "attention": attention or before, "table": table,
             "fit": {"c0": round(float(c0), 5), "c_row": round(float(c_row), 6), "c_tok": round(float(c_tok), 6)}}
 
 
@@ -195,8 +208,9 @@ def main() -> None:
 
     engine = TransformersEngine.from_config(EngineConfig(model=args.model, dtype=args.dtype), name=args.model)
     out: dict = {"settings": {**vars(args), "threads": threads}, "machine": machine(), "loadavg_start": loadavg()}
-    if args.cost:
+    if args.cost:  # the engine's attention, then transformers' sdpa (which copies the cache per forward)
         out["forward_cost"] = forward_cost(engine)
+        out["forward_cost_sdpa"] = forward_cost(engine, attention="sdpa")
         write_json(args.out, out)
     if args.no_read:
         return

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
 from memagent.engines.config import EngineConfig
 from memagent.engines.constraint import TokenConstraint
+from memagent.engines.gqa_attention import use_gqa_sdpa
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.speculation import AcceptanceTracker, CostModel
@@ -133,6 +134,7 @@ class TransformersEngine(Engine):
         self.tokenizer.padding_side = "left"
         with quiet_weight_loading():
             self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(self.device).eval()
+        use_gqa_sdpa(self.model)  # verification forwards without copying the KV cache (same bits)
         self.load_seconds = time.perf_counter() - t0
         log.info("loaded %s (%s, %s) in %.1f s", self.name, self.device, self.dtype, self.load_seconds)
         gen_eos = self.model.generation_config.eos_token_id
