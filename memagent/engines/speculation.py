@@ -43,7 +43,8 @@ for ``α·B`` expected tokens, so poor acceptance turns drafting off (``k = 0``)
 row's own acceptance so far, with the engine's running rate as its prior
 (:class:`AcceptanceTracker`); ``c0, c_row, c_tok`` start from the measurements below and are
 refitted online from the loop's own step times (:class:`CostModel`), so the rule follows the
-machine and its load.
+machine and its load. The form assumes a verification reads each row's cache once; transformers'
+``sdpa`` copied it on every multi-token forward with a mask (:mod:`memagent.engines.gqa_attention`).
 
 Prior (this machine: 2 cores AVX2, SmolLM2-135M fp32, one torch thread, ``benchmarks/README.md``):
 a decode step of 1 row took 72.6 ms and of 16 rows 334 ms at ~1.2K-token contexts, and the
