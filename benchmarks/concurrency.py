@@ -214,7 +214,7 @@ def forward_costs(steps: list[tuple[int, int, int, float]], cost) -> dict:
     table = [{"rows": b, "tokens": t, "forwards": len(xs), "mean_s": round(statistics.mean(xs), 4),
               "model_s": round(cost.seconds(b, t), 4)} for (b, t), xs in sorted(by_shape.items())]
     fit = None
-    if len({(b, t) for b, t in by_shape}) >= 2:
+    if len(by_shape) >= 2:
         x = np.array([[1.0, b, b * (k + 1)] for k, b, _a, _s in steps])
         fit = dict(zip(("c0", "c_row", "c_tok"), np.linalg.lstsq(x, [s for *_, s in steps], rcond=None)[0].round(6)))
     return {"decode_forward_s": round(sum(s for *_, s in steps), 2), "forward_cost": table,

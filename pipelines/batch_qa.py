@@ -212,7 +212,7 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     has_answers = "answers" in plan.output_schema.names
     counts = [c for c in plan.output_schema.names if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS.values()]
-    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
+    with storage.output_errors(cfg.output, cfg.s3):
         table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
                                      ["id", "error", "score", "context_tokens", "resumed_at_chunk",
                                       "checkpoint_ignored", *(["answers"] if has_answers else []), *counts])

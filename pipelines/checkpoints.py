@@ -148,7 +148,7 @@ def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:
     """Remove the logs of ``ids`` (rows committed as done); how many there were."""
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
-    with storage.io_errors("output", output, storage.s3_endpoint(s3)):
+    with storage.output_errors(output, s3):
         present = {f.base_name for f in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
                    if f.type == pafs.FileType.Directory}
         if not present:
@@ -183,7 +183,7 @@ class Sweeper:
     def __init__(self, output: str, s3: S3Options | None, every_s: float = 30.0):
         self.output, self.s3, self.every_s = output, s3, every_s
         self.fs, self.path = storage.filesystem(output, s3)
-        with storage.io_errors("output", output, storage.s3_endpoint(s3)):  # files before this run: swept by the plan
+        with storage.output_errors(output, s3):  # files before this run: swept by the plan
             self.seen = set(storage.parquet_files(self.fs, self.path))
         self.removed = 0
         self._stop = threading.Event()
@@ -208,7 +208,7 @@ class Sweeper:
 
     def sweep(self) -> None:
         ids: list[str] = []
-        with storage.io_errors("output", self.output, storage.s3_endpoint(self.s3)):
+        with storage.output_errors(self.output, self.s3):
             for file in storage.parquet_files(self.fs, self.path):
                 if file in self.seen:
                     continue

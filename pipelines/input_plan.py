@@ -101,7 +101,7 @@ def check_output(cfg: BatchQAConfig) -> list[str]:
     deleted), holding only batch outputs; returns its complete Parquet files."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)
-    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
+    with storage.output_errors(cfg.output, cfg.s3):
         return storage.complete_parquet_files(out_fs, out_path)
 
 
@@ -109,7 +109,7 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
     """The ids already answered (skipped) and those in the output to redo (infrastructure errors,
     and with ``redo_changed`` rows whose input changed); refuses a changed input otherwise."""
     out_fs, _ = storage.filesystem(cfg.output, cfg.s3)
-    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
+    with storage.output_errors(cfg.output, cfg.s3):
         # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
         done, retry = storage.output_ids(out_fs, done_files)
         dup = storage.duplicates(pa.chunked_array([done, retry.cast(pa.string())], pa.string()))
@@ -144,7 +144,7 @@ def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:
     if not len(plan.redo_ids):
         return
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
-    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
+    with storage.output_errors(cfg.output, cfg.s3):
         n = storage.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
     log.warning("%d row(s) in %s failed on the infrastructure in an earlier run: redoing them", n, cfg.output)
 

@@ -281,9 +281,9 @@ def acquire(output: str, s3: S3Options | None = None, *, force: str | None = Non
     holder on another host to take the lease from although it looks alive."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from pipelines.storage import io_errors, s3_endpoint
+    from pipelines.storage import output_errors
 
-    with io_errors("output", output, s3_endpoint(s3)):
+    with output_errors(output, s3):
         try:
             return _acquire(output, s3, force)
         except (BotoCoreError, ClientError) as exc:

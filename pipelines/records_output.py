@@ -122,7 +122,7 @@ def remove_orphans(output: str, s3: S3Options | None = None) -> int:
     """Remove records files no committed row names (run only while no actor writes: under the lease)."""
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{RECORDS_DIR}"
-    with storage.io_errors("output", output, storage.s3_endpoint(s3)):
+    with storage.output_errors(output, s3):
         files = _record_files(fs, root)
         if not files:
             return 0

@@ -81,7 +81,7 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
     """Remove duplicate ids from ``cfg.output`` (see the module doc)."""
     fs, path = storage.filesystem(cfg.output, cfg.s3)
     summary = RepairSummary(cfg.output)
-    with storage.io_errors("output", cfg.output, storage.s3_endpoint(cfg.s3)):
+    with storage.output_errors(cfg.output, cfg.s3):
         if fs.get_file_info(path).type != pafs.FileType.Directory and not storage.is_s3(cfg.output):
             raise ValueError(f"output {cfg.output}: no such directory")
         with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock):

@@ -239,13 +239,15 @@ def _write_cause(text: str, errnos: set[int], uri: str) -> tuple[str, str] | Non
     if not is_s3(uri):
         return None
     bucket = re.search(r"Bucket '([^']+)' not found", text)
-    if bucket is None and ("NO_SUCH_BUCKET" in text or "NoSuchBucket" in text):
+    missing = bucket.group(1) if bucket else None
+    if missing is None and ("NO_SUCH_BUCKET" in text or "NoSuchBucket" in text):
         # Any S3 call on the output (a listing, a read) once the bucket is gone; an input bucket's
         # error names that bucket, not this output's.
-        bucket = re.search(r"in bucket '([^']+)'", text) or re.match(r"s3://([^/]+)", uri)
-        bucket = bucket if bucket and bucket.group(1) == uri.removeprefix("s3://").split("/", 1)[0] else None
-    if bucket:
-        return f"bucket {bucket.group(1)!r} does not exist", f"create it (or give another output) and {RERUN_ADVICE}"
+        ours = uri.removeprefix("s3://").split("/", 1)[0]
+        named = re.search(r"in bucket '([^']+)'", text)
+        missing = ours if named is None or named.group(1) == ours else None
+    if missing:
+        return f"bucket {missing!r} does not exist", f"create it (or give another output) and {RERUN_ADVICE}"
     if "AWS Error" in text and any(op in text for op in _S3_WRITES):
         line = next(t for t in text.split("\n") if "AWS Error" in t)
         return f"S3 error while writing: {_short_reason(Exception(line))}", f"fix it and {RERUN_ADVICE}"
@@ -318,6 +320,11 @@ class io_errors:
         raise _checked(OSError(f"{self.what} {self.uri}{where}: {_short_reason(exc)}")) from None
 
 
+def output_errors(uri: str, s3: S3Options | None) -> io_errors:
+    """:class:`io_errors` for work on the output ``uri``: one line naming it (a write failure's cause and fix)."""
+    return io_errors("output", uri, s3_endpoint(s3))
+
+
 def _checked(exc: OSError) -> OSError:
     exc._memagent_checked = True  # type: ignore[attr-defined]  # already one line naming the path
     return exc
@@ -379,7 +386,7 @@ def check_output_location(fs: pafs.FileSystem, path: str, uri: str, s3: S3Option
     """Before any work: the output is a directory (or a prefix) that exists or can be made, and is writable."""
     import uuid
 
-    with io_errors("output", uri, s3_endpoint(s3)):
+    with output_errors(uri, s3):
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.File:
             kind = "a Parquet file" if _looks_like_parquet(fs, path) else "a regular file"
