@@ -24,7 +24,8 @@ from typing import Awaitable, Callable
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
-from memagent.extraction.reading import ChunkRecords, Emitted, RecordsCall, merge_mentions, \
+from memagent.extraction.grounding import MemoryChain
+from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, merge_mentions, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
 from memagent.prompts import (
@@ -78,7 +79,7 @@ class ChainState:
     read, ``char_offset`` where that chunk starts in the text (the document's length once every
     chunk is read; a check that the document is cut the same way on resume), ``memory`` the
     memory the next conversation reads, ``steps`` the memory steps so far; with record types, the
-    records the chunks so far stated (``records``) and the records calls' split/failed counts.
+    records the chunks so far stated (``records``) and the records calls' tally (``records_tally``).
     """
 
     next_chunk: int
@@ -86,10 +87,7 @@ class ChainState:
     memory: str
     steps: tuple[Step, ...]
     records: tuple[Emitted, ...] = ()
-    record_splits: int = 0
-    record_failed: int = 0
-    dropped_values: int = 0  # require_grounding: values and records dropped so far (not found in the text)
-    dropped_records: int = 0
+    records_tally: RecordsTally = field(default_factory=RecordsTally)
 
 
 @dataclass
@@ -105,16 +103,10 @@ class Result:
     truncated: bool
     completions: list[Completion] | None = field(default=None, repr=False)
     resumed_at_chunk: int | None = None  # the chunk position a checkpoint resumed the read at (None: from the start)
-    # Record types (extraction): the document's records per type, merged across chunks; how many
-    # chunk pieces were split and re-read because a records reply overflowed or did not parse, and
-    # how many pieces too short to split still failed (no records from them).
+    # Record types (extraction): the document's records per type, merged across chunks, and what the
+    # records calls split, left unread, found invalid or (require_grounding) dropped.
     records: dict[str, list[Record]] | None = None
-    record_splits: int = 0
-    record_failed: int = 0
-    # require_grounding: record values not found in the document (removed) and records whose key
-    # values were not all found (dropped).
-    dropped_values: int = 0
-    dropped_records: int = 0
+    records_tally: RecordsTally = field(default_factory=RecordsTally)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -240,41 +232,42 @@ async def read_document(
         check_resume(resume, doc.chunks, len(context))
     memory, steps = state.memory, list(state.steps)
     records_call = _records_call(engine, question, config)  # None: no record types
-    found = ChunkRecords(list(state.records), state.record_splits, state.record_failed,
-                         dropped_values=state.dropped_values, dropped_records=state.dropped_records)
+    found = ChunkRecords(list(state.records), replace(state.records_tally))
     # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked
-    # for, or a 3.5M-token document holds 860 prompts' ids until its answer (actor peak 795 MB
-    # against 704 MB: benchmarks/README.md, long_document).
+    # for (a long document would otherwise hold every prompt's ids until its answer).
     completions: list[Completion] = []
     keep = completions.append if keep_completions else (lambda _: None)
     for k in range(state.next_chunk, len(doc.chunks)):
-        chunk = doc.chunks[k]
         t0 = time.perf_counter()
-        messages = memory_update_messages(question, memory, chunk.text, config.instruction, config.prompts)
         # A document's reads are a chain: the one with most conversations left goes first.
-        ahead = len(doc.chunks) - k + 1  # this update, the later ones and the answer
+        priority = -(len(doc.chunks) - k + 1)  # this update, the later ones and the answer
+        update = asyncio.ensure_future(engine.chat(
+            memory_update_messages(question, memory, doc.chunks[k].text, config.instruction, config.prompts),
+            replace(memory_params, priority=priority)))
         reply, chunk_records = await asyncio.gather(
-            engine.chat(messages, replace(memory_params, priority=-ahead)),
-            _chunk_records(records_call, memory, context, doc.chunks, k, len(steps), -ahead))
+            update, _chunk_records(records_call, steps, memory, context, doc.chunks, k, priority, update))
         memory = strip_thinking(reply.text).strip()  # overwrite, never append
-        steps.append(_step(len(steps), "memory", chunk, memory, reply, time.perf_counter() - t0))
+        steps.append(_step(len(steps), "memory", doc.chunks[k], memory, reply, time.perf_counter() - t0))
         found.add(chunk_records)
         keep(reply)
         if on_step:
             on_step(steps[-1], len(doc.chunks) + 1)
         if on_state:
             nxt = doc.chunks[k + 1].char_start if k + 1 < len(doc.chunks) else len(context)
-            await on_state(ChainState(k + 1, nxt, memory, tuple(steps), tuple(found.emitted), found.splits,
-                                      found.failed, found.dropped_values, found.dropped_records))
+            await on_state(ChainState(k + 1, nxt, memory, tuple(steps), tuple(found.emitted),
+                                      replace(found.tally)))
 
-    t0 = time.perf_counter()
-    messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts,
-                                     schema.answer_instruction() if schema else None)
-    reply = await engine.chat(messages, answer_params)
-    steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
-    keep(reply)
-    if on_step:
-        on_step(steps[-1], len(doc.chunks) + 1)
+    if schema is not None and not schema.fields:  # records only: no field for a final answer to hold
+        reply = Completion(text="{}", prompt_tokens=0, completion_tokens=0, finish_reason="stop")
+    else:
+        t0 = time.perf_counter()
+        messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts,
+                                         schema.answer_instruction() if schema else None)
+        reply = await engine.chat(messages, answer_params)
+        steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
+        keep(reply)
+        if on_step:
+            on_step(steps[-1], len(doc.chunks) + 1)
 
     return Result(
         prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
@@ -287,10 +280,7 @@ async def read_document(
         completions=completions if keep_completions else None,
         resumed_at_chunk=resume.next_chunk if resume is not None else None,
         records=merge_mentions(schema, found.emitted) if records_call else None,
-        record_splits=found.splits,
-        record_failed=found.failed,
-        dropped_values=found.dropped_values,
-        dropped_records=found.dropped_records,
+        records_tally=found.tally,
     )
 
 
@@ -303,13 +293,22 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
                        config.instruction, config.prompts, config.require_grounding)
 
 
-async def _chunk_records(call: RecordsCall | None, memory: str, context: str, chunks: list[Chunk], k: int,
-                         step: int, priority: int) -> ChunkRecords:
-    """The records chunk ``k`` states (none without record types), read with the memory its update reads."""
+async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,
+                         chunks: list[Chunk], k: int, priority: int, update: Awaitable[Completion]) -> ChunkRecords:
+    """The records chunk ``k`` states (none without record types), read with the memory its update reads
+    (and the chain of memory steps behind it, which grounds a value resolved through the memory); a
+    split piece reads the memory ``update`` writes from the chunk."""
     if call is None:
         return ChunkRecords()
+    chain = MemoryChain(memory, tuple((s.memory, s.char_start or 0, s.char_end or 0) for s in steps
+                                      if s.kind == "memory"))
+
+    async def written() -> str:
+        return strip_thinking((await update).text).strip()
+
     start, owned_from, end = records_reach(context, chunks, k)
-    return await read_chunk_records(call, memory, context, start, end, step, priority, owned_from)
+    read = ChunkRead(call, chain, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))
+    return await read_chunk_records(read, start, end, owned_from)
 
 
 def check_resume(state: ChainState, chunks: list[Chunk], text_len: int) -> None:

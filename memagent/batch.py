@@ -16,9 +16,8 @@ Two reading methods share this path: ``memagent`` (the memory agent) and ``full-
 Corpus extraction (``config.extraction``, a JSON Schema): the field list is every row's question,
 and the record adds one typed column per field, ``extraction`` and ``field_evidence``
 (:func:`result_schema`, :mod:`memagent.extraction.output`); a reply that does not match the
-schema is an ``invalid_output:`` error row. Record types add ``n_records_<type>``,
-``record_splits``, ``record_failed_pieces`` and the ``grounding_dropped_values``/``_records`` counts
-(``require_grounding``); the records themselves go to ``on_records`` (the batch job writes them to
+schema is an ``invalid_output:`` error row. Record types add ``n_records_<type>`` and the records
+calls' tally (``TALLY_COLUMNS`` of :mod:`memagent.result_schema`); the records themselves go to ``on_records`` (the batch job writes them to
 the records output and names their files in ``records_file``: pipelines/records_output.py).
 """
 
@@ -41,10 +40,7 @@ from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_pr
 from memagent.extraction import InvalidOutput, Record, extraction_columns, null_columns, output_fields
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
-from memagent.result_schema import (
-    DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_FAILED_COLUMN, RECORD_SPLITS_COLUMN,
-    RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA,
-)
+from memagent.result_schema import N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA, TALLY_COLUMNS
 from memagent.verify import METRICS
 from memagent.verify import score as score_metric
 
@@ -138,10 +134,7 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
     if schema.record_types:
         records = result.records or {}
         record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
-        record[RECORD_SPLITS_COLUMN] = result.record_splits
-        record[RECORD_FAILED_COLUMN] = result.record_failed
-        record[DROPPED_VALUES_COLUMN] = result.dropped_values
-        record[DROPPED_RECORDS_COLUMN] = result.dropped_records
+        record.update({column: getattr(result.records_tally, name) for name, column in TALLY_COLUMNS.items()})
     return record
 
 

@@ -15,15 +15,16 @@ data from disk.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
 from memagent.agent import ChainState, Step
-from memagent.extraction.reading import Emitted
+from memagent.extraction.reading import Emitted, RecordsTally
 
-FORMAT = 1  # bump when a segment's fields change meaning; an older log is then ignored, never misread
+TALLY_FIELDS = frozenset(f.name for f in fields(RecordsTally))
+FORMAT = 2  # bump when a segment's fields change meaning; an older log is then ignored, never misread
 
 
 class SegmentStep(BaseModel):
@@ -53,7 +54,7 @@ class SegmentRecord(BaseModel):
     type: str
     step: int = Field(ge=0)
     values: dict[str, Any]
-    spans: dict[str, tuple[int, int] | None]
+    spans: dict[str, tuple[int, int, str | None] | None]  # (char_start, char_end, grounding)
 
 
 class Segment(BaseModel):
@@ -73,12 +74,9 @@ class Segment(BaseModel):
     next_chunk: int = Field(ge=0)
     char_offset: int = Field(ge=0)
     memory: str
-    # Record types: the records the segment's chunks stated, and the split/failed counts after them.
+    # Record types: the records the segment's chunks stated, and the records calls' tally after them.
     records: list[SegmentRecord] = []
-    record_splits: int = Field(0, ge=0)
-    record_failed: int = Field(0, ge=0)
-    dropped_values: int = Field(0, ge=0)  # require_grounding counts after the segment
-    dropped_records: int = Field(0, ge=0)
+    records_tally: dict[str, NonNegativeInt] = {}
 
 
 class BadSegment(ValueError):
@@ -93,8 +91,7 @@ def new_segment(row_id: str, key: str, state: ChainState, first_step: int) -> di
                 steps=[asdict(s) for s in state.steps[first_step:]], next_chunk=state.next_chunk,
                 char_offset=state.char_offset, memory=state.memory,
                 records=[e.to_json() for e in state.records if e.mention.step >= first_step],
-                record_splits=state.record_splits, record_failed=state.record_failed,
-                dropped_values=state.dropped_values, dropped_records=state.dropped_records)
+                records_tally=state.records_tally.to_dict())
 
 
 def parse_segment(data: bytes | str) -> Segment:
@@ -110,6 +107,9 @@ def parse_segment(data: bytes | str) -> Segment:
     for i, s in enumerate(seg.steps):
         if s.step != seg.first_step + i or s.kind != "memory":
             raise BadSegment(f"steps.{i}: expected memory step {seg.first_step + i}, got {s.kind} step {s.step}")
+    unknown = sorted(set(seg.records_tally) - TALLY_FIELDS)
+    if unknown:
+        raise BadSegment(f"records_tally.{unknown[0]}: not a count of the records tally")
     for i, r in enumerate(seg.records):
         if not seg.first_step <= r.step < seg.first_step + len(seg.steps):
             raise BadSegment(f"records.{i}: step {r.step} is not a step of the segment")
@@ -134,5 +134,5 @@ def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainSta
         steps.extend(Step(**s.model_dump()) for s in seg.steps)
         records.extend(Emitted.from_json(r.model_dump()) for r in seg.records)
         state = ChainState(seg.next_chunk, seg.char_offset, seg.memory, tuple(steps), tuple(records),
-                           seg.record_splits, seg.record_failed, seg.dropped_values, seg.dropped_records)
+                           RecordsTally(**seg.records_tally))
     return state, None

@@ -36,20 +36,24 @@ RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 
 # An extraction's validated object (JSON text) and per-field evidence (memagent.extraction.output).
 EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"
-# Record types (memagent.extraction.reading): how many chunk pieces a records reply made split and re-read,
-# how many pieces stayed unread (their reply overflowed or failed to parse even at the smallest size: their
-# records are missing), and the stem of the row's records files (pipelines/records_output.py); one
-# ``n_records_<type>`` per type.
+# Record types (memagent.extraction.reading.RecordsTally, one column per count): chunk pieces whose records
+# reply overflowed (cut, full, or no JSON) and were split and re-read; pieces left (partly) unread, their
+# records missing (still overflowing at the size or depth limit, or looping); of those, pieces whose reply
+# repeated itself; records dropped because they did not validate; with require_grounding (AgentConfig),
+# values not found where the record was read (removed) and records dropped for it (0 when it is off).
 RECORD_SPLITS_COLUMN, RECORD_FAILED_COLUMN = "record_splits", "record_failed_pieces"
+RECORD_LOOPED_COLUMN, RECORD_INVALID_COLUMN = "record_looped_pieces", "record_invalid_items"
+DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN = "grounding_dropped_values", "grounding_dropped_records"
+TALLY_COLUMNS = {"splits": RECORD_SPLITS_COLUMN, "failed": RECORD_FAILED_COLUMN, "looped": RECORD_LOOPED_COLUMN,
+                 "invalid_items": RECORD_INVALID_COLUMN, "dropped_values": DROPPED_VALUES_COLUMN,
+                 "dropped_records": DROPPED_RECORDS_COLUMN}  # RecordsTally field -> row column
+# The stem of the row's records files (pipelines/records_output.py); one ``n_records_<type>`` per type.
 RECORDS_FILE_COLUMN = "records_file"
 N_RECORDS_PREFIX = "n_records_"
 # The records output's own columns, around a record type's value columns (``_records/<type>/``).
-RECORD_COLUMNS = ("id", "record_type", "record_index", "record_evidence", "first_chunk", "last_chunk", "mentions")
-# require_grounding (AgentConfig): record values not found in the document and removed, records whose key
-# values were not all found and dropped (0 when it is off).
-DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN = "grounding_dropped_values", "grounding_dropped_records"
-EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, RECORD_SPLITS_COLUMN, RECORD_FAILED_COLUMN,
-                      RECORDS_FILE_COLUMN, DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN)
+RECORD_COLUMNS = ("id", "record_type", "record_index", "record_evidence", "record_conflicts", "first_chunk",
+                  "last_chunk", "mentions")
+EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, *TALLY_COLUMNS.values(), RECORDS_FILE_COLUMN)
 
 # The batch job's own: which Ray node read the row, and the input fingerprint a resume compares.
 NODE_ID_COLUMN, FINGERPRINT_COLUMN = "node_id", "input_fingerprint"

@@ -10,12 +10,14 @@ import pyarrow.compute as pc
 
 from memagent.error_kinds import INFRA_PREFIX
 from memagent.result_schema import (
-    DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_FAILED_COLUMN, RECORD_SPLITS_COLUMN,
+    DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_FAILED_COLUMN, RECORD_INVALID_COLUMN,
+    RECORD_LOOPED_COLUMN, RECORD_SPLITS_COLUMN,
 )
 from pipelines.admission import occupancy
 
 # The per-row record counts a summary adds up (besides the n_records_<type> columns): field -> column.
 RECORD_COUNT_COLUMNS = {"record_splits": RECORD_SPLITS_COLUMN, "record_failed_pieces": RECORD_FAILED_COLUMN,
+                        "record_looped_pieces": RECORD_LOOPED_COLUMN, "record_invalid_items": RECORD_INVALID_COLUMN,
                         "dropped_values": DROPPED_VALUES_COLUMN, "dropped_records": DROPPED_RECORDS_COLUMN}
 
 
@@ -59,6 +61,8 @@ class BatchSummary:
     records: dict[str, int] = field(default_factory=dict)
     record_splits: int = 0
     record_failed_pieces: int = 0
+    record_looped_pieces: int = 0  # of the pieces left unread: the model's reply repeated itself
+    record_invalid_items: int = 0  # records dropped: they did not validate against the item schema
     dropped_values: int = 0
     dropped_records: int = 0
     require_grounding: bool = False
@@ -115,7 +119,7 @@ class BatchSummary:
         """The headline figures as plain JSON-able data (flow results, artifacts)."""
         keys = ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors", "accuracy", "accuracy_answered",
                 "context_tokens", "resumed_rows", "resumed_chunks", "checkpoints_ignored", "records",
-                "record_splits", "record_failed_pieces", "dropped_values", "dropped_records", "require_grounding")
+                *RECORD_COUNT_COLUMNS, "require_grounding")
         return {**{k: getattr(self, k) for k in keys}, "seconds": round(self.seconds, 2),
                 "tokens_per_second": round(self.tokens_per_second, 1), "output": self.output}
 
@@ -159,13 +163,18 @@ class BatchSummary:
         per = ", ".join(f"{n} {name}" for name, n in self.records.items())
         lines = [f"records:        {per}"]
         if self.record_splits or self.record_failed_pieces:
-            unread = (f"; {self.record_failed_pieces} piece(s) left unread, their records missing (the reply never "
-                      "fit --memory-tokens or never parsed: raise it, or use a stronger model)"
+            looped = f", {self.record_looped_pieces} of them because the reply looped" if self.record_looped_pieces \
+                else ""
+            unread = (f"; {self.record_failed_pieces} piece(s) left (partly) unread, their records missing{looped} "
+                      "(the reply never fit --memory-tokens or never parsed: raise it, or use a stronger model)"
                       if self.record_failed_pieces else "")
             lines.append(f"  overflow:     {self.record_splits} reply(ies) split and re-read in halves{unread}")
+        if self.record_invalid_items:
+            lines.append(f"  invalid:      {self.record_invalid_items} record(s) dropped: not valid under the schema "
+                         "(record_invalid_items)")
         if self.require_grounding or self.dropped_values or self.dropped_records:
             lines.append(f"  grounding:    {self.dropped_values} value(s) and {self.dropped_records} record(s) dropped "
-                         "(not found in the document; --require-grounding)")
+                         "(not found where the record was read; --require-grounding)")
         return lines
 
     def speculation_lines(self) -> list[str]:

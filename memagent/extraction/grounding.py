@@ -1,8 +1,8 @@
 """Grounding: the char span of the document each extracted value came from.
 
 :func:`locate` finds one value of a kind (:mod:`memagent.extraction.kinds`) in the text, in
-three stages. Stages 1 and 2 are tried inside the chunk that stated the value, then in the
-whole document; stage 3 only when they found nothing, again chunk first. The first match wins:
+three stages, inside a window (the text a call read) and, for document-level fields only, then in
+the whole document; stage 3 only when stages 1 and 2 found nothing. The first match wins:
 
 1. **exact**: the value as the JSON writes it (``Harlow Freight Ltd``, ``48250``, ``2021-03-14``);
 2. **normalised**: case-, whitespace- and punctuation-insensitive (curly quotes, dashes) in every
@@ -15,14 +15,25 @@ whole document; stage 3 only when they found nothing, again chunk first. The fir
 
 Matches may not cut a word (``25`` is not found inside ``250``), except next to CJK text, which
 has no word boundaries (``東京`` is found in ``東京都``); a number is not found inside a date
-written in digits (an amount of 2020 is not in ``2020-08-08``, nor 4 in ``14.04.2021``: a small
-model's made-up amounts would otherwise pass as grounded by every date). Booleans have no span.
+(an amount of 2020 is not in ``2020-08-08`` nor in ``March 8, 2020``, 4 not in ``14.04.2021``: a
+small model's made-up amounts would otherwise pass as grounded by every date). Booleans have no span.
 
-:func:`ground_chunk` grounds the records one chunk emitted; with ``require_grounding`` it drops
-free values (string, date, number, integer, array items; not enum labels or booleans, which the
-schema bounds) that have no span, and the records whose key values have none, and counts both.
-:func:`value_evidence` is the document-level fields' evidence (``field_evidence``): exact and
-normalised stages only, as the output documents it.
+**Records** (:func:`ground_chunk`) are grounded where they were read. A value is grounded
+
+- in the **window** its call read (the chunk piece and the rest of the sentence it cuts), or
+- through the **memory**, for text values only (an alias: ``the Carrier`` resolved to ``Harlow
+  Freight Ltd``; a number or a date has no alias): the memory the call read holds the value, and
+  the span is where the chain read it, inside the chunk of the first memory step whose memory
+  holds it (:class:`MemoryChain`).
+
+A value found only elsewhere in the document is labelled ``elsewhere`` (never ``exact``): small
+numbers, years and common names occur somewhere in a long document, so such a match proves
+nothing. With ``require_grounding`` it counts as not found: free values (string, date, number,
+integer, array items; not enum labels or booleans, which the schema bounds) without a span are
+removed, and a record is dropped when a key value has none or when no value at all lies in the
+window (the passage does not state it); both are counted. :func:`value_evidence` is the
+document-level fields' evidence (``field_evidence``): exact and normalised stages only, as the
+output documents it.
 """
 
 from __future__ import annotations
@@ -43,25 +54,37 @@ FUZZY_MIN_CHARS = 5  # shorter values are found exactly or not at all (a fuzzy 4
 MAX_SEEDS = 4  # rarest n-grams of a value whose occurrences seed fuzzy candidates
 MAX_CANDIDATES = 24  # candidate windows scored per value and window
 MAX_OCCURRENCES = 5000  # occurrences of one n-gram looked at
+ALIASED_KINDS = ("string", "string_array")  # kinds a memory may resolve (a role to a name); never numbers or dates
 
 Method = Literal["exact", "normalised", "fuzzy"]
+Where = Literal["window", "memory", "elsewhere"]
 _CJK = re.compile(r"[\u2e80-\u2fff\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
                   r"\uff66-\uff9f]")
 _NUMBER_TOKEN = re.compile(r"(?<![A-Za-z0-9.,])[-\u2212]?\d(?:[\d,.'\u00a0\u202f]*\d)?(?![A-Za-z0-9])")
 _NUMBER_EDGE_BEFORE = re.compile(r"\d[.,'\u00a0\u202f]$")
 _NUMBER_EDGE_AFTER = re.compile(r"[.,'\u00a0\u202f]\d")
 _DIGIT_DATE = re.compile(r"(?<!\d)(?:\d{4}([-/.])\d{1,2}\1\d{1,2}|\d{1,2}([-/.])\d{1,2}\2\d{2,4})(?!\d)")
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
+_WRITTEN_DATE = re.compile(rf"\b(?:{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\d{{1,2}}(?:st|nd|rd|th)?\s+{_MONTH}\s+"
+                           r"\d{4})(?!\d)|\d{4}\s*年\s*\d{1,2}\s*月\s*\d{1,2}\s*日", re.IGNORECASE)
 _PUNCT = {"'": "['\u2018\u2019]", '"': "[\"\u201c\u201d]", "-": "[-\u2010-\u2015]", ",": ",?"}
 
 
 @dataclass(frozen=True)
 class Span:
-    """Where a value is written: ``text[start:end]``, the stage that found it and its similarity."""
+    """Where a value is written: ``text[start:end]``, the stage that found it, its similarity, and where
+    the match lies relative to the call that read it (records; see the module docstring)."""
 
     start: int
     end: int
     method: Method
     score: float = 1.0
+    where: Where = "window"
+
+    @property
+    def grounding(self) -> str:
+        """The label the output carries: the method inside the window, else ``memory`` or ``elsewhere``."""
+        return self.method if self.where == "window" else self.where
 
 
 def _word(c: str) -> bool:
@@ -75,14 +98,16 @@ def bounded(text: str, start: int, end: int, numeric: bool = False) -> bool:
             or end < len(text) and end > start and _word(text[end]) and _word(text[end - 1]):
         return False
     return not numeric or not (_NUMBER_EDGE_BEFORE.search(text, max(0, start - 2), start)
-                               or _NUMBER_EDGE_AFTER.match(text, end) or in_digit_date(text, start, end))
+                               or _NUMBER_EDGE_AFTER.match(text, end) or in_date(text, start, end))
 
 
-def in_digit_date(text: str, start: int, end: int) -> bool:
-    """``text[start:end]`` lies inside a date written in digits (``2020-08-08``, ``14/04/2021``, ``02.04.21``)."""
-    for m in _DIGIT_DATE.finditer(text, max(0, start - 10), min(len(text), end + 10)):
-        if m.start() <= start and end <= m.end():
-            return True
+def in_date(text: str, start: int, end: int) -> bool:
+    """``text[start:end]`` lies inside a date (``2020-08-08``, ``14/04/2021``, ``02.04.21``, ``March 14, 2021``,
+    ``14 March 2021``, ``2021年3月14日``): a number there is part of the date, not an amount."""
+    for pattern, reach in ((_DIGIT_DATE, 10), (_WRITTEN_DATE, 20)):
+        for m in pattern.finditer(text, max(0, start - reach), min(len(text), end + reach)):
+            if m.start() <= start and end <= m.end():
+                return True
     return False
 
 
@@ -116,7 +141,7 @@ def _scan_numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
     found = []
     for m in _NUMBER_TOKEN.finditer(text):
         v = parse_number(m.group())
-        if v is not None and not in_digit_date(text, m.start(), m.end()):
+        if v is not None and not in_date(text, m.start(), m.end()):
             found.append((m.start(), m.end(), v))
     return [f[0] for f in found], found
 
@@ -187,10 +212,9 @@ def _fuzzy(value: str, text: str, lo: int, hi: int, threshold: float) -> Span | 
 
 
 def locate(kind: FieldKind, value: Any, text: str | None, window: tuple[int, int] | None = None, *,
-           fuzzy: bool = True, threshold: float = FUZZY_THRESHOLD) -> Span | None:
-    """The span of one value of ``kind`` in ``text``, searched in ``window`` (the chunk) first; None when not found.
-
-    For an array kind, ``value`` is one item.
+           fuzzy: bool = True, threshold: float = FUZZY_THRESHOLD, document: bool = True) -> Span | None:
+    """The span of one value of ``kind`` in ``text``, searched in ``window`` (the chunk) first, then (with
+    ``document``) in the whole text; None when not found. For an array kind, ``value`` is one item.
     """
     kind = ITEM_KIND.get(kind, kind)
     k = KINDS[kind]
@@ -199,7 +223,9 @@ def locate(kind: FieldKind, value: Any, text: str | None, window: tuple[int, int
     areas = [(0, len(text))]
     if window is not None and window[0] is not None and window[1] is not None:
         lo, hi = max(0, int(window[0])), min(len(text), int(window[1]))
-        if (lo, hi) != (0, len(text)) and lo < hi:
+        if not document:
+            areas = [(lo, hi)] if lo < hi else []
+        elif (lo, hi) != (0, len(text)) and lo < hi:
             areas.insert(0, (lo, hi))
     forms = tuple(k.forms(value))
     for lo, hi in areas:  # the chunk, then the document; a written form anywhere beats a fuzzy match
@@ -214,7 +240,112 @@ def locate(kind: FieldKind, value: Any, text: str | None, window: tuple[int, int
     return None
 
 
+MAX_OCCURRENCES_NEAR = 256  # occurrences of one value weighed when a record's values are re-anchored
+_SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")
+
+
+def occurrences(kind: FieldKind, value: Any, text: str, window: tuple[int, int]) -> list[Span]:
+    """Every exact or normalised match of one value in ``text[window[0]:window[1]]``, in text order."""
+    kind = ITEM_KIND.get(kind, kind)
+    k = KINDS[kind]
+    forms, numeric = tuple(k.forms(value)), k.by_value == "number"
+    lo, hi = window
+    out: dict[int, Span] = {}
+    if forms:
+        for m in _regex(forms).finditer(text, lo, hi):
+            if m.end() > m.start() and bounded(text, m.start(), m.end(), numeric):
+                out.setdefault(m.start(), Span(m.start(), m.end(), "exact" if m.group() == forms[0] else "normalised"))
+            if len(out) >= MAX_OCCURRENCES_NEAR:
+                break
+    if numeric and (v := parse_number(value)) is not None:
+        starts, found = _numbers(text)
+        for st, e, x in found[bisect_left(starts, lo):]:
+            if st >= hi or e > hi or len(out) >= MAX_OCCURRENCES_NEAR:
+                break
+            if abs(x - v) <= 1e-9 * max(1.0, abs(v)):
+                out.setdefault(st, Span(st, e, "normalised"))
+    return [out[i] for i in sorted(out)]
+
+
+def one_sentence(text: str, spans: Sequence[Span]) -> bool:
+    """The spans lie in one sentence (no sentence end between the first start and the last end)."""
+    lo, hi = min(s.start for s in spans), max(s.end for s in spans)
+    return _SENTENCE_END.search(text, lo, max(lo, hi - 1)) is None
+
+
+def _sentence(text: str, pos: int, lo: int, hi: int) -> tuple[int, int]:
+    """The bounds of the sentence holding ``pos`` inside ``[lo, hi)``."""
+    start = lo
+    for m in _SENTENCE_END.finditer(text, max(lo, pos - 2000), pos):
+        start = m.end()
+    m = _SENTENCE_END.search(text, pos, hi)
+    return start, (m.end() if m else hi)
+
+
+def anchored(record: RecordType, values: Mapping[str, Any], spans: dict[str, Span | None], text: str,
+             window: tuple[int, int], chain: MemoryChain | None = None) -> dict[str, Span | None]:
+    """A record's window spans moved into one sentence when the first occurrences do not share one (a
+    payer named on many lines of a table): the sentence holding the most of its values wins (the
+    earliest among equals), and every value takes its occurrence there. A value not written there was
+    resolved from elsewhere (an alias): its span is where the chain read it (memory) when the memory
+    holds it, else its first occurrence in the window."""
+    here = {p: s for p, s in spans.items() if s is not None and s.where == "window" and s.method != "fuzzy"}
+    if len(here) < 2 or one_sentence(text, list(here.values())):
+        return spans
+    leaf = _leaf_values(record, values)
+    occ = {path: occurrences(*leaf[path], text, window) or [here[path]] for path in here}
+    held: dict[tuple[int, int], set[str]] = {}
+    for path, os in occ.items():
+        for o in os:
+            held.setdefault(_sentence(text, o.start, *window), set()).add(path)
+    lo, hi = max(held, key=lambda b: (len(held[b]), -b[0]))
+    out = dict(spans)
+    for path, os in occ.items():
+        inside = [o for o in os if lo <= o.start and o.end <= hi]
+        kind, value = leaf[path]
+        if inside:
+            out[path] = inside[0] if inside[0].start != here[path].start else here[path]
+        elif chain is not None and (via := chain.locate(ITEM_KIND.get(kind, kind), value, text)) is not None:
+            out[path] = via
+    return out
+
+
+def _leaf_values(record: RecordType, values: Mapping[str, Any]) -> dict[str, tuple[FieldKind, Any]]:
+    """``path -> (kind, value)`` of every leaf of a record, array items one each (``tags.0``)."""
+    out: dict[str, tuple[FieldKind, Any]] = {}
+    for path, spec, value in record.leaves(values):
+        if spec.kind == "string_array" and isinstance(value, list):
+            out.update({f"{path}.{i}": (spec.kind, item) for i, item in enumerate(value)})
+        else:
+            out[path] = (spec.kind, value)
+    return out
+
+
 # -- records ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryChain:
+    """What a records call's memory can show: the memory it read, and the memory steps behind it as
+    ``(memory written, char_start, char_end of the chunk it was written from)`` in step order."""
+
+    memory: str = ""
+    steps: tuple[tuple[str, int, int], ...] = ()
+
+    def locate(self, kind: FieldKind, value: Any, text: str) -> Span | None:
+        """The value's span where the chain read it, when the memory the call read holds it (an alias
+        resolved through the memory): inside the chunk of the first memory step that holds it, or the
+        chunk before (a sentence the boundary cut, finished by that step). Text values only: a name
+        has aliases, a number or a date does not."""
+        if kind not in ALIASED_KINDS or not self.memory or locate(kind, value, self.memory, fuzzy=False) is None:
+            return None
+        for i, (memory, start, end) in enumerate(self.steps):
+            if locate(kind, value, memory, fuzzy=False) is not None:
+                lo = self.steps[i - 1][1] if i > 0 else start
+                span = locate(kind, value, text, (lo, end), fuzzy=False, document=False)
+                if span is not None:
+                    return Span(span.start, span.end, span.method, span.score, "memory")
+        return None
 
 
 @dataclass
@@ -236,13 +367,31 @@ def _drop(values: dict[str, Any], path: str) -> None:
     node.pop(last, None)
 
 
-def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text: str,
-                 window: tuple[int, int] | None = None, *, require_grounding: bool = False,
-                 threshold: float = FUZZY_THRESHOLD) -> GroundedChunk:
-    """Spans of every value of the records one chunk (``text[window[0]:window[1]]``) emitted.
+def ground_value(kind: FieldKind, value: Any, text: str, window: tuple[int, int], chain: MemoryChain | None,
+                 *, elsewhere: bool = True, threshold: float = FUZZY_THRESHOLD) -> Span | None:
+    """One record value's span: in the window, else through the memory, else (``elsewhere``) anywhere in
+    the document, labelled so (see the module docstring)."""
+    span = locate(kind, value, text, window, threshold=threshold, document=False)
+    if span is None and chain is not None:
+        span = chain.locate(ITEM_KIND.get(kind, kind), value, text)
+    if span is None and elsewhere:
+        found = locate(kind, value, text, threshold=threshold)
+        span = Span(found.start, found.end, found.method, found.score, "elsewhere") if found else None
+    return span
 
-    With ``require_grounding``: a record whose key values are not all found is dropped, and an
-    ungrounded free value is removed from its record (an array loses the item); both counted.
+
+def _grounded(span: Span | None) -> bool:
+    return span is not None and span.where != "elsewhere"
+
+
+def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text: str,
+                 window: tuple[int, int], *, chain: MemoryChain | None = None, require_grounding: bool = False,
+                 threshold: float = FUZZY_THRESHOLD) -> GroundedChunk:
+    """Spans of every value of the records one call emitted after reading ``text[window[0]:window[1]]``.
+
+    With ``require_grounding``: a record is dropped when a key value is not grounded (window or
+    memory) or no value lies in the window; an ungrounded free value is removed from its record (an
+    array loses the item); both counted.
     """
     out = GroundedChunk()
     for rec in records:
@@ -250,20 +399,19 @@ def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text:
         spans: dict[str, Span | None] = {}
         ungrounded: list[tuple[str, FieldKind]] = []
         for path, spec, value in record.leaves(values):
-            if value is None:
+            if value is None or not KINDS[ITEM_KIND.get(spec.kind, spec.kind)].grounded:
                 continue
             array = spec.kind == "string_array" and isinstance(value, list)
-            items = list(enumerate(value)) if array else [(None, value)]
-            for i, item in items:
+            for i, item in (list(enumerate(value)) if array else [(None, value)]):
                 where = path if i is None else f"{path}.{i}"
-                span = locate(spec.kind, item, text, window, threshold=threshold)
-                if KINDS[ITEM_KIND.get(spec.kind, spec.kind)].grounded:
-                    spans[where] = span
-                    if span is None:
-                        ungrounded.append((where, spec.kind))
+                spans[where] = ground_value(spec.kind, item, text, window, chain, elsewhere=not require_grounding,
+                                            threshold=threshold)
+                if not _grounded(spans[where]):
+                    ungrounded.append((where, spec.kind))
+        spans = anchored(record, values, spans, text, window, chain)
         if require_grounding:
             keys = set(record.key)
-            if any(w in keys for w, _ in ungrounded):
+            if any(w in keys for w, _ in ungrounded) or not any(s and s.where == "window" for s in spans.values()):
                 out.dropped_records += 1
                 continue
             drop = [(w, kd) for w, kd in ungrounded if KINDS[ITEM_KIND.get(kd, kd)].droppable]

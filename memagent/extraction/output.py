@@ -17,8 +17,12 @@ Columns (all nullable, null in error rows):
 Record types have their typed row columns here too (:func:`record_fields`, :func:`typed_record`), and
 :func:`records_table` turns one document's merged records of one type into the rows of the records
 output: ``id``, ``record_type``, ``record_index``, one typed column per item property (nested
-objects as structs), ``record_evidence`` (``list<struct<field, step, char_start, char_end>>``, one
-entry per stated leaf, array items as ``field.i``), ``first_chunk``, ``last_chunk``, ``mentions``.
+objects as structs), ``record_evidence`` (``list<struct<field, step, char_start, char_end, grounding>>``,
+one entry per stated leaf, array items as ``field.i``; ``grounding`` says how the span was found:
+``exact``/``normalised``/``fuzzy`` in the text the call read, ``memory`` through the memory, ``elsewhere``
+only outside it, null not found), ``record_conflicts`` (``list<struct<field, value, step, char_start,
+char_end>>``: values mentions stated that the record does not keep, :mod:`memagent.extraction.records`),
+``first_chunk``, ``last_chunk``, ``mentions``.
 
 A reply that does not parse or does not validate raises :class:`InvalidOutput`; the batch job
 writes it as an ``invalid_output:`` error row (:mod:`memagent.error_kinds`).
@@ -26,7 +30,6 @@ writes it as an ``invalid_output:`` error row (:mod:`memagent.error_kinds`).
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, Iterable, Mapping
 
@@ -38,8 +41,7 @@ from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
-    DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX,
-    RECORD_FAILED_COLUMN, RECORD_SPLITS_COLUMN, RECORDS_FILE_COLUMN,
+    EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, TALLY_COLUMNS,
 )
 
 EVIDENCE_TYPE = pa.struct([
@@ -48,6 +50,11 @@ EVIDENCE_TYPE = pa.struct([
 ])
 RECORD_EVIDENCE_TYPE = pa.struct([
     ("field", pa.string()), ("step", pa.int32()), ("char_start", pa.int64()), ("char_end", pa.int64()),
+    ("grounding", pa.string()),
+])
+RECORD_CONFLICT_TYPE = pa.struct([
+    ("field", pa.string()), ("value", pa.string()), ("step", pa.int32()),
+    ("char_start", pa.int64()), ("char_end", pa.int64()),
 ])
 
 
@@ -57,15 +64,14 @@ class InvalidOutput(ValueError):
 
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``, one
-    ``n_records_<type>`` per record type, ``record_splits``, ``record_failed_pieces``, ``records_file``,
-    ``grounding_dropped_values`` and ``grounding_dropped_records`` (what ``require_grounding`` dropped;
-    null without record types)."""
-    dropped = [pa.field(DROPPED_VALUES_COLUMN, pa.int32()), pa.field(DROPPED_RECORDS_COLUMN, pa.int32())]
+    ``n_records_<type>`` per record type, the records calls' tally (``record_splits``,
+    ``record_failed_pieces``, ``record_looped_pieces``, ``record_invalid_items``,
+    ``grounding_dropped_values``, ``grounding_dropped_records``) and ``records_file`` (null without
+    record types)."""
     return [*(pa.field(f.name, KINDS[f.kind].arrow) for f in schema.fields),
             pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),
             *(pa.field(N_RECORDS_PREFIX + r.name, pa.int32()) for r in schema.record_types),
-            pa.field(RECORD_SPLITS_COLUMN, pa.int32()), pa.field(RECORD_FAILED_COLUMN, pa.int32()),
-            pa.field(RECORDS_FILE_COLUMN, pa.string()), *dropped]
+            *(pa.field(c, pa.int32()) for c in TALLY_COLUMNS.values()), pa.field(RECORDS_FILE_COLUMN, pa.string())]
 
 
 def _arrow_field(spec: FieldSpec | ObjectSpec) -> pa.Field:
@@ -100,14 +106,15 @@ def records_arrow_schema(record: RecordType) -> pa.Schema:
     """The columns of a record type's rows in the records output (the module docstring)."""
     return pa.schema([pa.field("id", pa.string()), pa.field("record_type", pa.string()),
                       pa.field("record_index", pa.int32()), *record_fields(record),
-                      pa.field("record_evidence", pa.list_(RECORD_EVIDENCE_TYPE)), pa.field("first_chunk", pa.int32()),
+                      pa.field("record_evidence", pa.list_(RECORD_EVIDENCE_TYPE)),
+                      pa.field("record_conflicts", pa.list_(RECORD_CONFLICT_TYPE)), pa.field("first_chunk", pa.int32()),
                       pa.field("last_chunk", pa.int32()), pa.field("mentions", pa.int32())])
 
 
 def records_table(record: RecordType, row_id: str, records: Iterable[Any]) -> pa.Table:
     """One document's merged records (:class:`memagent.extraction.records.Record`) of one type as rows."""
     rows = [{"id": row_id, "record_type": record.name, "record_index": i, **typed_record(record, r.values),
-             "record_evidence": r.evidence_rows(), "first_chunk": r.first_chunk, "last_chunk": r.last_chunk,
+             "record_evidence": r.evidence_rows(), "record_conflicts": r.conflict_rows(), "first_chunk": r.first_chunk, "last_chunk": r.last_chunk,
              "mentions": r.mentions} for i, r in enumerate(records)]
     return pa.Table.from_pylist(rows, schema=records_arrow_schema(record))
 
@@ -117,22 +124,13 @@ def null_columns(schema: ExtractionSchema) -> dict[str, None]:
     return {f.name: None for f in output_fields(schema)}
 
 
-@functools.lru_cache(maxsize=32)
-def _validator(decoding_schema_json: str) -> Any:
-    from jsonschema import Draft202012Validator
-
-    # The format checker holds dates to RFC 3339's full-date (YYYY-MM-DD), as the date32 column needs.
-    return Draft202012Validator(json.loads(decoding_schema_json),
-                                format_checker=Draft202012Validator.FORMAT_CHECKER)
-
-
 def parse_reply(schema: ExtractionSchema, text: str | None) -> dict[str, Any]:
     """The reply as a JSON object valid under the schema; :class:`InvalidOutput` saying why not."""
     try:
         obj = parse_json_answer(text or "")
     except ValueError as exc:
         raise InvalidOutput(str(exc)) from None
-    errors = sorted(_validator(schema.decoding_schema_json()).iter_errors(obj), key=lambda e: list(e.path))
+    errors = schema.reply_errors(obj)
     if errors:
         e = errors[0]
         where = f"field {'.'.join(map(str, e.path))!r}" if e.path else "reply"

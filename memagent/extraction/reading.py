@@ -6,19 +6,25 @@ states, a JSON array under :meth:`ExtractionSchema.records_schema` (``SamplingPa
 given the memory the chunk's update reads. The prompt is the memory update's up to its chunk, then
 the records request (:func:`memagent.prompts.records_messages`): the two calls share their prefix.
 
-A reply cut at its budget (``finish_reason`` "length") or one that is not a valid array is never
-truncated or guessed at: the text is split in two halves (at a whitespace near the middle) and
-each half (cut at the paragraph, line, sentence or word break nearest the middle) is read
-again with the same memory, recursively down to :data:`MIN_SPLIT_CHARS`; every
-split is counted. A piece still failing at that size yields no records and is counted as failed.
+**Overflow.** A reply cut at its budget (``finish_reason`` "length"), one that fills the call's
+limit (:data:`~memagent.extraction.schema.RECORDS_PER_CALL` records: there may be more), or one
+that is not a JSON array is never taken as complete: the piece is split in two (at the paragraph,
+line, sentence or word break nearest the middle) and each part is read again with the same memory,
+recursively, at most :data:`MAX_SPLIT_DEPTH` times and down to :data:`MIN_SPLIT_CHARS`. Every split
+is counted. A piece still overflowing there is counted as failed (its records may be missing; the
+records of a full, valid reply are kept). A reply that repeats itself (:func:`repeats_itself`) is
+a model failure: counted as failed and looped, never split again.
 
-A sentence cut by a chunk boundary is read whole, once (:func:`records_reach`): a chunk's records
-call reads on past its end to the end of the sentence the boundary cuts (at most
-:data:`TAIL_CHARS`), and the next chunk's call drops a record whose values grounded in its
-window all lie in that finished sentence (the earlier call owned it). The chunk text itself
-stays the memory update's, so the two calls still share their prefix.
+**Validation per item.** Each item is validated on its own against the record type's item schema
+(formats included): an invalid item is dropped and counted (``invalid_items``), its neighbours kept.
 
-Each record is grounded in the piece's char window (:func:`ground_chunk`) and kept as a
+A sentence cut by a boundary (a chunk's end, or a split point) is read whole, once
+(:func:`records_reach`): the earlier call reads on to the end of that sentence (at most
+:data:`TAIL_CHARS`), and the later call drops a record whose values grounded in its window all lie
+in that finished sentence (the earlier call owned it).
+
+Each record is grounded where it was read (:func:`~memagent.extraction.grounding.ground_chunk`: the
+piece's window, or through the memory for an alias) and kept as a
 :class:`~memagent.extraction.records.Mention` of its step; records are never written into the
 memory. :func:`merge_mentions` merges a read's mentions per record type.
 """
@@ -27,19 +33,21 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
-from memagent.engines.base import Engine, SamplingParams
-from memagent.extraction.grounding import Span, ground_chunk
-from memagent.extraction.output import _validator
+from memagent.engines.base import Completion, Engine, SamplingParams
+from memagent.extraction.grounding import MemoryChain, Span, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
-from memagent.extraction.schema import ExtractionSchema
+from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
 
 MIN_SPLIT_CHARS = 64  # a piece this short is not split again
-TAIL_CHARS = 400  # how far a records call reads past its chunk to finish a cut sentence
+MAX_SPLIT_DEPTH = 6  # a chunk's records call becomes at most 2**6 pieces (a 5,000-token chunk: ~350 characters each)
+TAIL_CHARS = 400  # how far a records call reads past its piece to finish a cut sentence
 _SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")  # a line break, or a sentence's last character
+LOOP_MAX_PERIOD = 200  # characters: the longest unit a looping reply is checked for
+LOOP_MIN_CHARS = 64  # a repeated tail shorter than this is not a loop
 
 
 class HasCharSpan(Protocol):
@@ -62,17 +70,18 @@ def records_reach(text: str, chunks: Sequence[HasCharSpan], k: int) -> tuple[int
     rest of the sentence its end cuts) and leaves out the records whose values grounded in that text
     all lie before ``owned_from`` (the end of the sentence its start cuts, read whole by the call before).
 
-    Each boundary's sentence end is computed the same way from both sides, so the owned parts
-    ``[owned_from, end)`` of consecutive chunks tile the text. A boundary where chunks are not
-    contiguous (the middle dropped by ``max_chunks``) is not crossed.
+    Each boundary's sentence end is computed the same way from both sides, and may lie chunks further
+    on (a long sentence in small chunks), so the owned parts ``[owned_from, end)`` of consecutive chunks
+    tile the text. A boundary where chunks are not contiguous (the middle dropped by ``max_chunks``)
+    is not crossed.
     """
     c = chunks[k]
     owned_from = c.char_start
     if k > 0 and chunks[k - 1].char_end == c.char_start:
-        owned_from = sentence_end(text, c.char_start, c.char_end)
+        owned_from = sentence_end(text, c.char_start, len(text))
     end = c.char_end
     if k + 1 < len(chunks) and chunks[k + 1].char_start == c.char_end:
-        end = sentence_end(text, c.char_end, chunks[k + 1].char_end)
+        end = max(end, sentence_end(text, c.char_end, len(text)))
     return c.char_start, owned_from, end
 
 
@@ -95,24 +104,38 @@ class Emitted:
 
 
 @dataclass
+class RecordsTally:
+    """What a read's records calls did besides emitting records; carried whole (chain state, checkpoint
+    segments, result, output row, job summary), summed with :meth:`add`."""
+
+    splits: int = 0  # pieces split in two: the reply was cut, filled the call's limit, or did not parse
+    failed: int = 0  # pieces left (partly) unread: still overflowing at the size or depth limit, or looping
+    looped: int = 0  # of ``failed``: the reply repeated itself (a model failure; never split again)
+    invalid_items: int = 0  # records dropped because they did not validate against the item schema
+    dropped_values: int = 0  # require_grounding: values not found where the record was read, removed
+    dropped_records: int = 0  # require_grounding: records whose key values (or all values) were not found there
+
+    def add(self, other: RecordsTally) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
 class ChunkRecords:
     """What the records calls of one chunk produced, or (summed with :meth:`add`) of a read so far:
     carried in :class:`memagent.agent.ChainState`, never in the memory."""
 
     emitted: list[Emitted] = field(default_factory=list)
-    splits: int = 0  # pieces split in two because a reply overflowed or did not parse
-    failed: int = 0  # pieces of MIN_SPLIT_CHARS or less whose reply still failed (no records from them)
+    tally: RecordsTally = field(default_factory=RecordsTally)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    dropped_values: int = 0  # require_grounding: values not found in the document, removed from their record
-    dropped_records: int = 0  # require_grounding: records whose key values were not all found
 
     def add(self, other: ChunkRecords) -> None:
         self.emitted += other.emitted
-        self.splits += other.splits
-        self.failed += other.failed
-        self.dropped_values += other.dropped_values
-        self.dropped_records += other.dropped_records
+        self.tally.add(other.tally)
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
 
@@ -130,15 +153,75 @@ class RecordsCall:
     require_grounding: bool = False  # AgentConfig.require_grounding: drop what is not found in the text, counted
 
 
-def _parse(schema: ExtractionSchema, name: str, text: str) -> list[dict[str, Any]] | None:
-    """The reply as a list of records valid under the records schema, or None."""
+@dataclass(frozen=True)
+class ChunkRead:
+    """One chunk's records calls: the memory they read (and the chain behind it), the document, the step.
+
+    ``written`` awaits the memory written from this chunk (its ``chunk`` span): a split piece reads that
+    memory instead, so names the chunk defines before the piece (an alias) are known to it.
+    """
+
+    call: RecordsCall
+    chain: MemoryChain
+    context: str
+    step: int
+    priority: int = 0
+    written: Callable[[], Awaitable[str]] | None = None
+    chunk: tuple[int, int] = (0, 0)
+
+    async def memory_for(self, piece: Piece) -> MemoryChain:
+        """The memory a piece's call reads (see the class docstring) and the chain that grounds through it."""
+        if piece.depth == 0 or self.written is None:
+            return self.chain
+        memory = await self.written()
+        return MemoryChain(memory, (*self.chain.steps, (memory, *self.chunk)))
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The text one records call reads, ``context[start:end]``; it owns the records stated from ``owned_from``
+    on (:func:`records_reach`) and is ``depth`` splits below its chunk."""
+
+    start: int
+    owned_from: int
+    end: int
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A records reply read: its valid items (None: no JSON array), whether it overflowed (cut at its
+    budget, or as many items as the call allows), and how many items failed validation."""
+
+    items: list[dict[str, Any]] | None
+    overflow: bool
+    invalid: int = 0
+
+
+def read_reply(schema: ExtractionSchema, name: str, reply: Completion, limit: int = RECORDS_PER_CALL) -> Reply:
+    """The records of one reply, validated item by item (see the module docstring)."""
+    if reply.finish_reason == "length":
+        return Reply(None, True)
     try:
-        obj = parse_json_answer(strip_thinking(text))
+        obj = parse_json_answer(strip_thinking(reply.text))
     except ValueError:
-        return None
-    if not isinstance(obj, list) or any(True for _ in _validator(schema.records_schema_json(name)).iter_errors(obj)):
-        return None
-    return obj
+        return Reply(None, False)
+    if not isinstance(obj, list):
+        return Reply(None, False)
+    valid, invalid = schema.valid_records(name, obj)
+    return Reply(valid, len(obj) >= limit, invalid)
+
+
+def repeats_itself(text: str, max_period: int = LOOP_MAX_PERIOD, min_chars: int = LOOP_MIN_CHARS) -> bool:
+    """The text ends in a loop: its last ``max(min_chars, len/3)`` characters repeat one unit of at most
+    ``max_period`` characters, at least three times (periodic: ``t[i] == t[i - p]`` throughout)."""
+    tail = max(min_chars, len(text) // 3)
+    if len(text) < tail:
+        return False
+    for period in range(1, min(max_period, tail // 3) + 1):
+        if text[len(text) - tail:] == text[len(text) - tail - period:len(text) - period]:
+            return True
+    return False
 
 
 _BREAKS = ("\n\n", "\n", ". ", "。", " ")  # preferred cuts: paragraph, line, sentence, word
@@ -160,52 +243,72 @@ def split_point(text: str) -> int:
     return mid
 
 
-async def _read_piece(call: RecordsCall, name: str, memory: str, context: str, start: int, end: int,
-                      step: int, priority: int, owned_from: int) -> ChunkRecords:
-    """The records of type ``name`` in ``context[start:end]``; halves re-read when the reply fails. A record
-    whose values grounded in the window all lie before ``owned_from`` is the call before's (:func:`records_reach`)."""
-    text = context[start:end]
-    messages = records_messages(call.question, memory, text, call.schema.records_instruction(name),
-                                call.instruction, call.prompts)
-    params = replace(call.params, json_schema=call.schema.records_schema_json(name), priority=priority)
-    reply = await call.engine.chat(messages, params)
-    out = ChunkRecords(prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
-    records = _parse(call.schema, name, reply.text) if reply.finish_reason != "length" else None
-    if records is None:
-        if end - start <= MIN_SPLIT_CHARS:
-            out.failed += 1
-            return out
-        cut = start + split_point(text)
-        out.splits += 1
-        halves = await asyncio.gather(*(_read_piece(call, name, memory, context, a, b, step, priority, owned_from)
-                                        for a, b in ((start, cut), (cut, end))))
-        for h in halves:
-            out.add(h)
+def halves(context: str, piece: Piece) -> tuple[Piece, Piece]:
+    """A piece cut in two at :func:`split_point`; the first half reads on to the end of the sentence the
+    cut falls in (when that leaves it shorter than the piece), which the second half then leaves to it."""
+    cut = piece.start + split_point(context[piece.start:piece.end])
+    reach = sentence_end(context, cut, piece.end)
+    reach = cut if reach >= piece.end else reach
+    return (Piece(piece.start, piece.owned_from, reach, piece.depth + 1),
+            Piece(cut, max(piece.owned_from, reach), piece.end, piece.depth + 1))
+
+
+async def _ask(read: ChunkRead, name: str, piece: Piece, chain: MemoryChain) -> Completion:
+    call = read.call
+    messages = records_messages(call.question, chain.memory, read.context[piece.start:piece.end],
+                                call.schema.records_instruction(name), call.instruction, call.prompts)
+    params = replace(call.params, json_schema=call.schema.records_schema_json(name), priority=read.priority)
+    return await call.engine.chat(messages, params)
+
+
+async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
+    """The records of type ``name`` in ``piece``; its halves re-read when the reply overflows (module docstring)."""
+    chain = await read.memory_for(piece)
+    completion = await _ask(read, name, piece, chain)
+    out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens)
+    reply = read_reply(read.call.schema, name, completion)
+    if reply.items is not None and not reply.overflow:
+        _emit(read, name, piece, reply, out, chain)
         return out
-    grounded = ground_chunk(call.schema.record_type(name), records, context, (start, end),
-                            require_grounding=call.require_grounding)
-    out.dropped_values, out.dropped_records = grounded.dropped_values, grounded.dropped_records
-    for values, spans in zip(grounded.records, grounded.spans):
-        # Only spans in this window count (a name resolved through the memory may be grounded chunks
-        # before), and all of them must lie in the finished sentence: one value that also occurs
-        # there (a bank, a date) does not make a later sentence's record the call before's.
-        here = [s.start for s in spans.values() if s is not None and start <= s.start < end]
-        if not here or max(here) >= owned_from:
-            out.emitted.append(Emitted(name, Mention(step, values, _plain_spans(spans))))
+    looped = repeats_itself(completion.text)
+    if looped or piece.end - piece.start <= MIN_SPLIT_CHARS or piece.depth >= MAX_SPLIT_DEPTH:
+        out.tally.failed += 1
+        out.tally.looped += int(looped)
+        if reply.items is not None and not looped:  # a full reply at the limit: its records are real
+            _emit(read, name, piece, reply, out, chain)
+        return out
+    out.tally.splits += 1
+    for part in await asyncio.gather(*(_read_piece(read, name, p) for p in halves(read.context, piece))):
+        out.add(part)
     return out
 
 
-def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int] | None]:
-    return {k: (s.start, s.end) if s is not None else None for k, s in spans.items()}
+def _emit(read: ChunkRead, name: str, piece: Piece, reply: Reply, out: ChunkRecords, chain: MemoryChain) -> None:
+    """Ground a reply's records in the piece and keep those the piece owns."""
+    call = read.call
+    grounded = ground_chunk(call.schema.record_type(name), reply.items or [], read.context, (piece.start, piece.end),
+                            chain=chain, require_grounding=call.require_grounding)
+    out.tally.invalid_items += reply.invalid
+    out.tally.dropped_values += grounded.dropped_values
+    out.tally.dropped_records += grounded.dropped_records
+    for values, spans in zip(grounded.records, grounded.spans):
+        # Only spans in this window count (a name resolved through the memory lies chunks before), and
+        # all of them must lie in the finished sentence: one value that also occurs there (a bank, a
+        # date) does not make a later sentence's record the call before's.
+        here = [s.start for s in spans.values() if s is not None and s.where == "window"]
+        if not here or max(here) >= piece.owned_from:
+            out.emitted.append(Emitted(name, Mention(read.step, values, _plain_spans(spans))))
 
 
-async def read_chunk_records(call: RecordsCall, memory: str, context: str, start: int, end: int, step: int,
-                             priority: int = 0, owned_from: int | None = None) -> ChunkRecords:
-    """Every record type's records in ``context[start:end]`` (memory step ``step``), concurrently; those
-    grounded only before ``owned_from`` are left to the call before (:func:`records_reach`)."""
-    owned = start if owned_from is None else owned_from
-    parts = await asyncio.gather(*(_read_piece(call, r.name, memory, context, start, end, step, priority, owned)
-                                   for r in call.schema.record_types))
+def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int, str] | None]:
+    return {k: (s.start, s.end, s.grounding) if s is not None else None for k, s in spans.items()}
+
+
+async def read_chunk_records(read: ChunkRead, start: int, end: int, owned_from: int | None = None) -> ChunkRecords:
+    """Every record type's records in ``context[start:end]`` (memory step ``read.step``), concurrently;
+    those grounded only before ``owned_from`` are left to the call before (:func:`records_reach`)."""
+    piece = Piece(start, start if owned_from is None else owned_from, end)
+    parts = await asyncio.gather(*(_read_piece(read, r.name, piece) for r in read.call.schema.record_types))
     out = ChunkRecords()
     for p in parts:  # record-type order, then piece order: deterministic
         out.add(p)

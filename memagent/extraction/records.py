@@ -13,8 +13,11 @@ the char span of each value: :func:`memagent.extraction.grounding.ground_chunk`)
 - A field (a leaf: ``amount``, ``address.city``; an array of strings as a whole) takes a later
   mention's value only when that mention states it (not null, not absent, not ``[]``) and it
   differs from the current value after normalisation; it then takes that mention's step and span
-  as well. An equal restatement keeps the first value, as first written, and its evidence. So an
-  amendment in a later chunk replaces what it changes and nothing else.
+  as well, and the value it replaces goes to the record's ``conflicts`` (with its own evidence), so
+  a disagreement is never silent: an amendment and a second record that shares the key look
+  alike, and the user decides which it was. An equal restatement keeps the first value, as first
+  written, and its evidence. So an amendment in a later chunk replaces what it changes and
+  nothing else.
 - ``mentions`` counts the merged mentions; ``first_chunk``/``last_chunk`` are the least and
   greatest step among them. Records come out in the order their first mention was emitted.
 - **Without a key**: every mention is a record, except that an exact duplicate of an earlier
@@ -39,7 +42,8 @@ from memagent.extraction.parse import FieldSpec, RecordType
 @dataclass(frozen=True)
 class Mention:
     """One record as one chunk's reply stated it: ``spans`` maps leaf paths (``a.b``, items ``tags.0``)
-    to ``(char_start, char_end)`` or a :class:`~memagent.extraction.grounding.Span` (None: not found)."""
+    to ``(char_start, char_end[, grounding])`` or a :class:`~memagent.extraction.grounding.Span` (None: not
+    found)."""
 
     step: int
     values: Mapping[str, Any]
@@ -48,11 +52,24 @@ class Mention:
 
 @dataclass(frozen=True)
 class Evidence:
-    """Where one field's value came from: the step that stated it and its char span (None: not found)."""
+    """Where one field's value came from: the step that stated it, its char span (None: not found) and how
+    it was grounded (:attr:`memagent.extraction.grounding.Span.grounding`: ``exact``, ``normalised``,
+    ``fuzzy`` in the window read, ``memory``, ``elsewhere``; None: not found, or not recorded)."""
 
     step: int
     char_start: int | None = None
     char_end: int | None = None
+    grounding: str | None = None
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A value a mention stated for a field of a record that the record does not keep (a later mention
+    stated another): the value and where it was stated."""
+
+    field: str
+    value: Any
+    evidence: Evidence
 
 
 @dataclass
@@ -65,11 +82,19 @@ class Record:
     mentions: int
     first_chunk: int
     last_chunk: int
+    conflicts: list[Conflict] = field(default_factory=list)
 
     def evidence_rows(self) -> list[dict[str, Any]]:
-        """``[{"field", "step", "char_start", "char_end"}]`` sorted by field path (a list column's rows)."""
-        return [{"field": k, "step": e.step, "char_start": e.char_start, "char_end": e.char_end}
-                for k, e in sorted(self.evidence.items())]
+        """``[{"field", "step", "char_start", "char_end", "grounding"}]`` sorted by field path (a list column's rows)."""
+        return [{"field": k, "step": e.step, "char_start": e.char_start, "char_end": e.char_end,
+                 "grounding": e.grounding} for k, e in sorted(self.evidence.items())]
+
+    def conflict_rows(self) -> list[dict[str, Any]]:
+        """``[{"field", "value", "step", "char_start", "char_end"}]`` in the order the values were replaced;
+        ``value`` is JSON text."""
+        return [{"field": c.field, "value": json.dumps(c.value, ensure_ascii=False, default=str),
+                 "step": c.evidence.step, "char_start": c.evidence.char_start, "char_end": c.evidence.char_end}
+                for c in self.conflicts]
 
 
 def _stated(value: Any) -> bool:
@@ -90,14 +115,15 @@ def record_key(record: RecordType, values: Mapping[str, Any]) -> tuple[Any, ...]
     return tuple(out)
 
 
-def _span(value: Any) -> tuple[int | None, int | None]:
+def _span(value: Any) -> tuple[int | None, int | None, str | None]:
+    """``(char_start, char_end, grounding)`` of a stored span (a :class:`Span`, a 2- or 3-tuple, a mapping)."""
     if isinstance(value, Span):
-        return value.start, value.end
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return value[0], value[1]
+        return value.start, value.end, value.grounding
+    if isinstance(value, (tuple, list)) and len(value) in (2, 3):
+        return value[0], value[1], (value[2] if len(value) == 3 else None)
     if isinstance(value, Mapping):
-        return value.get("char_start"), value.get("char_end")
-    return None, None
+        return value.get("char_start"), value.get("char_end"), value.get("grounding")
+    return None, None, None
 
 
 def _evidence(mention: Mention, path: str, spec: FieldSpec, value: Any) -> dict[str, Evidence]:
@@ -134,6 +160,8 @@ def _amend(record: RecordType, into: Record, mention: Mention) -> None:
         old = current.get(path)
         if _stated(old) and KINDS[spec.kind].normalise(old) == KINDS[spec.kind].normalise(value):
             continue  # restated as it was: the first statement keeps its evidence
+        if _stated(old):
+            into.conflicts.append(Conflict(path, old, into.evidence.get(path) or _first_item(into.evidence, path)))
         _set(into.values, path, list(value) if isinstance(value, list) else value)
         for k in [k for k in into.evidence if k == path or k.startswith(path + ".")]:
             del into.evidence[k]
@@ -141,6 +169,11 @@ def _amend(record: RecordType, into: Record, mention: Mention) -> None:
     into.mentions += 1
     into.first_chunk = min(into.first_chunk, mention.step)
     into.last_chunk = max(into.last_chunk, mention.step)
+
+
+def _first_item(evidence: Mapping[str, Evidence], path: str) -> Evidence:
+    """An array's evidence: its first item's (the array is replaced whole)."""
+    return next((e for k, e in sorted(evidence.items()) if k.startswith(path + ".")), Evidence(-1))
 
 
 def _canonical(values: Mapping[str, Any]) -> str:

@@ -18,8 +18,8 @@ JSON Schema                  kind           output column (nullable)
 ============================ ============== =========================
 
 or a **record type**: ``{"type": "array", "items": {"type": "object", "properties": ...,
-"required": [...]}, "minItems", "maxItems", "x-key": [...]}``, every record of that type the
-document states, its items holding fields and nested objects (:mod:`memagent.extraction.parse`
+"required": [...]}, "x-key": [...]}``, every record of that type the document states (``minItems``
+other than 0 and ``maxItems`` are refused: nothing bounds the records a document states), its items holding fields and nested objects (:mod:`memagent.extraction.parse`
 has the grammar and the size limits). Descriptions (and titles) are allowed throughout. Any other
 keyword, type or format is an error naming its JSON path: a schema is loaded (and this validation
 runs) before any model does. :class:`ExtractionSchema` is the raw JSON Schema as a pydantic root
@@ -29,6 +29,7 @@ output's ``config`` column and in the resume fingerprint, and reads back equal.
 
 from __future__ import annotations
 
+import functools
 import json
 from os import PathLike
 from pathlib import Path
@@ -53,7 +54,9 @@ INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
 # candidate value and where it was seen); a record type, the keys of the records already known.
 MEMORY_TOKENS_PER_FIELD = 24
 MEMORY_TOKENS_PER_RECORD_TYPE = 48
-RECORDS_PER_CALL = 50  # records one per-chunk call may return (a chunk stating more is split and re-read)
+# Records one records call may return: a reply that fills it is overflow (the piece is split and re-read,
+# counted), never taken as complete. A bound keeps a looping reply short.
+RECORDS_PER_CALL = 50
 
 
 def _reserved_columns() -> tuple[str, ...]:
@@ -81,6 +84,12 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     @model_validator(mode="after")
     def _parse(self) -> ExtractionSchema:
         self._fields, self._records = parse_schema(self.root, _reserved_columns(), RECORD_COLUMNS)
+        for r in self._records:
+            for word, n in (("minItems", r.min_items or None), ("maxItems", r.max_items)):
+                if n is not None:  # a record type is the document's records, read per chunk: nothing bounds them
+                    raise ValueError(f"properties.{r.name}.{word}: a record type lists every record the document "
+                                     f"states, read chunk by chunk, so {word} cannot bound it; remove {word} "
+                                     "(count the records in the output instead)")
         counts = {N_RECORDS_PREFIX + r.name for r in self._records}
         for f in self._fields:
             if f.name in counts:
@@ -129,6 +138,17 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     def records_schema_json(self, name: str, max_items: int = RECORDS_PER_CALL) -> str:
         """:meth:`records_schema` as JSON text (``SamplingParams.json_schema`` of a records call)."""
         return json.dumps(self.records_schema(name, max_items), ensure_ascii=False)
+
+    def reply_errors(self, obj: Any) -> list[Any]:
+        """The final reply's validation errors under :meth:`decoding_schema` (formats checked), path order."""
+        return sorted(validator(self.decoding_schema_json()).iter_errors(obj), key=lambda e: list(e.path))
+
+    def valid_records(self, name: str, items: list[Any]) -> tuple[list[dict[str, Any]], int]:
+        """The items of a records reply valid under record type ``name``'s item schema (formats checked:
+        ``2021-02-31`` is no date), and how many were not: one bad item never costs its neighbours."""
+        item = validator(json.dumps(self.records_schema(name)["items"], ensure_ascii=False))
+        valid = [x for x in items if not any(True for _ in item.iter_errors(x))]
+        return valid, len(items) - len(valid)
 
     def question(self) -> str:
         """The question of every memory-update and the final-answer call: the field list (and the record types)."""
@@ -190,6 +210,14 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
             need = self.answer_tokens_needed()
             raise ValueError(f"answer_tokens={answer_tokens} cannot hold the JSON object of the {len(self._fields)} "
                              f"field(s) of the schema (about {need} tokens); raise answer_tokens to {need} or more")
+
+
+@functools.lru_cache(maxsize=64)
+def validator(schema_json: str) -> Any:
+    """A JSON Schema validator whose format checker holds dates to RFC 3339's full-date (the date32 column)."""
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(json.loads(schema_json), format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def load_schema(path: str | PathLike[str]) -> ExtractionSchema:
