@@ -80,7 +80,7 @@ def test_segments_replay_to_the_state_and_stop_at_a_gap(chain):
 
 
 @pytest.mark.parametrize("edit, problem", [
-    (lambda s: s.replace('"format": 1', '"format": 9'), "format 9"),
+    (lambda s: s.replace('"format": 2', '"format": 9'), "format 9"),
     (lambda s: s.replace('"next_chunk": 3', '"next_chunk": "three"'), "next_chunk"),
     (lambda s: s[: len(s) // 2], "Invalid JSON"),
     (lambda s: s.replace('"kind": "memory"', '"kind": "answer"', 1), "expected memory step 0"),

@@ -96,18 +96,22 @@ def test_ground_chunk_spans_and_require_grounding_counts():
     assert DOC[spans["amount"].start:spans["amount"].end] == "1,250.00"
     assert DOC[spans["refs.0"].start:spans["refs.0"].end] == "storage" and spans["refs.1"] is None
     assert spans["currency"] is None and "paid" not in spans  # an enum label may be absent; booleans have no span
-    assert DOC[spans["bank.name"].start:spans["bank.name"].end] == "Kestrel"  # outside the chunk: the document
+    # Outside the window its call read: found, but labelled "elsewhere" (it proves nothing there).
+    assert DOC[spans["bank.name"].start:spans["bank.name"].end] == "Kestrel"
+    assert spans["bank.name"].grounding == "elsewhere" and spans["payer"].grounding == "normalised"
     assert plain.spans[1]["payer"] is None
 
     strict = ground_chunk(PAY, records, DOC, window, require_grounding=True)
-    assert (strict.dropped_values, strict.dropped_records) == (1, 1)  # the invented ref; the Example Corp record
+    # the invented ref and the bank found only elsewhere; the Example Corp record
+    assert (strict.dropped_values, strict.dropped_records) == (2, 1)
     [kept] = strict.records
     assert kept["refs"] == ["storage"] and kept["currency"] == "GBP" and kept["paid"] is True
-    assert set(strict.spans[0]) == {"payer", "amount", "date", "currency", "refs.0", "bank.name"}
+    assert "name" not in kept["bank"]
+    assert set(strict.spans[0]) == {"payer", "amount", "date", "currency", "refs.0"}
     assert records[0]["refs"] == ["storage", "invented ref"]  # the input is not changed
 
     values = ground_chunk(PAY, [{"payer": "Kestrel Logistics", "amount": 99, "date": "2020-01-01"}], DOC,
-                          require_grounding=True)
+                          (0, len(DOC)), require_grounding=True)
     assert values.records == [{"payer": "Kestrel Logistics"}] and values.dropped_values == 2
 
 

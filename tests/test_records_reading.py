@@ -17,7 +17,9 @@ from memagent.checkpoint import new_segment, parse_segment, replay
 from memagent.chunking import Chunk
 from memagent.engines.base import Completion, SamplingParams
 from memagent.extraction import records_table, schema_from
-from memagent.extraction.reading import RecordsCall, read_chunk_records, records_reach, sentence_end, split_point
+from memagent.extraction.grounding import MemoryChain
+from memagent.extraction.reading import ChunkRead, RecordsCall, read_chunk_records, records_reach, sentence_end, \
+    split_point
 from tests.records_helpers import CONFIG, FILLER, SCHEMA, RecordsEngine, document, payment, planted, section
 
 
@@ -63,7 +65,7 @@ def test_records_are_emitted_per_chunk_and_merged_across_chunks(tokenizer):
     # Never carried in the memory; the records call is constrained to the array schema.
     assert all(s.memory == "mem" for s in memory_steps)
     assert all('"type": "array"' in c[2].json_schema for c in records_calls)
-    assert r.record_splits == 0 and r.record_failed == 0
+    assert r.records_tally.splits == 0 and r.records_tally.failed == 0
 
 
 def test_the_records_call_shares_the_memory_updates_prefix(tokenizer):
@@ -86,7 +88,7 @@ def test_a_reply_cut_at_its_budget_is_split_and_reread_never_truncated(tokenizer
     stated = sorted(p["payer"] for p in planted(text))  # a sentence cut by a chunk edge is read whole once
     assert len(stated) == 4 and sorted(p.values["payer"] for p in r.records["payments"]) == stated
     crowded = sum(len(planted(c)) - 1 for c in chunks if len(planted(c)) > 1)  # halvings needed at least
-    assert crowded >= 1 and r.record_splits >= crowded and r.record_failed == 0
+    assert crowded >= 1 and r.records_tally.splits >= crowded and r.records_tally.failed == 0
     cut = [c for c in engine.calls if c[0] == "records" and len(planted(section(c[1]))) > 1]
     assert cut  # the full chunk was asked for first, and its reply was cut
     for p in r.records["payments"]:  # grounded inside the piece that stated it
@@ -97,7 +99,7 @@ def test_a_reply_cut_at_its_budget_is_split_and_reread_never_truncated(tokenizer
 def test_a_piece_too_short_to_split_is_counted_not_guessed(tokenizer):
     engine = RecordsEngine(tokenizer, max_records=0)  # every reply with a record is cut
     r = read(engine, document([payment("Acme Ltd", 5, "2021-01-01")], filler=1))
-    assert r.records["payments"] == [] and r.record_failed >= 1 and r.record_splits >= 1
+    assert r.records["payments"] == [] and r.records_tally.failed >= 1 and r.records_tally.splits >= 1
 
 
 def test_a_sentence_cut_by_a_chunk_boundary_is_read_whole_once(tokenizer):
@@ -130,7 +132,9 @@ def test_ownership_counts_only_the_spans_in_the_window(tokenizer):
     call = RecordsCall(FixedReply(tokenizer), CONFIG.extraction, "q", SamplingParams(64))
 
     def payers(owned):
-        found = asyncio.run(read_chunk_records(call, "mem", text, start, len(text), 1, owned_from=owned))
+        memory = "the Carrier = Acme Ltd"
+        chain = MemoryChain(memory, ((memory, 0, start),))
+        found = asyncio.run(read_chunk_records(ChunkRead(call, chain, text, 1), start, len(text), owned_from=owned))
         return [e.mention.values["payer"] for e in found.emitted]
 
     assert payers(start) == payers(owned_from) == payers(sentence) == ["Acme Ltd"]
@@ -183,7 +187,7 @@ def test_records_table_has_typed_columns_and_evidence(tokenizer):
     assert t.schema.field("date").type == pa.date32() and t.schema.field("amount").type == pa.float64()
     assert t.schema.field("bank").type == pa.struct([("name", pa.string())])
     assert t.column_names[:3] == ["id", "record_type", "record_index"]
-    assert t.column_names[-4:] == ["record_evidence", "first_chunk", "last_chunk", "mentions"]
+    assert t.column_names[-5:] == ["record_evidence", "record_conflicts", "first_chunk", "last_chunk", "mentions"]
     rows = t.to_pylist()
     assert rows[0]["date"] == dt.date(2021, 3, 14) and rows[0]["mentions"] == 2 and rows[1]["record_index"] == 1
     assert {e["field"] for e in rows[0]["record_evidence"]} == {"payer", "date", "amount", "bank.name"}
