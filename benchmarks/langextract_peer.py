@@ -100,10 +100,12 @@ def oracle_reply(prompt: str) -> tuple[str, dict[str, int]]:
 
 
 class Oracle:
-    """An OpenAI-compatible ``/v1/chat/completions`` on 127.0.0.1 that answers with :func:`oracle_reply`."""
+    """An OpenAI-compatible ``/v1/chat/completions`` on 127.0.0.1 that answers with ``reply`` (a prompt ->
+    ``(text, stats)`` function; :func:`oracle_reply` by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply: Any = None) -> None:
         self.calls: list[dict[str, Any]] = []
+        answer = reply or oracle_reply
         self.lock = threading.Lock()
         oracle = self
 
@@ -117,7 +119,7 @@ class Oracle:
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 user = [m for m in body.get("messages", []) if m.get("role") == "user"]
                 content = user[-1]["content"] if user else ""
-                text, stats = oracle_reply(content if isinstance(content, str) else json.dumps(content))
+                text, stats = answer(content if isinstance(content, str) else json.dumps(content))
                 stats["response_format"] = (body.get("response_format") or {}).get("type", "none")
                 with oracle.lock:
                     oracle.calls.append(stats)

@@ -210,78 +210,98 @@ async def read_document(
         InputError: empty/missing question or context, a question over ``query_tokens``, or a
             ``resume`` state that does not fit this document's chunks.
     """
-    schema = config.extraction
-    if schema is not None:
-        if question is not None:
-            raise ValueError("config.extraction is set: the schema's field list is the question; pass question=None")
-        question = schema.question()
-    question, context = validate_inputs(question, context)
+    question, context = validate_inputs(_question(question, config), context)
     n_question = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
     if n_question > config.query_tokens:
-        raise InputError(
-            f"question is {n_question} tokens, over query_tokens={config.query_tokens}; "
-            "shorten it or raise query_tokens"
-        )
+        raise InputError(f"question is {n_question} tokens, over query_tokens={config.query_tokens}; "
+                         "shorten it or raise query_tokens")
     doc = chunk_document(engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
-    memory_params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs)
-    answer_params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, logprobs, priority=-1,
-                                   json_schema=schema.decoding_schema_json() if schema else None)
-
-    state = resume or ChainState(0, 0, NO_MEMORY, ())
     if resume is not None:
         check_resume(resume, doc.chunks, len(context))
-    memory, steps = state.memory, list(state.steps)
-    records_call = _records_call(engine, question, config)  # None: no record types
-    found = ChunkRecords(list(state.records), replace(state.records_tally))
-    # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked
-    # for (a long document would otherwise hold every prompt's ids until its answer).
-    completions: list[Completion] = []
-    keep = completions.append if keep_completions else (lambda _: None)
-    for k in range(state.next_chunk, len(doc.chunks)):
-        t0 = time.perf_counter()
-        # A document's reads are a chain: the one with most conversations left goes first.
-        priority = -(len(doc.chunks) - k + 1)  # this update, the later ones and the answer
-        update = asyncio.ensure_future(engine.chat(
-            memory_update_messages(question, memory, doc.chunks[k].text, config.instruction, config.prompts),
-            replace(memory_params, priority=priority)))
-        reply, chunk_records = await asyncio.gather(
-            update, _chunk_records(records_call, steps, memory, context, doc.chunks, k, priority, update))
-        memory = strip_thinking(reply.text).strip()  # overwrite, never append
-        steps.append(_step(len(steps), "memory", doc.chunks[k], memory, reply, time.perf_counter() - t0))
-        found.add(chunk_records)
-        keep(reply)
-        if on_step:
-            on_step(steps[-1], len(doc.chunks) + 1)
+    chain = _Chain(engine, config, question, context, doc.chunks, resume or ChainState(0, 0, NO_MEMORY, ()),
+                   logprobs, keep_completions, on_step)
+    for k in range(chain.state.next_chunk, len(doc.chunks)):
+        await chain.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
         if on_state:
-            nxt = doc.chunks[k + 1].char_start if k + 1 < len(doc.chunks) else len(context)
-            await on_state(ChainState(k + 1, nxt, memory, tuple(steps), tuple(found.emitted),
-                                      replace(found.tally)))
-
-    if schema is not None and not schema.fields:  # records only: no field for a final answer to hold
-        reply = Completion(text="{}", prompt_tokens=0, completion_tokens=0, finish_reason="stop")
-    else:
-        t0 = time.perf_counter()
-        messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts,
-                                         schema.answer_instruction() if schema else None)
-        reply = await engine.chat(messages, answer_params)
-        steps.append(_step(len(steps), "answer", None, memory, reply, time.perf_counter() - t0))
-        keep(reply)
-        if on_step:
-            on_step(steps[-1], len(doc.chunks) + 1)
-
+            await on_state(chain.state)
+    reply = await chain.answer()  # answer = LLM(question, memory): no document text
     return Result(
         prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
         response=reply.text,
-        memory=memory,
-        steps=steps,
+        memory=chain.state.memory,
+        steps=chain.steps,
         n_chunks=len(doc.chunks),
         context_tokens=doc.context_tokens,
         truncated=doc.truncated,
-        completions=completions if keep_completions else None,
+        completions=chain.completions if keep_completions else None,
         resumed_at_chunk=resume.next_chunk if resume is not None else None,
-        records=merge_mentions(schema, found.emitted) if records_call else None,
-        records_tally=found.tally,
+        records=merge_mentions(config.extraction, chain.found.emitted) if chain.records_call else None,
+        records_tally=chain.found.tally,
     )
+
+
+def _question(question: str | None, config: AgentConfig) -> str | None:
+    """The question every call asks: an extraction's field list, else the caller's."""
+    schema = config.extraction
+    if schema is None:
+        return question
+    if question is not None:
+        raise ValueError("config.extraction is set: the schema's field list is the question; pass question=None")
+    return schema.question()
+
+
+class _Chain:
+    """One read's running state: the memory, the trace, the records found; one method per conversation."""
+
+    def __init__(self, engine: Engine, config: AgentConfig, question: str, context: str, chunks: list[Chunk],
+                 state: ChainState, logprobs: bool, keep_completions: bool,
+                 on_step: Callable[[Step, int], None] | None):
+        self.engine, self.config, self.question, self.context, self.chunks = engine, config, question, context, chunks
+        self.state, self.on_step = state, on_step
+        self.steps = list(state.steps)
+        self.records_call = _records_call(engine, question, config)  # None: no record types
+        self.found = ChunkRecords(list(state.records), replace(state.records_tally))
+        self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs)
+        # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked for
+        # (a long document would otherwise hold every prompt's ids until its answer).
+        self.completions: list[Completion] = []
+        self.keep = self.completions.append if keep_completions else (lambda _: None)
+
+    def _record(self, kind: str, chunk: Chunk | None, memory: str, reply: Completion, t0: float) -> None:
+        self.steps.append(_step(len(self.steps), kind, chunk, memory, reply, time.perf_counter() - t0))
+        self.keep(reply)
+        if self.on_step:
+            self.on_step(self.steps[-1], len(self.chunks) + 1)
+
+    async def update(self, k: int) -> None:
+        """Chunk ``k``'s memory update, and its records calls beside it (record types)."""
+        t0, chunk, memory = time.perf_counter(), self.chunks[k], self.state.memory
+        priority = -(len(self.chunks) - k + 1)  # a chain: the document with most conversations left goes first
+        update = asyncio.ensure_future(self.engine.chat(
+            memory_update_messages(self.question, memory, chunk.text, self.config.instruction, self.config.prompts),
+            replace(self.params, priority=priority)))
+        reply, records = await asyncio.gather(update, _chunk_records(
+            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, update))
+        memory = strip_thinking(reply.text).strip()
+        self._record("memory", chunk, memory, reply, t0)
+        self.found.add(records)
+        nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
+        self.state = ChainState(k + 1, nxt, memory, tuple(self.steps), tuple(self.found.emitted),
+                                replace(self.found.tally))
+
+    async def answer(self) -> Completion:
+        """The final answer from the memory alone; none for a schema of record types only (``{}``)."""
+        schema, config = self.config.extraction, self.config
+        if schema is not None and not schema.fields:
+            return Completion(text="{}", prompt_tokens=0, completion_tokens=0, finish_reason="stop")
+        t0 = time.perf_counter()
+        messages = final_answer_messages(self.question, self.state.memory, config.answer_style, config.instruction,
+                                         config.prompts, schema.answer_instruction() if schema else None)
+        params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, self.params.logprobs,
+                                priority=-1, json_schema=schema.decoding_schema_json() if schema else None)
+        reply = await self.engine.chat(messages, params)
+        self._record("answer", None, self.state.memory, reply, t0)
+        return reply
 
 
 def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:

@@ -38,13 +38,14 @@ RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"
 # Record types (memagent.extraction.reading.RecordsTally, one column per count): chunk pieces whose records
 # reply overflowed (cut, full, or no JSON) and were split and re-read; pieces left (partly) unread, their
-# records missing (still overflowing at the size or depth limit, or looping); of those, pieces whose reply
-# repeated itself; records dropped because they did not validate; with require_grounding (AgentConfig),
-# values not found where the record was read (removed) and records dropped for it (0 when it is off).
+# records missing (still overflowing at the size or depth limit, or running away); of those, pieces whose
+# reply ran away (looped, or listed records the piece does not state: never split again); records dropped
+# because they did not validate; with require_grounding (AgentConfig), values not found where the record was
+# read (removed) and records dropped for it (0 when it is off).
 RECORD_SPLITS_COLUMN, RECORD_FAILED_COLUMN = "record_splits", "record_failed_pieces"
-RECORD_LOOPED_COLUMN, RECORD_INVALID_COLUMN = "record_looped_pieces", "record_invalid_items"
+RECORD_RUNAWAY_COLUMN, RECORD_INVALID_COLUMN = "record_runaway_pieces", "record_invalid_items"
 DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN = "grounding_dropped_values", "grounding_dropped_records"
-TALLY_COLUMNS = {"splits": RECORD_SPLITS_COLUMN, "failed": RECORD_FAILED_COLUMN, "looped": RECORD_LOOPED_COLUMN,
+TALLY_COLUMNS = {"splits": RECORD_SPLITS_COLUMN, "failed": RECORD_FAILED_COLUMN, "runaway": RECORD_RUNAWAY_COLUMN,
                  "invalid_items": RECORD_INVALID_COLUMN, "dropped_values": DROPPED_VALUES_COLUMN,
                  "dropped_records": DROPPED_RECORDS_COLUMN}  # RecordsTally field -> row column
 # The stem of the row's records files (pipelines/records_output.py); one ``n_records_<type>`` per type.

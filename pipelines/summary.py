@@ -11,13 +11,13 @@ import pyarrow.compute as pc
 from memagent.error_kinds import INFRA_PREFIX
 from memagent.result_schema import (
     DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_FAILED_COLUMN, RECORD_INVALID_COLUMN,
-    RECORD_LOOPED_COLUMN, RECORD_SPLITS_COLUMN,
+    RECORD_RUNAWAY_COLUMN, RECORD_SPLITS_COLUMN,
 )
 from pipelines.admission import occupancy
 
 # The per-row record counts a summary adds up (besides the n_records_<type> columns): field -> column.
 RECORD_COUNT_COLUMNS = {"record_splits": RECORD_SPLITS_COLUMN, "record_failed_pieces": RECORD_FAILED_COLUMN,
-                        "record_looped_pieces": RECORD_LOOPED_COLUMN, "record_invalid_items": RECORD_INVALID_COLUMN,
+                        "record_runaway_pieces": RECORD_RUNAWAY_COLUMN, "record_invalid_items": RECORD_INVALID_COLUMN,
                         "dropped_values": DROPPED_VALUES_COLUMN, "dropped_records": DROPPED_RECORDS_COLUMN}
 
 
@@ -61,7 +61,7 @@ class BatchSummary:
     records: dict[str, int] = field(default_factory=dict)
     record_splits: int = 0
     record_failed_pieces: int = 0
-    record_looped_pieces: int = 0  # of the pieces left unread: the model's reply repeated itself
+    record_runaway_pieces: int = 0  # of the pieces left unread: the reply looped or listed records not in the text
     record_invalid_items: int = 0  # records dropped: they did not validate against the item schema
     dropped_values: int = 0
     dropped_records: int = 0
@@ -163,9 +163,10 @@ class BatchSummary:
         per = ", ".join(f"{n} {name}" for name, n in self.records.items())
         lines = [f"records:        {per}"]
         if self.record_splits or self.record_failed_pieces:
-            looped = f", {self.record_looped_pieces} of them because the reply looped" if self.record_looped_pieces \
+            runaway = (f", {self.record_runaway_pieces} of them because the reply ran away (looped, or listed records "
+                      "the text does not state)") if self.record_runaway_pieces \
                 else ""
-            unread = (f"; {self.record_failed_pieces} piece(s) left (partly) unread, their records missing{looped} "
+            unread = (f"; {self.record_failed_pieces} piece(s) left (partly) unread, their records missing{runaway} "
                       "(the reply never fit --memory-tokens or never parsed: raise it, or use a stronger model)"
                       if self.record_failed_pieces else "")
             lines.append(f"  overflow:     {self.record_splits} reply(ies) split and re-read in halves{unread}")

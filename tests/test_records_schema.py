@@ -59,7 +59,7 @@ def test_a_record_schema_loads_beside_document_fields():
     assert set(schema.decoding_schema()["properties"]) == {"account"}
     assert [f.name for f in output_fields(schema)] == ["account", "extraction", "field_evidence",
                                                        "n_records_payments", "record_splits", "record_failed_pieces",
-                                                       "record_looped_pieces", "record_invalid_items",
+                                                       "record_runaway_pieces", "record_invalid_items",
                                                        "grounding_dropped_values", "grounding_dropped_records",
                                                        "records_file"]
     question = schema.question()

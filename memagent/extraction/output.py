@@ -65,7 +65,7 @@ class InvalidOutput(ValueError):
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``, one
     ``n_records_<type>`` per record type, the records calls' tally (``record_splits``,
-    ``record_failed_pieces``, ``record_looped_pieces``, ``record_invalid_items``,
+    ``record_failed_pieces``, ``record_runaway_pieces``, ``record_invalid_items``,
     ``grounding_dropped_values``, ``grounding_dropped_records``) and ``records_file`` (null without
     record types)."""
     return [*(pa.field(f.name, KINDS[f.kind].arrow) for f in schema.fields),

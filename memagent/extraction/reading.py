@@ -12,8 +12,10 @@ that is not a JSON array is never taken as complete: the piece is split in two (
 line, sentence or word break nearest the middle) and each part is read again with the same memory,
 recursively, at most :data:`MAX_SPLIT_DEPTH` times and down to :data:`MIN_SPLIT_CHARS`. Every split
 is counted. A piece still overflowing there is counted as failed (its records may be missing; the
-records of a full, valid reply are kept). A reply that repeats itself (:func:`repeats_itself`) is
-a model failure: counted as failed and looped, never split again.
+records of a full, valid reply are kept). A reply that **runs away** is a model failure, counted as
+failed and runaway, never split again: it repeats itself (:func:`repeats_itself`), or most of the
+records it completed before overflowing are not in the piece (:func:`runs_away`: splitting a
+passage does not stop a model that writes records the passage does not state).
 
 **Validation per item.** Each item is validated on its own against the record type's item schema
 (formats included): an invalid item is dropped and counted (``invalid_items``), its neighbours kept.
@@ -32,6 +34,7 @@ memory. :func:`merge_mentions` merges a read's mentions per record type.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
@@ -110,7 +113,7 @@ class RecordsTally:
 
     splits: int = 0  # pieces split in two: the reply was cut, filled the call's limit, or did not parse
     failed: int = 0  # pieces left (partly) unread: still overflowing at the size or depth limit, or looping
-    looped: int = 0  # of ``failed``: the reply repeated itself (a model failure; never split again)
+    runaway: int = 0  # of ``failed``: the reply looped or listed records the piece does not state (never split)
     invalid_items: int = 0  # records dropped because they did not validate against the item schema
     dropped_values: int = 0  # require_grounding: values not found where the record was read, removed
     dropped_records: int = 0  # require_grounding: records whose key values (or all values) were not found there
@@ -224,6 +227,34 @@ def repeats_itself(text: str, max_period: int = LOOP_MAX_PERIOD, min_chars: int 
     return False
 
 
+def complete_items(text: str) -> list[Any]:
+    """The items a JSON array cut anywhere completed before the cut (``[{...}, {...}, {"pa`` -> two)."""
+    start = text.find("[")
+    if start < 0:
+        return []
+    decoder, pos, out = json.JSONDecoder(), start + 1, []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return out
+        out.append(item)
+
+
+def runs_away(read: ChunkRead, name: str, piece: Piece, text: str, chain: MemoryChain) -> bool:
+    """An overflowing reply most of whose completed records are not where it read them (a record dropped by
+    grounding): the model writes what the passage does not state, and a smaller passage will not stop it."""
+    schema = read.call.schema
+    items, _ = schema.valid_records(name, [x for x in complete_items(strip_thinking(text)) if isinstance(x, dict)])
+    if not items:
+        return False
+    grounded = ground_chunk(schema.record_type(name), items, read.context, (piece.start, piece.end), chain=chain,
+                            require_grounding=True)
+    return 2 * grounded.dropped_records > len(items)
+
+
 _BREAKS = ("\n\n", "\n", ". ", "。", " ")  # preferred cuts: paragraph, line, sentence, word
 
 
@@ -270,11 +301,11 @@ async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
     if reply.items is not None and not reply.overflow:
         _emit(read, name, piece, reply, out, chain)
         return out
-    looped = repeats_itself(completion.text)
-    if looped or piece.end - piece.start <= MIN_SPLIT_CHARS or piece.depth >= MAX_SPLIT_DEPTH:
+    runaway = repeats_itself(completion.text) or runs_away(read, name, piece, completion.text, chain)
+    if runaway or piece.end - piece.start <= MIN_SPLIT_CHARS or piece.depth >= MAX_SPLIT_DEPTH:
         out.tally.failed += 1
-        out.tally.looped += int(looped)
-        if reply.items is not None and not looped:  # a full reply at the limit: its records are real
+        out.tally.runaway += int(runaway)
+        if reply.items is not None and not runaway:  # a full reply at the limit: its records are real
             _emit(read, name, piece, reply, out, chain)
         return out
     out.tally.splits += 1

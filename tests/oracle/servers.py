@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from fastapi import FastAPI, Request
+
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 
 from tests.oracle.records_oracle import constrain
@@ -50,10 +52,8 @@ class OracleEngine(Engine):
         return Completion(text=text, prompt_tokens=0, completion_tokens=n, finish_reason=finish)
 
 
-def oracle_app(reply: Reply, tokenizer: Any, served: str = "oracle") -> Any:
+def oracle_app(reply: Reply, tokenizer: Any, served: str = "oracle") -> FastAPI:
     """An OpenAI-compatible chat-completions app answering with ``reply`` (see the module docstring)."""
-    from fastapi import FastAPI, Request
-
     app = FastAPI()
     app.state.calls = 0
 
