@@ -254,3 +254,31 @@ def test_ngram_speculation_keeps_greedy_tokens(device):
             chat(fast, CONTRACT, max_tokens=300, json_schema=json.dumps(EXTRACT))
     finally:
         fast.shutdown()
+
+
+def test_records_through_vllm_keep_only_what_their_call_read(engine):
+    """Through vLLM's structured outputs, a real model's records under require_grounding are grounded where
+    their call read them (never only elsewhere in the document), and a reply filling its limit is overflow."""
+    import json
+
+    from memagent.data.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
+    from memagent.extraction import schema_from
+    from memagent.extraction.reading import TAIL_CHARS, read_reply
+    from memagent.prompts import records_messages
+
+    schema = schema_from(LEDGER)
+    doc = ledger("v", LedgerSpec(prose=8, bullets=4, aliases=1, by_role=2, conflicts=2, filler=4), 9)
+    cfg = AgentConfig(chunk_tokens=256, memory_tokens=160, answer_tokens=16, query_tokens=300, extraction=schema,
+                      require_grounding=True)
+    result = asyncio.run(read_document(engine, None, doc.text, cfg))
+    for r in result.records["payments"]:
+        for path, ev in r.evidence.items():
+            assert ev.grounding in ("exact", "normalised", "fuzzy", "memory"), (path, ev)
+            step = result.steps[ev.step]
+            if ev.grounding != "memory":
+                assert step.char_start <= ev.char_start and ev.char_end <= step.char_end + TAIL_CHARS, (path, ev)
+    messages = records_messages(schema.question(), "No memory yet.", doc.text[:600], schema.records_instruction("payments"))
+    reply = asyncio.run(engine.chat(messages, SamplingParams(max_tokens=600,
+                                                             json_schema=schema.records_schema_json("payments", 2))))
+    items = json.loads(reply.text)
+    assert len(items) <= 2 and read_reply(schema, "payments", reply, limit=2).overflow == (len(items) == 2)
