@@ -215,11 +215,12 @@ async def read_document(
     if n_question > config.query_tokens:
         raise InputError(f"question is {n_question} tokens, over query_tokens={config.query_tokens}; "
                          "shorten it or raise query_tokens")
-    doc = chunk_document(engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
+    # Tokenizing a long document is CPU work: off the event loop the other documents share.
+    doc = await asyncio.to_thread(chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
     if resume is not None:
         check_resume(resume, doc.chunks, len(context))
-    chain = _Chain(engine, config, question, context, doc.chunks, resume or ChainState(0, 0, NO_MEMORY, ()),
-                   logprobs, keep_completions, on_step)
+    start = resume or ChainState(next_chunk=0, char_offset=0, memory=NO_MEMORY, steps=())
+    chain = _Chain(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step)
     for k in range(chain.state.next_chunk, len(doc.chunks)):
         await chain.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
         if on_state:
@@ -286,8 +287,8 @@ class _Chain:
         self._record("memory", chunk, memory, reply, t0)
         self.found.add(records)
         nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
-        self.state = ChainState(k + 1, nxt, memory, tuple(self.steps), tuple(self.found.emitted),
-                                replace(self.found.tally))
+        self.state = ChainState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
+                                records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
 
     async def answer(self) -> Completion:
         """The final answer from the memory alone; none for a schema of record types only (``{}``)."""

@@ -146,7 +146,7 @@ def _scan_numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
     return [f[0] for f in found], found
 
 
-_scan_numbers_cached = functools.lru_cache(maxsize=4)(_scan_numbers)
+_scan_numbers_cached = functools.lru_cache(maxsize=32)(_scan_numbers)  # more than the documents an actor reads at once
 
 
 def _first_exact(text: str, needle: str, lo: int, hi: int, numeric: bool) -> tuple[int, int] | None:
@@ -205,6 +205,8 @@ def _fuzzy(value: str, text: str, lo: int, hi: int, threshold: float) -> Span | 
             s -= 1
         while e < len(low) and _word(low[e]) and _word(low[e - 1]):
             e += 1
+        if not bounded(text, lo + s, lo + e):  # a word the window's edge cuts is no match
+            continue
         score = difflib.SequenceMatcher(None, v, " ".join(low[s:e].split()), autojunk=False).ratio()
         if score >= threshold and (best is None or score > best[0]):
             best = (score, s, e)

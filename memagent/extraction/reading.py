@@ -298,15 +298,17 @@ async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
     completion = await _ask(read, name, piece, chain)
     out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens)
     reply = read_reply(read.call.schema, name, completion)
+    # Grounding searches the document (CPU work): off the event loop the other documents share.
     if reply.items is not None and not reply.overflow:
-        _emit(read, name, piece, reply, out, chain)
+        await asyncio.to_thread(_emit, read, name, piece, reply, out, chain)
         return out
-    runaway = repeats_itself(completion.text) or runs_away(read, name, piece, completion.text, chain)
+    runaway = repeats_itself(completion.text) or await asyncio.to_thread(runs_away, read, name, piece,
+                                                                          completion.text, chain)
     if runaway or piece.end - piece.start <= MIN_SPLIT_CHARS or piece.depth >= MAX_SPLIT_DEPTH:
         out.tally.failed += 1
         out.tally.runaway += int(runaway)
         if reply.items is not None and not runaway:  # a full reply at the limit: its records are real
-            _emit(read, name, piece, reply, out, chain)
+            await asyncio.to_thread(_emit, read, name, piece, reply, out, chain)
         return out
     out.tally.splits += 1
     for part in await asyncio.gather(*(_read_piece(read, name, p) for p in halves(read.context, piece))):
