@@ -24,7 +24,7 @@ from typing import Awaitable, Callable
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
-from memagent.extraction.grounding import MemoryChain
+from memagent.extraction.record_grounding import MemoryChain
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, merge_mentions, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
@@ -189,11 +189,9 @@ async def read_document(
     resume: ChainState | None = None,
     on_state: Callable[[ChainState], Awaitable[None]] | None = None,
 ) -> Result:
-    """Read ``context`` with the memory agent and answer ``question``.
-
-    With ``config.extraction`` (a schema) the question is the schema's field list (pass
-    ``question=None``) and the final answer is decoded under the schema: ``Result.response`` is
-    one JSON object (validate and type it with :func:`memagent.extraction.extraction_columns`).
+    """Read ``context`` with the memory agent and answer ``question``. With ``config.extraction`` (a schema)
+    the question is its field list (pass ``question=None``) and ``Result.response`` one JSON object under
+    it (typed by :func:`memagent.extraction.extraction_columns`).
 
     Args:
         engine: any :class:`Engine`; its tokenizer cuts the chunks.

@@ -17,7 +17,7 @@ from memagent.checkpoint import new_segment, parse_segment, replay
 from memagent.chunking import Chunk
 from memagent.engines.base import Completion, SamplingParams
 from memagent.extraction import records_table, schema_from
-from memagent.extraction.grounding import MemoryChain
+from memagent.extraction.record_grounding import MemoryChain
 from memagent.extraction.reading import ChunkRead, RecordsCall, read_chunk_records, records_reach, sentence_end, \
     split_point
 from tests.records_helpers import CONFIG, FILLER, SCHEMA, RecordsEngine, document, payment, planted, section

@@ -25,7 +25,7 @@ A sentence cut by a boundary (a chunk's end, or a split point) is read whole, on
 :data:`TAIL_CHARS`), and the later call drops a record whose values grounded in its window all lie
 in that finished sentence (the earlier call owned it).
 
-Each record is grounded where it was read (:func:`~memagent.extraction.grounding.ground_chunk`: the
+Each record is grounded where it was read (:func:`~memagent.extraction.record_grounding.ground_chunk`: the
 piece's window, or through the memory for an alias) and kept as a
 :class:`~memagent.extraction.records.Mention` of its step; records are never written into the
 memory. :func:`merge_mentions` merges a read's mentions per record type.
@@ -40,7 +40,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
-from memagent.extraction.grounding import MemoryChain, Span, ground_chunk
+from memagent.extraction.grounding import Span
+from memagent.extraction.record_grounding import MemoryChain, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking

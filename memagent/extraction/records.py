@@ -1,7 +1,7 @@
 """Merging the records each chunk emitted into one list per record type: pure and deterministic.
 
 Input: :class:`Mention` s, the records one chunk's call returned (its step, the record's values,
-the char span of each value: :func:`memagent.extraction.grounding.ground_chunk`). Output:
+the char span of each value: :func:`memagent.extraction.record_grounding.ground_chunk`). Output:
 :class:`Record` s. **The rule**, per record type:
 
 - Mentions are taken in step order (stable: within a step, in the order the reply listed them).
