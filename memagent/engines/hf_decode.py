@@ -147,10 +147,10 @@ class DecodeLoop:
         capacity = n + max(r.max_tokens for r in rows) + self.spec.max_draft + 1
         mask = torch.zeros((b, capacity), dtype=torch.long, device=device)
         mask[:, :n] = prefix_mask.to(device)
-        history = [np.asarray(r.prompt_ids, dtype=np.int64) for r in rows]
+        history = [list(r.prompt_ids) for r in rows]  # prompt + reply; grown in place, O(new tokens) a step
         pending = [r.prompt_ids[-1] for r in rows]
         position = [len(r.prompt_ids) - 1 for r in rows]
-        drafters = [self._drafters(r, h) for r, h in zip(rows, history)]
+        drafters = [self._drafters(r) for r in rows]
         trackers = [[AcceptanceTracker() for _ in ds] for ds in drafters]
         while not all(r.done for r in rows):
             drafts, proposals, chosen = self._drafts(rows, history, drafters, trackers)
@@ -191,7 +191,7 @@ class DecodeLoop:
                     trackers[i][j].record(observed, agreed)
                     self._global(drafters[i][j].name).record(observed, agreed)
                 kept = self._finish(r, kept)
-                history[i] = np.concatenate([history[i], np.asarray(kept, dtype=np.int64)])
+                history[i].extend(kept)
                 for d in drafters[i]:
                     d.observe(history[i], len(kept))
                 pending[i] = kept[-1]
@@ -200,14 +200,16 @@ class DecodeLoop:
             cache.truncate(n)
         return rows
 
-    def _drafters(self, row: Row, prompt: np.ndarray) -> list[NgramDrafter | AlignedDrafter]:
+    def _drafters(self, row: Row) -> list[NgramDrafter | AlignedDrafter]:
         """The row's drafters, n-gram first (it wins ties). Constrained rows never draft."""
         spec = self.spec
         if spec.max_draft <= 0 or row.constraint is not None:
             return []
-        out: list[NgramDrafter | AlignedDrafter] = [NgramDrafter(spec.ngram_min, spec.ngram_max)] if spec.ngram else []
+        out: list[NgramDrafter | AlignedDrafter] = []
+        if spec.ngram:
+            out.append(NgramDrafter(row.prompt_ids, spec.ngram_min, spec.ngram_max))
         if spec.aligned_draft > 0:
-            out.append(AlignedDrafter(prompt))
+            out.append(AlignedDrafter(np.asarray(row.prompt_ids, dtype=np.int64)))
         return out
 
     def _global(self, name: str) -> AcceptanceTracker:
@@ -215,7 +217,7 @@ class DecodeLoop:
             self.acceptance[name] = AcceptanceTracker()
         return self.acceptance[name]
 
-    def _drafts(self, rows: list[Row], history: list[np.ndarray], drafters: list[list], trackers: list[list]
+    def _drafts(self, rows: list[Row], history: list[list[int]], drafters: list[list], trackers: list[list]
                 ) -> tuple[list[list[int]], list[list[list[int]]], list[int | None]]:
         """Per row its draft this step (``[]`` for done, constrained or budget-bound rows), every
         drafter's proposal, and which one the draft is (cut to the step's ``k``; None: none).
