@@ -358,9 +358,11 @@ def test_speculation_flags_come_from_the_engine_config(tiny_llama_dir):
     assert make_engine(config).speculation == Speculation(max_draft=0, ngram_min=1, ngram_max=3)
     on = make_engine(config.model_copy(update={"speculate": True}))
     assert on.speculation == Speculation(max_draft=5, ngram_min=1, ngram_max=3, aligned_draft=256)
-    args = parser.parse_args(["--model", str(tiny_llama_dir), "--draft-from", "aligned", "--aligned-draft-tokens", "32"])
+    args = parser.parse_args(["--model", str(tiny_llama_dir), "--draft-from", "aligned", "--aligned-draft-tokens", "32",
+                              "--no-adaptive-draft"])
     aligned = make_engine(build(EngineConfig, flags.values(args)))
-    assert (aligned.speculation.ngram, aligned.speculation.aligned_draft) == (False, 32)
+    assert (aligned.speculation.ngram, aligned.speculation.aligned_draft, aligned.speculation.adaptive) == (
+        False, 32, False)
     with pytest.raises(ValueError, match="draft_from"):
         EngineConfig(engine="vllm", draft_from="aligned")
 

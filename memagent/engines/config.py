@@ -93,6 +93,11 @@ class EngineConfig(BaseModel):
         "hf: most tokens drafted per step from the aligned prompt (an unchanged memory is drafted in long "
         "runs; the engine drafts fewer when verification would cost more than it yields)."),
         json_schema_extra=_only("hf"))
+    adaptive_draft: bool = Field(True, description=(
+        "hf: choose each step's draft length from a forward-cost model refitted from the engine's own "
+        "forwards (shorter drafts, down to none, when verification would cost more than it yields); "
+        "off: every step drafts each proposal in full, up to speculative_tokens / aligned_draft_tokens."),
+        json_schema_extra=_only("hf"))
     vllm_draft_method: Literal["ngram", "suffix"] = Field("ngram", description=(
         "vllm: how vLLM drafts when speculating: 'ngram' (prompt lookup, built in) or 'suffix' (suffix "
         "decoding from Arctic Inference: matches the prompt and earlier replies, drafts more the longer "

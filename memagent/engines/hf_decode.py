@@ -56,6 +56,10 @@ from memagent.engines.speculation import (
 # drafter name: rows that drafted from it, tokens drafted, tokens kept) (benchmarks collect them).
 log = logging.getLogger(__name__)
 
+# Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees long
+# verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
+EXPLORE_EVERY = 16
+
 
 @dataclass(frozen=True)
 class Speculation:
@@ -68,9 +72,6 @@ class Speculation:
     aligned_draft: int = 0  # most tokens the aligned drafter drafts (0: no aligned drafter)
     ngram: bool = True  # draft by n-gram lookup (False: only the aligned drafter, if on)
     adaptive: bool = True  # choose k per step from the cost model; False: each proposal in full
-    # Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees
-    # long verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
-    explore_every: int = 16
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Speculation:
@@ -79,7 +80,7 @@ class Speculation:
         return cls(max_draft=config.speculative_tokens if on else 0,
                    ngram_min=config.prompt_lookup_min, ngram_max=config.prompt_lookup_max,
                    aligned_draft=config.aligned_draft_tokens if on and config.draft_from != "ngram" else 0,
-                   ngram=config.draft_from != "aligned")
+                   ngram=config.draft_from != "aligned", adaptive=config.adaptive_draft)
 
     @property
     def longest(self) -> int:
@@ -248,7 +249,7 @@ class DecodeLoop:
                                  self.cost, spec.longest)
             chosen = [pick_proposal(p, a, k) if p else None for p, a in zip(proposals, alphas)]
             found = [p[j] if j is not None else [] for p, j in zip(proposals, chosen)]
-        if self._forwards % spec.explore_every == 0:
+        if self._forwards % EXPLORE_EVERY == 0:
             k = max(k, spec.max_draft)  # the cost model also sees long verifications
         return [d[:k] for d in found], proposals, chosen
 
