@@ -40,7 +40,7 @@ from memagent.error_kinds import InfrastructureFailure
 from memagent.result_schema import N_RECORDS_PREFIX
 from pipelines import checkpoints, fingerprint, lease, records_output, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger
-from pipelines.batch_config import BatchQAConfig, config_dict
+from pipelines.batch_config import BatchQAConfig
 from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows, unreadable_input
 from pipelines.job import ray_init_address
 from pipelines.summary import RECORD_COUNT_COLUMNS, BatchSummary
@@ -48,7 +48,7 @@ from pipelines.worker import AgentWorker, EngineBuilder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchQAConfig", "InputPlan", "config_dict", "plan_input", "run_batch_qa", "summarise"]
+__all__ = ["BatchQAConfig", "InputPlan", "plan_input", "run_batch_qa", "summarise"]
 
 def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = None) -> BatchSummary:
     """Run the job to completion and summarise what this run wrote.

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from memagent.data.contracts import (CONTRACT_SCHEMA, FIELDS, contract_corpus, contract_row, draw_lengths, gold_of,
+from memagent.data.contracts import (CONTRACT_SCHEMA, FIELDS, contract_corpus, contract_row, draw_lengths,
                                      main)
+
+
+def gold_of(row: dict) -> dict:
+    return json.loads(row["gold"])
 
 
 def words(text: str) -> int:  # a deterministic stand-in tokenizer for sizing

@@ -278,10 +278,6 @@ def contract_corpus(n: int, min_tokens: int = 1000, max_tokens: int = 8000, seed
     return [contract_row(i, t, seed, count) for i, t in enumerate(draw_lengths(n, min_tokens, max_tokens, seed))]
 
 
-def gold_of(row: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(row["gold"])
-
-
 def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_tokens: int = 8000, seed: int = 0,
                     model: str | None = None) -> tuple[Path, Path]:
     """Write ``directory/contracts.parquet`` (sized in ``model``'s tokens, default the packaged one) and
