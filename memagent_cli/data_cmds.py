@@ -110,7 +110,7 @@ def _add_synth_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output Parquet file (or directory with --ray), local or s3://")
     p.add_argument("--tokenizer", default=DEFAULT_MODEL,
                    help=f"model name, HF dir or GGUF whose tokenizer measures lengths (default {DEFAULT_MODEL})")
-    p.set_defaults(_synth_job_flags=add_model_flags(p, SynthJob, "where it runs"))
+    p.set_defaults(_synth_job_flags=add_model_flags(p, SynthJob, "where it runs"), starts_ray=True)
 
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
