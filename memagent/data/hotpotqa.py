@@ -25,23 +25,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SOURCE = "hotpotqa"
 
-# The training-data columns (id, question, context, answers, num_docs, context_tokens, source)
-# plus the synthesis record (gold positions, seed).
-TRAINING_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("question_id", pa.string()),
-        ("question", pa.string()),
-        ("context", pa.large_string()),
-        ("answers", pa.list_(pa.string())),
-        ("num_docs", pa.int64()),
-        ("context_tokens", pa.int64()),
-        ("target_tokens", pa.int64()),
-        ("source", pa.string()),
-        ("gold_positions", pa.list_(pa.int64())),
-        ("seed", pa.int64()),
-    ]
-)
+# The columns of every generated row, training and evaluation (id, question, context, answers,
+# num_docs, context_tokens, source) plus the synthesis record (gold positions, seed).
+SAMPLE_COLUMNS = [
+    ("id", pa.string()),
+    ("question_id", pa.string()),
+    ("question", pa.string()),
+    ("context", pa.large_string()),
+    ("answers", pa.list_(pa.string())),
+    ("num_docs", pa.int64()),
+    ("context_tokens", pa.int64()),
+    ("source", pa.string()),
+    ("gold_positions", pa.list_(pa.int64())),
+    ("seed", pa.int64()),
+]
+TRAINING_SCHEMA = pa.schema([*SAMPLE_COLUMNS, ("target_tokens", pa.int64())])
 
 SizeKind = Literal["docs", "tokens"]
 Size = tuple[SizeKind, int]
