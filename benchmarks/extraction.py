@@ -143,7 +143,7 @@ def main() -> None:  # noqa: C901 - one script, phases in order
 
     from memagent.agent import check_config, read_document
     from memagent.config import AgentConfig
-    from memagent.data.contracts import CONTRACT_SCHEMA, contract_corpus
+    from memagent.data.contracts import CONTRACT_SCHEMA, ContractCorpus, contract_corpus
     from memagent.data.hotpotqa import count_tokens
     from memagent.engines import EngineConfig, SamplingParams, make_engine
     from memagent.extraction import InvalidOutput, extraction_columns, parse_reply, schema_from
@@ -174,8 +174,8 @@ def main() -> None:  # noqa: C901 - one script, phases in order
     if cache and cache.exists() and json.loads(pq.read_metadata(cache).metadata[b"corpus"]) == key:
         rows = pq.read_table(cache).to_pylist()
     else:
-        rows = contract_corpus(args.docs, args.min_tokens, args.max_tokens, args.seed,
-                               count=lambda text: count_tokens(engine.tokenizer, text))
+        corpus = ContractCorpus(docs=args.docs, min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed)
+        rows = contract_corpus(corpus, count=lambda text: count_tokens(engine.tokenizer, text))
         if cache:
             cache.parent.mkdir(parents=True, exist_ok=True)
             table = pa.Table.from_pylist(rows)

@@ -14,21 +14,23 @@ Each row records the gold values (``gold``: JSON text), the char span of each go
 text (``gold_spans``), and the near misses and superseded values (``distractors``), in the batch
 input format (``id``, ``question``, ``context`` + those columns, which pass through a job):
 
-    python -m memagent.data.contracts --out runs/contracts --docs 20 --min-tokens 1000 --max-tokens 4000
+    memagent synth contracts --out runs/contracts --docs 20 --min-tokens 1000 --max-tokens 4000
 
 writes ``runs/contracts/contracts.parquet`` and the schema beside it (``contract.schema.json``,
-also shipped as ``docs/schemas/contract.json``).
+also shipped as ``docs/schemas/contract.json``); the extraction flow writes the same corpus
+(:class:`ContractCorpus`) when its input is empty.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
 import random
 from pathlib import Path
 from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TokenCounter = Callable[[str], int]
 
@@ -46,6 +48,8 @@ CONTRACT_SCHEMA: dict[str, Any] = {
     },
     "required": list(FIELDS),
 }
+# An answer budget that holds CONTRACT_SCHEMA's JSON object (about 79 tokens).
+ANSWER_TOKENS = 96
 QUESTION = "Extract the contract's fields: the client, effective date, total fee, term in months and governing law."
 AMEND_PROBABILITY = 0.4  # share of documents with an amendment (one or two fields overridden)
 
@@ -272,14 +276,31 @@ def draw_lengths(n: int, min_tokens: int, max_tokens: int, seed: int = 0) -> lis
     return [round(math.exp(rng.uniform(math.log(min_tokens), math.log(max_tokens)))) for _ in range(n)]
 
 
-def contract_corpus(n: int, min_tokens: int = 1000, max_tokens: int = 8000, seed: int = 0,
-                    count: TokenCounter | None = None) -> list[dict[str, Any]]:
-    """``n`` contracts with lengths drawn by :func:`draw_lengths`."""
-    return [contract_row(i, t, seed, count) for i, t in enumerate(draw_lengths(n, min_tokens, max_tokens, seed))]
+class ContractCorpus(BaseModel):
+    """A generated contract corpus: how many contracts, how long, which seed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    docs: int = Field(6, gt=0, description="Contracts to generate.")
+    min_tokens: int = Field(600, gt=0, description="Shortest contract, in the reading model's tokens.")
+    max_tokens: int = Field(1500, gt=0, description="Longest contract, in the reading model's tokens "
+                            "(lengths are log-uniform between the two).")
+    seed: int = Field(0, description="Seed of the values, depths and lengths: the corpus is a function of it.")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> ContractCorpus:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} is over max_tokens={self.max_tokens}")
+        return self
 
 
-def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_tokens: int = 8000, seed: int = 0,
-                    model: str | None = None) -> tuple[Path, Path]:
+def contract_corpus(corpus: ContractCorpus, count: TokenCounter | None = None) -> list[dict[str, Any]]:
+    """``corpus.docs`` contracts with lengths drawn by :func:`draw_lengths`."""
+    lengths = draw_lengths(corpus.docs, corpus.min_tokens, corpus.max_tokens, corpus.seed)
+    return [contract_row(i, t, corpus.seed, count) for i, t in enumerate(lengths)]
+
+
+def write_contracts(directory: str | Path, corpus: ContractCorpus, model: str | None = None) -> tuple[Path, Path]:
     """Write ``directory/contracts.parquet`` (sized in ``model``'s tokens, default the packaged one) and
     ``directory/contract.schema.json``; returns both paths."""
     import functools
@@ -291,7 +312,7 @@ def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_t
     from memagent.models import DEFAULT_MODEL, load_tokenizer
 
     count = functools.partial(count_tokens, load_tokenizer(model or DEFAULT_MODEL))
-    rows = contract_corpus(n, min_tokens, max_tokens, seed, count)
+    rows = contract_corpus(corpus, count)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".contracts.parquet.tmp"  # readers skip dot files: the file appears whole
@@ -300,20 +321,3 @@ def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_t
     schema = out / "contract.schema.json"
     schema.write_text(json.dumps(CONTRACT_SCHEMA, indent=2) + "\n")
     return out / "contracts.parquet", schema
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Write a generated contract corpus (batch input) and its JSON Schema.")
-    p.add_argument("--out", required=True, help="directory for contracts.parquet and contract.schema.json")
-    p.add_argument("--docs", type=int, default=20, help="documents (default 20)")
-    p.add_argument("--min-tokens", type=int, default=1000, help="shortest document in tokens (default 1000)")
-    p.add_argument("--max-tokens", type=int, default=8000, help="longest document in tokens (default 8000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None, help="tokenizer that sizes the documents (default: the packaged model)")
-    a = p.parse_args(argv)
-    data, schema = write_contracts(a.out, a.docs, a.min_tokens, a.max_tokens, a.seed, a.model)
-    print(f"{a.docs} contracts -> {data}\nschema -> {schema}")
-
-
-if __name__ == "__main__":
-    main()
