@@ -10,13 +10,14 @@ deployment ``extract-corpus/default`` (prefect.yaml) runs it on a generated cont
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
 
-from flows.batch_qa import run_job
+from flows.batch_qa import generate_then_run
 from flows.params import DatasetURI, resolve_local
 from flows.report import publish_report
 from flows.stages import local_input
@@ -117,12 +118,8 @@ def extract_corpus(
                                                                      require_grounding=require_grounding or None),
         job=job.model_copy(update={"progress": False}), redo_changed=redo_changed,
     )
-    if corpus is not None:
-        if "://" in input:
-            raise ValueError("contract corpus generation writes local paths only; give a local input")
-        ensure_contract_corpus(input, engine.model, corpus)
-    job_task = run_job.with_options(tags=["gpu"]) if job.num_gpus > 0 else run_job
-    summary = job_task(cfg.model_dump(mode="json"))
+    generate = None if corpus is None else functools.partial(ensure_contract_corpus, input, engine.model, corpus)
+    summary = generate_then_run(cfg, generate, "contract corpus")
 
     fields = field_table(output, s3, extraction)
     a = cfg.agent
