@@ -186,69 +186,11 @@ def contract_row(idx: int, target_tokens: int, seed: int = 0, count: TokenCounte
     """
     count = count or (lambda text: int(len(text.split()) * 1.3))
     rng = random.Random(f"contract-{seed}-{idx}")
-    for _ in range(100):  # redraw until every planted value's text occurs exactly once
-        provider = _company(rng)
-        gold = _values(rng, provider)
-        first = dict(gold)
-        amended = []
-        if amend or (amend is None and rng.random() < AMEND_PROBABILITY):
-            amended = sorted(rng.sample(FIELDS, rng.choice([1, 2])), key=FIELDS.index)
-            for f in amended:
-                gold[f] = _amended_value(rng, f, first[f])
-        near = {f: _near_miss_value(rng, f, gold, provider) for f in FIELDS}
-        others = [_text(f, v) for f, v in [*near.items(), *((f, first[f]) for f in amended)]] + [provider]
-        golds = [_text(f, v) for f, v in gold.items()]
-        # Each gold value's text occurs once (a text search finds its one span); near misses differ.
-        if all(sum(t.count(g) for t in golds + others) == 1 for g in golds) and \
-                all(near[f] != gold[f] and near[f] != first[f] for f in FIELDS):
-            break
-    else:  # pragma: no cover - the value pools make this vanishingly unlikely
-        raise RuntimeError(f"contract {idx}: could not draw distinct values")
-
-    # Planted sentences at random depths (0..1); an amendment always comes after the value it overrides.
-    planted: list[tuple[float, str, str, Any, str]] = []  # depth, role, field, value, sentence
-    for f in FIELDS:
-        d = rng.uniform(0.02, 0.6 if f in amended else 0.95)
-        planted.append((d, "gold" if f not in amended else "superseded", f, first[f],
-                        _PLANT[f].format(v=_text(f, first[f]), provider=provider)))
-        if f in amended:
-            planted.append((rng.uniform(d + 0.15, 0.98), "gold", f, gold[f], _AMEND[f].format(v=_text(f, gold[f]))))
-        planted.append((rng.uniform(0.02, 0.98), "near_miss", f, near[f], _NEAR_MISS[f].format(v=_text(f, near[f]))))
-    planted.sort(key=lambda p: p[0])
-
-    def assemble(n_filler: int) -> tuple[str, list[dict[str, Any]]]:
-        filler_rng = random.Random(f"contract-filler-{seed}-{idx}")
-        filler: list[tuple[str, str | None]] = [("SERVICES AGREEMENT", "heading")]
-        headings = iter(filler_rng.sample(_HEADINGS, len(_HEADINGS)))
-        for k in range(n_filler):
-            if k % 9 == 8:
-                filler.append((f"{next(headings, 'Miscellaneous')}.", "heading"))
-            filler.append((_clause(filler_rng), None))
-        parts, spans, p = [], [], 0
-        for j in range(len(filler) + 1):  # planted sentences go before filler sentence j
-            while p < len(planted) and (planted[p][0] * len(filler) <= j or j == len(filler)):
-                parts.append((planted[p][4], f"p{p}"))
-                p += 1
-            if j < len(filler):
-                parts.append(filler[j])
-        text, starts = _sentences_to_text(parts)
-        for i, (sentence, kind) in enumerate(parts):
-            if kind and kind.startswith("p"):
-                _, role, f, v, _ = planted[int(kind[1:])]
-                at = starts[i] + sentence.index(_text(f, v))
-                spans.append({"field": f, "role": role, "value": v, "char_start": at, "char_end": at + len(_text(f, v))})
-        return text, spans
-
-    lo, hi = 0, max(8, target_tokens // 4)
-    while count(assemble(hi)[0]) <= target_tokens:  # grow the upper bound, then binary-search it
-        lo, hi = hi, hi * 2
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count(assemble(mid)[0]) <= target_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    context, spans = assemble(lo)
+    provider, first, gold, near, amended = _draw_values(rng, idx, amend)
+    planted = _plant(rng, provider, first, gold, near, amended)
+    filler_seed = f"contract-filler-{seed}-{idx}"
+    n_filler = _most_filler(lambda n: count(_assemble(planted, n, filler_seed)[0]), target_tokens)
+    context, spans = _assemble(planted, n_filler, filler_seed)
     for f in FIELDS:  # the planted text is the only one of its kind (filler has no digits or names)
         if context.count(_text(f, gold[f])) != 1:  # pragma: no cover - a generator bug
             raise AssertionError(f"contract {idx}: gold {f} {gold[f]!r} occurs {context.count(_text(f, gold[f]))} times")
@@ -266,6 +208,83 @@ def contract_row(idx: int, target_tokens: int, seed: int = 0, count: TokenCounte
         "amended": amended,
         "distractors": distractors,
     }
+
+
+Planted = list[tuple[float, str, str, Any, str]]  # depth (0..1), role, field, value, sentence
+
+
+def _draw_values(rng: random.Random, idx: int, amend: bool | None) -> tuple[str, dict, dict, dict, list[str]]:
+    """``(provider, first values, gold values, near misses, amended fields)``, redrawn until every
+    planted value's text occurs exactly once (a text search then finds each gold value's one span)."""
+    for _ in range(100):
+        provider = _company(rng)
+        gold = _values(rng, provider)
+        first = dict(gold)
+        amended = []
+        if amend or (amend is None and rng.random() < AMEND_PROBABILITY):
+            amended = sorted(rng.sample(FIELDS, rng.choice([1, 2])), key=FIELDS.index)
+            for f in amended:
+                gold[f] = _amended_value(rng, f, first[f])
+        near = {f: _near_miss_value(rng, f, gold, provider) for f in FIELDS}
+        others = [_text(f, v) for f, v in [*near.items(), *((f, first[f]) for f in amended)]] + [provider]
+        golds = [_text(f, v) for f, v in gold.items()]
+        if all(sum(t.count(g) for t in golds + others) == 1 for g in golds) and \
+                all(near[f] != gold[f] and near[f] != first[f] for f in FIELDS):
+            return provider, first, gold, near, amended
+    raise RuntimeError(f"contract {idx}: could not draw distinct values")  # pragma: no cover - vanishingly unlikely
+
+
+def _plant(rng: random.Random, provider: str, first: dict, gold: dict, near: dict, amended: list[str]) -> Planted:
+    """Planted sentences at random depths, sorted; an amendment always comes after the value it overrides."""
+    planted: Planted = []
+    for f in FIELDS:
+        d = rng.uniform(0.02, 0.6 if f in amended else 0.95)
+        planted.append((d, "gold" if f not in amended else "superseded", f, first[f],
+                        _PLANT[f].format(v=_text(f, first[f]), provider=provider)))
+        if f in amended:
+            planted.append((rng.uniform(d + 0.15, 0.98), "gold", f, gold[f], _AMEND[f].format(v=_text(f, gold[f]))))
+        planted.append((rng.uniform(0.02, 0.98), "near_miss", f, near[f], _NEAR_MISS[f].format(v=_text(f, near[f]))))
+    return sorted(planted, key=lambda p: p[0])
+
+
+def _assemble(planted: Planted, n_filler: int, filler_seed: str) -> tuple[str, list[dict[str, Any]]]:
+    """The contract's text with ``n_filler`` boilerplate clauses around the planted sentences, and the
+    char span of each planted value."""
+    filler_rng = random.Random(filler_seed)
+    filler: list[tuple[str, str | None]] = [("SERVICES AGREEMENT", "heading")]
+    headings = iter(filler_rng.sample(_HEADINGS, len(_HEADINGS)))
+    for k in range(n_filler):
+        if k % 9 == 8:
+            filler.append((f"{next(headings, 'Miscellaneous')}.", "heading"))
+        filler.append((_clause(filler_rng), None))
+    parts, spans, p = [], [], 0
+    for j in range(len(filler) + 1):  # planted sentences go before filler sentence j
+        while p < len(planted) and (planted[p][0] * len(filler) <= j or j == len(filler)):
+            parts.append((planted[p][4], f"p{p}"))
+            p += 1
+        if j < len(filler):
+            parts.append(filler[j])
+    text, starts = _sentences_to_text(parts)
+    for i, (sentence, kind) in enumerate(parts):
+        if kind and kind.startswith("p"):
+            _, role, f, v, _ = planted[int(kind[1:])]
+            at = starts[i] + sentence.index(_text(f, v))
+            spans.append({"field": f, "role": role, "value": v, "char_start": at, "char_end": at + len(_text(f, v))})
+    return text, spans
+
+
+def _most_filler(tokens_with: Callable[[int], int], target_tokens: int) -> int:
+    """The most filler clauses that keep the text within ``target_tokens``: grow an upper bound, then bisect."""
+    lo, hi = 0, max(8, target_tokens // 4)
+    while tokens_with(hi) <= target_tokens:
+        lo, hi = hi, hi * 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tokens_with(mid) <= target_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def draw_lengths(n: int, min_tokens: int, max_tokens: int, seed: int = 0) -> list[int]:

@@ -177,29 +177,34 @@ class DecodeLoop:
                 self._log_forward(rows, drafts, chosen, drafters, keep, t - 1, seconds)
             grown = 0
             for i, r in enumerate(rows):
-                kept = keep[i]
-                if kept is None:
+                if keep[i] is None:
                     continue
-                slots = 1 + min(len(kept) - 1, len(drafts[i]))  # pending + accepted drafted tokens
+                slots = 1 + min(len(keep[i]) - 1, len(drafts[i]))  # pending + accepted drafted tokens
                 mask[i, n + slots : n + t] = 0
                 grown = max(grown, slots)
-                m = len(kept) - 1
-                r.draft_tokens += len(drafts[i])
-                r.accepted_tokens += m
-                r.decode_steps += 1
-                for j, p in enumerate(proposals[i]):  # every drafter's acceptance, drafted or not
-                    observed, agreed = matched_prefix(p, kept)
-                    trackers[i][j].record(observed, agreed)
-                    self._global(drafters[i][j].name).record(observed, agreed)
-                kept = self._finish(r, kept)
-                history[i].extend(kept)
-                for d in drafters[i]:
-                    d.observe(history[i], len(kept))
+                kept = self._accept(r, keep[i], drafts[i], proposals[i], drafters[i], trackers[i], history[i])
                 pending[i] = kept[-1]
                 position[i] += len(kept)
             n += max(grown, 1)
             cache.truncate(n)
         return rows
+
+    def _accept(self, row: Row, kept: list[int], draft: list[int], proposals: list[list[int]], drafters: list,
+                trackers: list[AcceptanceTracker], history: list[int]) -> list[int]:
+        """Book one row's step: its counters, every drafter's acceptance (drafted or not), the reply and
+        what the drafters have seen. Returns the tokens the reply grew by (cut at EOS or the limit)."""
+        row.draft_tokens += len(draft)
+        row.accepted_tokens += len(kept) - 1
+        row.decode_steps += 1
+        for proposal, drafter, tracker in zip(proposals, drafters, trackers):
+            observed, agreed = matched_prefix(proposal, kept)
+            tracker.record(observed, agreed)
+            self._global(drafter.name).record(observed, agreed)
+        kept = self._finish(row, kept)
+        history.extend(kept)
+        for drafter in drafters:
+            drafter.observe(history, len(kept))
+        return kept
 
     def _drafters(self, row: Row) -> list[NgramDrafter | AlignedDrafter]:
         """The row's drafters, n-gram first (it wins ties). Constrained rows never draft."""
