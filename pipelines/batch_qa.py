@@ -50,12 +50,14 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BatchQAConfig", "InputPlan", "plan_input", "run_batch_qa", "summarise"]
 
+
 def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = None) -> BatchSummary:
     """Run the job to completion and summarise what this run wrote.
 
     plan (validate input and output, find done ids) -> start (Ray, the ledger) -> build the
     dataset -> write -> summarise, all under the output's lease (:mod:`pipelines.lease`), taken
-    before Ray starts or any model loads. ``build_engine`` builds each actor's engine instead of ``make_engine(cfg.engine)``.
+    before Ray starts or any model loads. ``build_engine`` builds each actor's engine instead of
+    ``make_engine(cfg.engine)``.
     """
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)  # a bad output named before the lease

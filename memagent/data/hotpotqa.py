@@ -137,7 +137,8 @@ def fit_to_budget(
 
 
 def _largest(pred: Callable[[int], bool], lo: int, hi: int | None) -> int:
-    """The largest ``n`` in ``[lo, hi]`` with ``pred(n)`` (monotone; ``lo`` when even it fails): doubling, then bisection."""
+    """The largest ``n`` in ``[lo, hi]`` with ``pred(n)`` (monotone; ``lo`` when even ``lo`` fails):
+    doubling, then bisection."""
     if not pred(lo):
         return lo
     step = 1
