@@ -27,8 +27,8 @@ from pipelines.job import JobConfig
 # through one engine of max_batch_size 16: 2.58x the sequential rate, 0.80 of this CPU's bound);
 # more only queue behind the engine's batch.
 HF_CPU_MAX_IN_FLIGHT = 16
-# Rows per Ray Data call under continuous admission (chosen by measurement, benchmarks/README.md
-# "Continuous admission"): one row per call, so a row leaves the actor the moment it is done.
+# Rows per Ray Data call under continuous admission: one, so a row leaves the actor the moment it
+# is done (calls of 4 rows kept finished rows waiting for their call's slowest in benchmarks/scale.py).
 ROWS_PER_CALL = 1
 # vLLM: continuous batching holds hundreds of sequences (max_num_seqs default 256); documents
 # beyond its running set wait in vLLM's own queue, ready the moment a sequence ends.

@@ -35,7 +35,7 @@ class JobConfig(BaseModel):
         "continuous", description="How rows reach an actor: 'continuous' (one row per Ray Data call; the next document "
         "starts the moment one of the --max-in-flight finishes) or 'barrier' (one call of --max-in-flight rows per "
         "actor, read together; the next call starts when its slowest document is done: the engine runs emptier as "
-        "a call's documents finish, benchmarks/README.md 'scale').")
+        "a call's documents finish: the 'scale' rows of benchmarks/README.md).")
     longest_first: bool = Field(
         False, description="Start the documents with the longest context first: with heavy-tailed lengths the "
         "longest documents' chains of conversations decide when the job ends. A global sort: the whole input is "
