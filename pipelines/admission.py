@@ -28,7 +28,7 @@ from pipelines.job import JobConfig
 # more only queue behind the engine's batch.
 HF_CPU_MAX_IN_FLIGHT = 16
 # Rows per Ray Data call under continuous admission: one, so a row leaves the actor the moment it
-# is done (calls of 4 rows kept finished rows waiting for their call's slowest in benchmarks/scale.py).
+# is done (a call returns once all its rows are).
 ROWS_PER_CALL = 1
 # vLLM: continuous batching holds hundreds of sequences (max_num_seqs default 256); documents
 # beyond its running set wait in vLLM's own queue, ready the moment a sequence ends.
