@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_threads_option, bench_model, loadavg, machine, print_table, set_threads, write_json
+from memagent.data.contracts import ANSWER_TOKENS
 
 SAMPLE_SEED = 26
 ISSUE_DOCS, ISSUE_BASELINE_DOCS = 100, 30  # the minimum run the targets are stated for; a smaller one is labelled partial
@@ -124,7 +125,8 @@ def main() -> None:  # noqa: C901 - one script, phases in order
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0, help="corpus seed")
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--answer-tokens", type=int, default=96, help="final answer budget (the schema's JSON needs ~79)")
+    parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS,
+                        help=f"final answer budget (default {ANSWER_TOKENS}: the schema's JSON needs ~79)")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-in-flight", type=int, default=16, help="chains read at once (= the engine's batch)")
     parser.add_argument("--deadline", default=None, help="HH:MM UTC: start no read after deadline - reserve")
