@@ -36,7 +36,7 @@ import resource
 import subprocess
 import time
 
-from benchmarks.common import loadavg, machine, print_table, write_json
+from benchmarks.common import batch_mean, loadavg, machine, print_table, write_json
 
 
 def uptime() -> str:
@@ -253,7 +253,7 @@ def main() -> None:
                               "chunks": sum(r["chunks"] for r in result.values()),
                               "drafted": sum(r["drafted"] for r in result.values()),
                               "accepted": sum(r["accepted"] for r in result.values()),
-                              "batch_sizes_mean": round(sum(engine.stats.batch_sizes) / max(1, len(engine.stats.batch_sizes)), 2),
+                              "batch_sizes_mean": round(batch_mean(engine.stats.batch_sizes), 2),
                               "loadavg_min_mean_max": [min(loads), round(sum(loads) / len(loads), 2), max(loads)] if loads else None,
                               "dtype": str(engine.dtype)}
         del engine

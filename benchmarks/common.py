@@ -13,7 +13,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,11 @@ class DecodeForwards(logging.Handler):
         logger = logging.getLogger(self.LOGGER)
         logger.removeHandler(self)
         logger.setLevel(self._level)
+
+
+def batch_mean(sizes: Mapping[int, int]) -> float:
+    """Mean requests per forward of an engine's ``stats.batch_sizes`` ({size: forwards})."""
+    return sum(size * n for size, n in sizes.items()) / max(1, sum(sizes.values()))
 
 
 def median(xs: Sequence[float]) -> float:

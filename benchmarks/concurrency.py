@@ -133,7 +133,7 @@ def main() -> None:
 
     def run(kind: str, rs) -> dict:
         log = ForwardLog(engine.model)
-        n0 = len(engine.stats.batch_sizes)
+        n0 = engine.stats.batch_sizes.copy()
         t0 = time.perf_counter()
         results = asyncio.run(sequential(rs) if kind == "sequential" else concurrent(rs))
         wall = time.perf_counter() - t0
@@ -145,7 +145,7 @@ def main() -> None:
             "chunks": sum(r.n_chunks for r in results), "calls": sum(len(r.steps) for r in results),
             "prompt_tokens_real": real_prompt, "prefill_flops": 2 * params_matmul * real_prompt,
             "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
-            "engine_batch_sizes": engine.stats.batch_sizes[n0:],
+            "engine_batch_sizes": dict(engine.stats.batch_sizes - n0),  # {rows: forwards}
             "correct": sum(any(a in (r.prediction or "") for a in row["answers"]) for r, row in zip(results, rs)),
             "loadavg_end": loadavg(),
         })

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_threads_option, bench_model, loadavg, machine, print_table, set_threads, write_json
+from memagent.data.contracts import ANSWER_TOKENS
 
 SAMPLE_SEED = 26
 ISSUE_DOCS, ISSUE_BASELINE_DOCS = 100, 30  # the minimum run the targets are stated for; a smaller one is labelled partial
@@ -124,7 +125,8 @@ def main() -> None:  # noqa: C901 - one script, phases in order
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0, help="corpus seed")
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--answer-tokens", type=int, default=96, help="final answer budget (the schema's JSON needs ~79)")
+    parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS,
+                        help=f"final answer budget (default {ANSWER_TOKENS}: the schema's JSON needs ~79)")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-in-flight", type=int, default=16, help="chains read at once (= the engine's batch)")
     parser.add_argument("--deadline", default=None, help="HH:MM UTC: start no read after deadline - reserve")
@@ -143,7 +145,7 @@ def main() -> None:  # noqa: C901 - one script, phases in order
 
     from memagent.agent import check_config, read_document
     from memagent.config import AgentConfig
-    from memagent.data.contracts import CONTRACT_SCHEMA, contract_corpus
+    from memagent.data.contracts import CONTRACT_SCHEMA, ContractCorpus, contract_corpus
     from memagent.data.hotpotqa import count_tokens
     from memagent.engines import EngineConfig, SamplingParams, make_engine
     from memagent.extraction import InvalidOutput, extraction_columns, parse_reply, schema_from
@@ -174,8 +176,8 @@ def main() -> None:  # noqa: C901 - one script, phases in order
     if cache and cache.exists() and json.loads(pq.read_metadata(cache).metadata[b"corpus"]) == key:
         rows = pq.read_table(cache).to_pylist()
     else:
-        rows = contract_corpus(args.docs, args.min_tokens, args.max_tokens, args.seed,
-                               count=lambda text: count_tokens(engine.tokenizer, text))
+        corpus = ContractCorpus(docs=args.docs, min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed)
+        rows = contract_corpus(corpus, count=lambda text: count_tokens(engine.tokenizer, text))
         if cache:
             cache.parent.mkdir(parents=True, exist_ok=True)
             table = pa.Table.from_pylist(rows)

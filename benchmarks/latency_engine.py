@@ -428,13 +428,9 @@ class LatencyEngine(Engine):
             done = [s for s in self._running if s.prefill_left == 0 and s.decode_left <= 0]
             if done:
                 self._running = [s for s in self._running if not (s.prefill_left == 0 and s.decode_left <= 0)]
-                self.stats.batch_sizes.append(len(decoding))
-                if len(self.stats.batch_sizes) > 1000:
-                    del self.stats.batch_sizes[:500]
+                self.stats.batch_sizes[len(decoding)] += 1
                 for s in done:
-                    self.stats.requests += 1
-                    self.stats.prompt_tokens += s.completion.prompt_tokens
-                    self.stats.completion_tokens += s.completion.completion_tokens
+                    self.stats.count(s.completion)
                     if not s.future.done():
                         s.future.set_result(s.completion)
 

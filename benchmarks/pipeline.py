@@ -81,7 +81,7 @@ def main() -> None:
               "errors": sum(r["error"] is not None for r in records),
               "accuracy": sum(r["score"] or 0 for r in records) / len(records),
               "context_tokens": sum(r["context_tokens"] or 0 for r in records),
-              "batch_sizes": list(engine.stats.batch_sizes), "loadavg_end": loadavg()}
+              "batch_sizes": dict(engine.stats.batch_sizes), "loadavg_end": loadavg()}
     print(f"in-process: load {load_s:.1f}s, read {inproc_s:.1f}s; load {inproc['loadavg_end']}", flush=True)
     del engine
 

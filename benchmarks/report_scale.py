@@ -36,7 +36,7 @@ WORDS = ("the city river number key value memory note fact lantern harbor falcon
 
 def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
     """``n`` batch output rows with real-looking traces; about 3% are error rows."""
-    from memagent.attribution import attribute, empty_columns
+    from memagent.attribution import COLUMNS as ATTRIBUTION_COLUMNS, attribute
     from memagent.batch import RESULT_COLUMNS
 
     rng = random.Random(seed)
@@ -69,7 +69,7 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
                "config": json.dumps({"chunk_tokens": 512, "memory_tokens": 128}), "seconds": 4.0,
                "method": "memagent", **attribute(steps, prediction, [ans], context).columns()}
         if rng.random() < 0.03:
-            row.update({c: None for c in RESULT_COLUMNS}, **empty_columns(), model="synthetic",
+            row.update({c: None for c in RESULT_COLUMNS}, **dict.fromkeys(ATTRIBUTION_COLUMNS), model="synthetic",
                        error=rng.choice(["input: context is empty (only whitespace): there is nothing to read",
                                          f"agent: RuntimeError: engine died on request {i}"]))
         rows.append(row)

@@ -19,10 +19,7 @@ of first come first served; ``_reserve`` lets a document of ``--long-tokens`` or
 actor (``JobConfig.long_document_tokens``, ``--long-in-flight`` documents there while it reads),
 e.g. ``admission_lpt_priority``, ``admission_lpt_reserve``; ``_spec`` speculates (prompt lookup,
 ``--speculative-tokens`` a step) at ``--speculate-acceptance`` (``measured``: the per-step
-distribution of ``--speculation-results``; or a fixed mean acceptance rate), ``_spec0.5`` at 0.5;
-and for the design choice ``sched4`` (4 rows per call,
-``max_in_flight`` calls, the gate binding: a scheduler inside the actor) and ``calls4`` (4 rows
-per call, ``max_in_flight / 4`` calls: several calls over small batches, no gate binding).
+distribution of ``--speculation-results``; or a fixed mean acceptance rate), ``_spec0.5`` at 0.5.
 
 Headline keys, per mode under ``modes``: ``occupancy`` (mean documents in flight /
 ``max_in_flight``, all actors over the job's window, from the actors' gates), ``wall_vs_ideal``
@@ -176,29 +173,27 @@ class Scraper:
             self.out.write_text("\n\n".join(self.samples[-3:]) + "\n")
 
 
-def plan_for(mode: str, m: int):
-    from pipelines.admission import AdmissionPlan
-
-    return {"admission": AdmissionPlan(m, rows_per_call=1), "barrier": AdmissionPlan.barrier(m),
-            "sched4": AdmissionPlan(m, rows_per_call=4, calls_per_actor=m),
-            "calls4": AdmissionPlan(m, rows_per_call=4)}[mode]
+def admission_for(mode: str) -> str:
+    """``JobConfig.admission`` of a mode's base name."""
+    return {"admission": "continuous", "barrier": "barrier"}[mode]
 
 
 def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent) -> dict:
     import pyarrow.dataset as pads
 
     from memagent.engines import EngineConfig
+    from pipelines.admission import AdmissionPlan
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
     from pipelines.job import JobConfig
 
     base, *variants = mode.split("_")
-    plan = plan_for(base, args.max_in_flight)
     # The engine's queue: first come first served, by priority in the "_priority" variants.
     model = replace(model, priority_scheduling="priority" in variants, **speculation(variants, args))
     reserve = "reserve" in variants
     cfg = BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
                         job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
                                       max_in_flight=args.max_in_flight, progress=False,
+                                      admission=admission_for(base),
                                       longest_first="lpt" in variants,
                                       long_document_tokens=args.long_tokens if reserve else None,
                                       long_document_in_flight=min(args.long_in_flight, args.max_in_flight),
@@ -207,7 +202,8 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     load0 = loadavg()
     cpu0 = psutil.cpu_times()
     t0 = time.perf_counter()
-    summary = run_batch_qa(cfg, admission=plan, build_engine=engine_builder(model_dict(model)))
+    plan = AdmissionPlan.for_job(cfg.job, cfg.engine)
+    summary = run_batch_qa(cfg, build_engine=engine_builder(model_dict(model)))
     wall = time.perf_counter() - t0
     cpu_busy = cpu_busy_fraction(cpu0, psutil.cpu_times())
     table = pads.dataset(str(out), format="parquet").to_table(
@@ -370,11 +366,9 @@ def run_hf(args) -> dict:
     for mode in ("admission", "barrier"):
         cfg = BatchQAConfig(input=str(work / "lake"), output=str(work / f"out-{mode}"), agent=agent,
                             engine=EngineConfig(), job=JobConfig(concurrency=1, batch_size=16, torch_threads=1,
-                                                                 progress=False))
-        m = 16  # hf's default max_in_flight (its max_batch_size)
-        plan = plan_for(mode, m)
+                                                                 progress=False, admission=admission_for(mode)))
         load0 = loadavg()
-        summary = run_batch_qa(cfg, admission=plan)
+        summary = run_batch_qa(cfg)
         out[mode] = {"wall_s": round(summary.seconds, 2), "reading_s": round(summary.reading_seconds or 0, 2),
                      "occupancy": round(summary.occupancy or 0, 4), "rows_out": summary.rows_out,
                      "error_rows": summary.error_rows, "accuracy": summary.accuracy, "loadavg_start": load0,

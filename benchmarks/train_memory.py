@@ -219,7 +219,9 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
 
     agent = preset(spec["preset"]).with_overrides(**spec["agent"])
     shape = ModelShape.of(resolve_model(spec["model"]))
-    return estimate_peak_memory(TrainConfig(**spec["train"]), agent, shape).as_dict()
+    est = estimate_peak_memory(TrainConfig(**spec["train"]), agent, shape)
+    return {"peak_mb": round(est.peak_mb), "resident_mb": {k: round(v) for k, v in est.resident.items()},
+            "transient_mb": {k: round(v) for k, v in est.transient.items()}}
 
 
 def measure(name: str, spec: dict[str, Any], work: Path, max_rss: int, timeout_s: float) -> dict[str, Any]:

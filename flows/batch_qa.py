@@ -9,7 +9,9 @@ no Prefect task runner is involved. Retrying the task is safe because the job re
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -26,6 +28,9 @@ from memagent.engines import EngineConfig
 from memagent.verify import Metric
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
+
+if TYPE_CHECKING:
+    from pipelines.batch_qa import BatchQAConfig
 
 TRACE_COLUMNS = ["id", "question", "answers", "prediction", "score", "error", "n_chunks", "context_tokens", "steps"]
 
@@ -55,6 +60,20 @@ def run_job(config: dict[str, Any]) -> dict[str, Any]:
     for line in summary.lines():
         get_run_logger().info(line)
     return summary.record()
+
+
+def generate_then_run(cfg: BatchQAConfig, generate: Callable[[], object] | None, what: str) -> dict[str, Any]:
+    """Write a generated corpus to the job's (local) input first when ``generate`` is given, then run
+    the job as the ``run-batch-qa`` task; returns its summary.
+
+    Actors holding GPUs count against the "gpu" tag concurrency limit (infra/prefect_stack.sh).
+    """
+    if generate is not None:
+        if "://" in cfg.input:
+            raise ValueError(f"{what} generation writes local paths only; give a local input")
+        generate()
+    job_task = run_job.with_options(tags=["gpu"]) if cfg.job.num_gpus > 0 else run_job
+    return job_task(cfg.model_dump(mode="json"))
 
 
 def example_traces(output: str, s3: S3Options, n: int) -> list[dict[str, Any]]:
@@ -138,13 +157,8 @@ def batch_qa(
         method=method, redo_changed=redo_changed, force_unlock=force_unlock,
         job=job.model_copy(update={"progress": False}),
     )
-    if demo is not None:
-        if "://" in input:
-            raise ValueError("demo lake generation writes local paths only; give a local input")
-        ensure_demo_lake(input, engine.model, demo)
-    # Actors holding GPUs count against the "gpu" tag concurrency limit (infra/prefect_stack.sh).
-    job_task = run_job.with_options(tags=["gpu"]) if job.num_gpus > 0 else run_job
-    summary = job_task(cfg.model_dump(mode="json"))
+    generate = None if demo is None else functools.partial(ensure_demo_lake, input, engine.model, demo)
+    summary = generate_then_run(cfg, generate, "demo lake")
 
     a = cfg.agent
     acc = "n/a" if summary["accuracy"] is None else round(summary["accuracy"], 4)

@@ -10,19 +10,19 @@ deployment ``extract-corpus/default`` (prefect.yaml) runs it on a generated cont
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flows.batch_qa import run_job
+from flows.batch_qa import generate_then_run
 from flows.params import DatasetURI, resolve_local
 from flows.report import publish_report
 from flows.stages import local_input
 from memagent.config import JOB_PRESET, AgentConfig
-from memagent.data.contracts import CONTRACT_SCHEMA
+from memagent.data.contracts import ANSWER_TOKENS, CONTRACT_SCHEMA, ContractCorpus
 from memagent.engines import EngineConfig
 from memagent.extraction import ExtractionSchema
 from pipelines.job import JobConfig
@@ -32,24 +32,7 @@ from pipelines.storage import S3Options
 CONTRACTS_INPUT = "runs/contracts/docs"
 CONTRACTS_OUTPUT = "runs/contracts/extractions"
 # The `small` CPU budgets with an answer budget that holds the contract schema's JSON object.
-EXTRACT_AGENT = AgentConfig(preset=JOB_PRESET, answer_tokens=96)
-
-
-class ContractCorpus(BaseModel):
-    """The generated contract corpus (memagent.data.contracts) the flow writes when its input is empty."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    docs: int = Field(6, gt=0, description="Contracts to generate.")
-    min_tokens: int = Field(600, gt=0, description="Shortest contract, in the reading model's tokens.")
-    max_tokens: int = Field(1500, gt=0, description="Longest contract, in the reading model's tokens.")
-    seed: int = Field(0, description="Seed of the values, depths and lengths.")
-
-    @model_validator(mode="after")
-    def _lengths(self) -> ContractCorpus:
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens} is over max_tokens={self.max_tokens}")
-        return self
+EXTRACT_AGENT = AgentConfig(preset=JOB_PRESET, answer_tokens=ANSWER_TOKENS)
 
 
 @task(name="ensure-contract-corpus", retries=1)
@@ -60,7 +43,7 @@ def ensure_contract_corpus(input: str, model: str, corpus: ContractCorpus) -> di
     path, existing = local_input(input)
     if existing:
         return {"generated": False, "files": existing}
-    data, schema = write_contracts(path, corpus.docs, corpus.min_tokens, corpus.max_tokens, corpus.seed, model)
+    data, schema = write_contracts(path, corpus, model)
     get_run_logger().info("contract corpus: %d generated contracts -> %s (schema %s)", corpus.docs, data, schema)
     return {"generated": True, "rows": corpus.docs, "path": str(data)}
 
@@ -135,12 +118,8 @@ def extract_corpus(
                                                                      require_grounding=require_grounding or None),
         job=job.model_copy(update={"progress": False}), redo_changed=redo_changed,
     )
-    if corpus is not None:
-        if "://" in input:
-            raise ValueError("contract corpus generation writes local paths only; give a local input")
-        ensure_contract_corpus(input, engine.model, corpus)
-    job_task = run_job.with_options(tags=["gpu"]) if job.num_gpus > 0 else run_job
-    summary = job_task(cfg.model_dump(mode="json"))
+    generate = None if corpus is None else functools.partial(ensure_contract_corpus, input, engine.model, corpus)
+    summary = generate_then_run(cfg, generate, "contract corpus")
 
     fields = field_table(output, s3, extraction)
     a = cfg.agent

@@ -144,8 +144,3 @@ def attribute(steps: Iterable[Any] | None, prediction: str | None, answers: Sequ
         out.held = [holds(metric, _get(s, "memory"), refs) for s in mem]
         out.answer_found_step, out.answer_lost_step = found_and_lost(out.held, [_get(s, "step") for s in mem])
     return out
-
-
-def empty_columns() -> dict[str, None]:
-    """The attribution columns of a row that could not be read (all null)."""
-    return {c: None for c in COLUMNS}

@@ -1,4 +1,4 @@
-"""Data commands: ``memagent synth hotpotqa|ruler|statements`` and ``memagent filter``.
+"""Data commands: ``memagent synth hotpotqa|ruler|statements|contracts`` and ``memagent filter``.
 
 Each calls the one implementation of its stage (``pipelines.synthesize.write_hotpotqa`` /
 ``write_ruler``, ``memagent.data.filter.run_filter``), which the train flow calls too.
@@ -72,6 +72,16 @@ def cmd_synth_statements(args: argparse.Namespace) -> int:
                     "chars": sum(len(d["text"]) for d in docs)})
 
 
+def cmd_synth_contracts(args: argparse.Namespace) -> int:
+    """Generated contracts with planted, typed fields (memagent.data.contracts) and their JSON Schema:
+    an input for ``memagent batch --schema OUT/contract.schema.json``."""
+    from memagent.data.contracts import ContractCorpus, write_contracts
+
+    corpus = build(ContractCorpus, args._contracts_flags.values(args), "corpus options")
+    data, schema = write_contracts(args.out, corpus, args.tokenizer)
+    return _report({"rows": corpus.docs, "out": str(data), "schema": str(schema)})
+
+
 def dropped_path(output: str) -> str:
     """``kept.parquet`` -> ``kept.dropped.parquet``; a directory gets a ``-dropped`` sibling."""
     return output[: -len(".parquet")] + ".dropped.parquet" if output.endswith(".parquet") else output.rstrip("/") + "-dropped"
@@ -110,10 +120,11 @@ def _add_synth_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output Parquet file (or directory with --ray), local or s3://")
     p.add_argument("--tokenizer", default=DEFAULT_MODEL,
                    help=f"model name, HF dir or GGUF whose tokenizer measures lengths (default {DEFAULT_MODEL})")
-    p.set_defaults(_synth_job_flags=add_model_flags(p, SynthJob, "where it runs"))
+    p.set_defaults(_synth_job_flags=add_model_flags(p, SynthJob, "where it runs"), starts_ray=True)
 
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from memagent.data.contracts import ContractCorpus
     from memagent.data.filter import FilterConfig
     from memagent.data.hotpotqa import HotpotSynthConfig
     from memagent.data.ruler import RulerItems
@@ -139,6 +150,14 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     stm.add_argument("--tokens", type=parse_int, default=1024, help="about this many tokens each (default 1024)")
     stm.add_argument("--seed", type=int, default=0, help="the corpus is a function of the seed (default 0)")
     stm.set_defaults(func=cmd_synth_statements)
+
+    con = kinds.add_parser("contracts", parents=[common],
+                           help="services agreements with five typed fields planted among near misses and amendments, "
+                                "for field extraction (writes contract.schema.json beside them)")
+    con.add_argument("--out", required=True, help="directory for contracts.parquet and contract.schema.json")
+    con.add_argument("--tokenizer", default=DEFAULT_MODEL,
+                     help=f"model name, HF dir or GGUF whose tokenizer measures lengths (default {DEFAULT_MODEL})")
+    con.set_defaults(func=cmd_synth_contracts, _contracts_flags=add_model_flags(con, ContractCorpus, "corpus"))
 
     fl = sub.add_parser("filter", parents=[common], help="drop questions a model answers without context (best-of-k)")
     fl.add_argument("--input", required=True, help="Parquet (file/dir) or HotpotQA JSON with question + answers")

@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)  # a scheduler's stop acts like Ctrl-C
     try:
-        with contextlib.nullcontext() if args.verbose else known_lines_dropped():
+        # Only a command that may start Ray has its stderr filtered: the others keep the terminal.
+        quiet = getattr(args, "starts_ray", False) and not args.verbose
+        with known_lines_dropped() if quiet else contextlib.nullcontext():
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if args.debug:

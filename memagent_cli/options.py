@@ -62,7 +62,7 @@ def engine_config(args: argparse.Namespace, *, drop: tuple[str, ...] = (), **ove
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
     from pipelines.job import JobConfig
 
-    parser.set_defaults(_job_flags=add_model_flags(parser, JobConfig, "Ray job"))
+    parser.set_defaults(_job_flags=add_model_flags(parser, JobConfig, "Ray job"), starts_ray=True)
 
 
 def add_s3_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,8 @@
 """A quiet console: the job's own lines, the table and the summary; Ray's chatter only under ``-v``.
 
-Nothing is lost: Ray's log files keep everything, and ``-v`` shows it on the console too.
+Nothing is lost: Ray's log files keep everything, and ``-v`` shows it on the console too. Only
+commands that may start Ray (``starts_ray``, set beside their Ray job flags) have their stderr
+filtered (:func:`known_lines_dropped`); every other command writes to the terminal itself.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Iterator
 
 # Ray's notices that are known and harmless for this command, as (logger, why).
 _QUIET_LOGGERS = {
-    # The job turns Ray Data's bars off on purpose (its own progress line replaces them).
+    # Said on each dataset when the job runs with --no-progress (JobConfig.progress False).
     "ray.data._internal.progress": "progress bars disabled",
     # A local Ray started by the command is reached over loopback only.
     "ray._private.authentication.authentication_token_setup": "token authentication is on",
@@ -52,8 +54,10 @@ def known_lines_dropped(fd: int = 2) -> Iterator[None]:
     """Drop the known, harmless lines that Ray's C++ core worker writes to ``fd`` (stderr).
 
     They bypass Python's logging, so the descriptor itself goes through a pipe: a thread copies
-    every other line to the real stderr as it comes. On exit the descriptor is restored and the
-    pipe drained; a child that still holds the pipe keeps being copied while this process lives.
+    every other line to the real stderr as it comes, and a partial line at once unless it may be
+    such a log line (a progress bar redrawn with ``\\r`` shows as it is drawn). On exit the
+    descriptor is restored and the pipe drained; a child that still holds the pipe keeps being
+    copied while this process lives. The copier closes its copy of the real stderr when the pipe ends.
     """
     sys.stderr.flush()
     saved = os.dup(fd)
@@ -72,11 +76,21 @@ def known_lines_dropped(fd: int = 2) -> Iterator[None]:
 
 def _copy_lines(read_end: int, out: int) -> None:
     pending = b""
-    with os.fdopen(read_end, "rb", buffering=0) as pipe:
-        while chunk := pipe.read(65536):
-            *lines, pending = (pending + chunk).split(b"\n")
-            kept = b"".join(line + b"\n" for line in lines if not _QUIET_LINES.search(line))
-            if kept:
-                os.write(out, kept)
-    if pending and not _QUIET_LINES.search(pending):
-        os.write(out, pending)
+    try:
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                *lines, pending = (pending + chunk).split(b"\n")
+                kept = b"".join(line + b"\n" for line in lines if not _QUIET_LINES.search(line))
+                if not _may_be_log_line(pending):
+                    kept, pending = kept + pending, b""
+                if kept:
+                    os.write(out, kept)
+        if pending and not _QUIET_LINES.search(pending):
+            os.write(out, pending)
+    finally:
+        os.close(out)
+
+
+def _may_be_log_line(partial: bytes) -> bool:
+    """Whether an unfinished line may become a core-worker log line (they start with ``[``, after any ``\\r``)."""
+    return partial.rpartition(b"\r")[2].startswith(b"[")

@@ -84,7 +84,8 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     g.add_argument("--force", action="store_true", help="start even when the step's estimated peak memory "
                    "exceeds what the machine has free")
     p.set_defaults(func=cmd_train, _train_flags=add_model_flags(p, TrainConfig, "training"),
-                   _train_job_flags=add_model_flags(p, TrainJob, "scaling (more than one worker: Ray Train)"))
+                   _train_job_flags=add_model_flags(p, TrainJob, "scaling (more than one worker: Ray Train)"),
+                   starts_ray=True)
     # Rollouts sample with the training temperature/top_p; the agent contributes its budgets.
     add_agent_flags(p, exclude=("temperature", "top_p"))
 

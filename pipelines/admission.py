@@ -21,11 +21,15 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from memagent.engines import EngineConfig
+from pipelines.job import JobConfig
 
 # hf on CPU: 16 documents at once is what benchmarks/concurrency.py measured (16 documents
 # through one engine of max_batch_size 16: 2.58x the sequential rate, 0.80 of this CPU's bound);
 # more only queue behind the engine's batch.
 HF_CPU_MAX_IN_FLIGHT = 16
+# Rows per Ray Data call under continuous admission: one, so a row leaves the actor the moment it
+# is done (a call returns once all its rows are).
+ROWS_PER_CALL = 1
 # vLLM: continuous batching holds hundreds of sequences (max_num_seqs default 256); documents
 # beyond its running set wait in vLLM's own queue, ready the moment a sequence ends.
 VLLM_MAX_IN_FLIGHT = 256
@@ -88,9 +92,13 @@ class AdmissionPlan:
         return self.calls + queued
 
     @classmethod
-    def barrier(cls, batch_size: int) -> AdmissionPlan:
-        """The old behaviour (admission off): one call per actor, a whole batch, all rows at once."""
-        return cls(max_in_flight=batch_size, rows_per_call=batch_size, calls_per_actor=1, queued_per_actor=1)
+    def for_job(cls, job: JobConfig, engine: EngineConfig) -> AdmissionPlan:
+        """``job.admission``'s plan: continuous (one row per call) or a barrier (one call of
+        ``max_in_flight`` rows per actor, all read together)."""
+        docs = resolve_max_in_flight(job.max_in_flight, engine)
+        if job.admission == "barrier":
+            return cls(max_in_flight=docs, rows_per_call=docs, calls_per_actor=1, queued_per_actor=1)
+        return cls(max_in_flight=docs, rows_per_call=ROWS_PER_CALL)
 
 
 @dataclass

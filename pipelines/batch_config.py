@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,10 +61,3 @@ class BatchQAConfig(BaseModel):
             raise ValueError(f"engine 'vllm' needs num_gpus > 0 per actor (e.g. num_gpus="
                              f"{self.engine.tensor_parallel_size}) unless device is 'cpu'")
         return self
-
-
-def config_dict(cfg: BatchQAConfig) -> dict[str, Any]:
-    """The job's config as plain JSON-able data (for logs and artifacts), secrets redacted."""
-    from memagent.redact import redact
-
-    return redact(cfg.model_dump(mode="json"))

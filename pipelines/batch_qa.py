@@ -39,8 +39,8 @@ from memagent.engines.budget import token_budget
 from memagent.error_kinds import InfrastructureFailure
 from memagent.result_schema import N_RECORDS_PREFIX
 from pipelines import checkpoints, fingerprint, lease, records_output, resources, storage
-from pipelines.admission import AdmissionPlan, OccupancyLedger, resolve_max_in_flight
-from pipelines.batch_config import BatchQAConfig, config_dict
+from pipelines.admission import AdmissionPlan, OccupancyLedger
+from pipelines.batch_config import BatchQAConfig
 from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows, unreadable_input
 from pipelines.job import ray_init_address
 from pipelines.summary import RECORD_COUNT_COLUMNS, BatchSummary
@@ -48,22 +48,16 @@ from pipelines.worker import AgentWorker, EngineBuilder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchQAConfig", "InputPlan", "config_dict", "plan_input", "run_batch_qa", "summarise"]
-
-# Rows per Ray Data call under continuous admission (chosen by measurement, benchmarks/README.md
-# "Continuous admission"): one row per call, so a row leaves the actor the moment it is done.
-ROWS_PER_CALL = 1
+__all__ = ["BatchQAConfig", "InputPlan", "plan_input", "run_batch_qa", "summarise"]
 
 
-def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
-                 build_engine: EngineBuilder | None = None) -> BatchSummary:
+def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = None) -> BatchSummary:
     """Run the job to completion and summarise what this run wrote.
 
     plan (validate input and output, find done ids) -> start (Ray, the ledger) -> build the
     dataset -> write -> summarise, all under the output's lease (:mod:`pipelines.lease`), taken
-    before Ray starts or any model loads. ``admission`` overrides how rows reach the actors
-    (benchmarks compare ``AdmissionPlan.barrier(batch_size)``, the old batch barrier);
-    ``build_engine`` builds each actor's engine instead of ``make_engine(cfg.engine)``.
+    before Ray starts or any model loads. ``build_engine`` builds each actor's engine instead of
+    ``make_engine(cfg.engine)``.
     """
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)  # a bad output named before the lease
@@ -76,8 +70,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
         records_output.remove_orphans(cfg.output, cfg.s3)  # records of rows never committed (records_output)
-        run = _start(cfg, admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
-                                                     rows_per_call=ROWS_PER_CALL), held.holder.run_id)
+        run = _start(cfg, AdmissionPlan.for_job(cfg.job, cfg.engine), held.holder.run_id)
         if plan.skipped >= plan.total_rows:
             log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
             return summarise(cfg, plan, time.perf_counter() - t0)

@@ -7,8 +7,10 @@ appended to a log under the output, every ``checkpoint_every_steps`` memory upda
     OUTPUT/_progress/<sha256(id)[:32]>/00000000-00000010.json   steps 0..9, the state after step 9
                                        00000010-00000020.json   steps 10..19, the state after 19
 
-Each segment holds only its own steps (a few KB whatever the document's length) and is written
-atomically: local disk writes a hidden file and renames it, S3 puts one object. When a task is
+Each segment holds only its own steps (a few KB whatever the document's length). Local disk writes
+a hidden file and renames it; on S3 pyarrow completes the upload even when a write fails half way
+(apache/arrow#40502), so a cut segment can land, and only the replay's check of each segment keeps
+it out (the segments before it are used). When a task is
 retried (actor or node death) or the job is rerun, the actor replays the row's log and the read
 goes on from its next chunk (:func:`memagent.agent.read_document` ``resume=``). A log is keyed
 by the row's input fingerprint (question, context, model, agent config): a log written for

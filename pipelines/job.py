@@ -8,6 +8,7 @@ default below is written once.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -30,6 +31,11 @@ class JobConfig(BaseModel):
         None, gt=0, description="Documents each actor keeps reading at once; the next row starts as soon as one "
         "finishes, across batches (default: the engine's: hf its max_batch_size (16), vllm 256, openai its "
         "max_concurrency).")
+    admission: Literal["continuous", "barrier"] = Field(
+        "continuous", description="How rows reach an actor: 'continuous' (one row per Ray Data call; the next document "
+        "starts the moment one of the --max-in-flight finishes) or 'barrier' (one call of --max-in-flight rows per "
+        "actor, read together; the next call starts when its slowest document is done: the engine runs emptier as "
+        "a call's documents finish: the 'scale' rows of benchmarks/README.md).")
     longest_first: bool = Field(
         False, description="Start the documents with the longest context first: with heavy-tailed lengths the "
         "longest documents' chains of conversations decide when the job ends. A global sort: the whole input is "

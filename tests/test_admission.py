@@ -12,6 +12,7 @@ import pytest
 
 from memagent.engines import EngineConfig
 from pipelines.admission import AdmissionPlan, Gate, default_max_in_flight, occupancy, resolve_max_in_flight
+from pipelines.job import JobConfig
 from tests.pipeline_helpers import FAST_AGENT, CrashOnce, ScriptedEngine, good_rows, read_output, scripted_engine, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,8 +106,10 @@ def test_one_default_per_engine():
     assert default_max_in_flight(openai) == 40
     assert resolve_max_in_flight(3, openai) == 3
     assert AdmissionPlan(16).calls == 16 and AdmissionPlan(16, rows_per_call=4).calls == 4
-    assert AdmissionPlan.barrier(8) == AdmissionPlan(8, 8, 1, queued_per_actor=1)
-    assert AdmissionPlan(16).tasks_in_flight == 20 and AdmissionPlan.barrier(8).tasks_in_flight == 2
+    barrier = AdmissionPlan.for_job(JobConfig(max_in_flight=8, admission="barrier"), EngineConfig())
+    assert barrier == AdmissionPlan(8, 8, 1, queued_per_actor=1)
+    assert AdmissionPlan.for_job(JobConfig(), EngineConfig()) == AdmissionPlan(16, rows_per_call=1)
+    assert AdmissionPlan(16).tasks_in_flight == 20 and barrier.tasks_in_flight == 2
     with pytest.raises(ValueError):
         AdmissionPlan(0)
 

@@ -239,3 +239,48 @@ def test_known_core_worker_lines_are_dropped_and_the_rest_kept(capfd):
     os.write(2, b"|after\n")
     err = capfd.readouterr().err
     assert err == "before\n[E core_worker.cc:1: another error]\npartial line\nlast without newline|after\n"
+
+
+def test_a_redrawn_progress_line_shows_before_its_newline_and_no_descriptor_leaks(capfd):
+    """A partial line that cannot be a core-worker log line reaches stderr while the filter is on,
+    and leaving the filter closes every descriptor it opened."""
+    import os
+    import time
+
+    from memagent_cli.quiet import known_lines_dropped
+
+    fds_before = set(os.listdir("/proc/self/fd"))
+    shown = ""
+    with known_lines_dropped():
+        os.write(2, b"\rreading:  33%|###   | 1/3")
+        deadline = time.monotonic() + 10
+        while "1/3" not in shown and time.monotonic() < deadline:
+            time.sleep(0.01)
+            shown += capfd.readouterr().err
+        held = shown
+    time.sleep(0.05)
+    assert "1/3" in held  # drawn while the command still runs, not at its end
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+
+
+@pytest.mark.parametrize("argv, filtered", [
+    (["ask", "--question", "q"], False),
+    (["batch", "--input", "in", "--output", "out"], True),
+])
+def test_only_commands_that_start_ray_have_stderr_filtered(monkeypatch, argv, filtered):
+    """A command that starts no Ray keeps the real stderr (a terminal stays a terminal); a Ray job's goes through the filter."""
+    import os
+    import stat
+
+    from memagent_cli import agent_cmds, job_cmds, main
+
+    seen = []
+
+    def probe(args):
+        seen.append(stat.S_ISFIFO(os.fstat(2).st_mode))
+        return 0
+
+    monkeypatch.setattr(agent_cmds, "cmd_ask", probe)
+    monkeypatch.setattr(job_cmds, "cmd_batch", probe)
+    assert main.main(argv) == 0
+    assert seen == [filtered]

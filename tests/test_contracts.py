@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from memagent.data.contracts import (CONTRACT_SCHEMA, FIELDS, contract_corpus, contract_row, draw_lengths, gold_of,
-                                     main)
+from memagent.data.contracts import CONTRACT_SCHEMA, FIELDS, ContractCorpus, contract_corpus, contract_row, draw_lengths
+
+
+def gold_of(row: dict) -> dict:
+    return json.loads(row["gold"])
 
 
 def words(text: str) -> int:  # a deterministic stand-in tokenizer for sizing
@@ -48,9 +51,10 @@ def test_amendment_comes_later_and_overrides():
 def test_values_are_typed_as_the_schema_says_and_seeded():
     import jsonschema
 
-    rows = contract_corpus(12, 200, 600, seed=7, count=words)
-    assert rows == contract_corpus(12, 200, 600, seed=7, count=words)  # seeded
-    assert rows != contract_corpus(12, 200, 600, seed=8, count=words)
+    corpus = ContractCorpus(docs=12, min_tokens=200, max_tokens=600, seed=7)
+    rows = contract_corpus(corpus, count=words)
+    assert rows == contract_corpus(corpus, count=words)  # seeded
+    assert rows != contract_corpus(corpus.model_copy(update={"seed": 8}), count=words)
     for row in rows:
         jsonschema.validate(gold_of(row), CONTRACT_SCHEMA)
         assert isinstance(gold_of(row)["term_months"], int)
@@ -70,8 +74,14 @@ def test_shipped_schema_file_matches():
 def test_cli_writes_batch_input_and_schema(tmp_path, capsys):
     import pyarrow.parquet as pq
 
-    main(["--out", str(tmp_path / "c"), "--docs", "3", "--min-tokens", "300", "--max-tokens", "500"])
+    from memagent_cli.main import main
+
+    assert main(["synth", "contracts", "--out", str(tmp_path / "c"), "--docs", "3", "--min-tokens", "300",
+                 "--max-tokens", "500"]) == 0
     table = pq.read_table(tmp_path / "c" / "contracts.parquet")
     assert table.num_rows == 3 and {"id", "question", "context", "gold", "gold_spans"} <= set(table.column_names)
     assert json.loads((tmp_path / "c" / "contract.schema.json").read_text()) == CONTRACT_SCHEMA
-    assert "3 contracts" in capsys.readouterr().out
+    assert json.loads(capsys.readouterr().out)["rows"] == 3
+    # One corpus config: its checks are the command's, in the command's words.
+    assert main(["synth", "contracts", "--out", str(tmp_path / "d"), "--min-tokens", "900", "--max-tokens", "500"]) == 2
+    assert "--min-tokens=900 is over --max-tokens=500" in capsys.readouterr().err

@@ -119,10 +119,10 @@ def test_prompt_is_the_bare_question():
 
 def test_tiny_model_batches_and_cli(tmp_path, tiny_engine, tiny_llama_dir: Path):
     rows = [{"id": f"r{i}", "question": f"What is the code word number {i}?", "answers": [f"qzx{i}vv"]} for i in range(6)]
-    before = len(tiny_engine.stats.batch_sizes)
+    before = tiny_engine.stats.batch_sizes.copy()
     result = run(rows, [tiny_engine], k=2, max_tokens=4)
     assert len(result.kept) + len(result.dropped) == 6 and result.errors == 0
-    assert max(tiny_engine.stats.batch_sizes[before:]) > 1  # the engine batched concurrent probes
+    assert max(tiny_engine.stats.batch_sizes - before) > 1  # the engine batched concurrent probes
 
     from memagent_cli.main import main
 

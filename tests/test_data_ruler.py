@@ -19,9 +19,9 @@ from memagent.data.ruler import (
     TOKENS_TO_GENERATE,
     RulerGenerator,
     RulerItems,
-    parse_squad,
     resolve_task,
 )
+from memagent.data.squad import parse_squad
 
 WORDS = ("people startup founders money users product growth idea investors company work time "
          "problem software market value school city writing essay question answer reason").split()

@@ -247,7 +247,7 @@ def test_concurrent_requests_get_unique_ids_and_are_counted(fake_engine):
     ids = fake_engine._llm.request_ids
     assert len(ids) == len(set(ids)) == 8
     assert fake_engine.max_in_flight == 6 and fake_engine.in_flight == 0  # all six were in flight at once
-    assert fake_engine.stats.batch_sizes[:6] == [1, 2, 3, 4, 5, 6]
+    assert fake_engine.stats.batch_sizes == {1: 2, 2: 2, 3: 1, 4: 1, 5: 1, 6: 1}  # 1..6 in flight, then 1, 2
     assert fake_engine.stats.requests == 8
     assert fake_engine.stats.prompt_tokens == sum(o.prompt_tokens for o in outs)
     assert fake_engine.stats.completion_tokens == 8 * 3

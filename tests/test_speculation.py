@@ -11,6 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TopPLogitsWarper
 
@@ -21,11 +23,11 @@ from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.speculation import (
     CostModel,
+    NgramIndex,
     accept_greedy,
     accept_sampled,
     choose_draft_len,
     expected_tokens,
-    find_draft,
     nonnegative_quadratic_min,
     sampling_probs,
 )
@@ -33,17 +35,57 @@ from memagent.engines.speculation import (
 # -- pure pieces ------------------------------------------------------------------------------
 
 
-def test_find_draft_takes_the_longest_ngram_and_its_latest_occurrence():
-    toks = np.array([5, 1, 2, 9, 9, 7, 1, 2, 3, 4, 8, 2, 3, 4])
+def find_draft(tokens: np.ndarray, max_draft: int, n_min: int, n_max: int) -> list[int]:
+    """The oracle: the scan the index replaced, every window of the whole sequence compared per step.
+
+    Up to ``max_draft`` tokens that followed the latest earlier occurrence of ``tokens``' last
+    n-gram, sizes ``n_max`` down to ``n_min``, the first size with a match winning.
+    """
+    length = len(tokens)
+    if max_draft <= 0:
+        return []
+    for n in range(min(n_max, length - 1), n_min - 1, -1):
+        tail = tokens[length - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # the tail excluded
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            return tokens[start : start + max_draft].tolist()
+    return []
+
+
+def draft(tokens, max_draft: int, n_min: int, n_max: int) -> list[int]:
+    return NgramIndex(tokens, n_min, n_max).draft(max_draft)
+
+
+def test_ngram_index_takes_the_longest_ngram_and_its_latest_occurrence():
+    """The draft follows the longest recurring n-gram's latest earlier occurrence, or is empty."""
+    toks = [5, 1, 2, 9, 9, 7, 1, 2, 3, 4, 8, 2, 3, 4]
     # The 3-gram (2, 3, 4) recurs at 7..9: draft what followed it there.
-    assert find_draft(toks, 3, 2, 3) == [8, 2, 3]
+    assert draft(toks, 3, 2, 3) == [8, 2, 3]
     # Only 2-grams allowed: (3, 4) latest at 8..9 as well.
-    assert find_draft(toks, 2, 2, 2) == [8, 2]
+    assert draft(toks, 2, 2, 2) == [8, 2]
     # (1, 2) occurs twice before the tail (1, 2): the latest wins.
-    assert find_draft(np.array([1, 2, 7, 1, 2, 6, 1, 2]), 4, 2, 2) == [6, 1, 2]
-    assert find_draft(np.array([1, 2, 3, 4]), 4, 2, 3) == []  # nothing recurs
-    assert find_draft(np.array([1, 2, 1, 2]), 0, 2, 3) == []
-    assert find_draft(np.array([3]), 4, 1, 2) == []
+    assert draft([1, 2, 7, 1, 2, 6, 1, 2], 4, 2, 2) == [6, 1, 2]
+    assert draft([1, 2, 3, 4], 4, 2, 3) == []  # nothing recurs
+    assert draft([1, 2, 1, 2], 0, 2, 3) == []
+    assert draft([3], 4, 1, 2) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 4), min_size=0, max_size=60),
+       cuts=st.lists(st.integers(1, 9), max_size=12),
+       sizes=st.tuples(st.integers(1, 5), st.integers(0, 3)), max_draft=st.integers(0, 10))
+def test_ngram_index_grown_step_by_step_drafts_what_the_full_scan_drafts(tokens, cuts, sizes, max_draft):
+    """After every append, the incremental index's draft equals the full scan's over the tokens so far."""
+    n_min, n_max = sizes[0], sizes[0] + sizes[1]
+    bounds = np.cumsum([min(len(tokens), 1 + len(tokens) // 3), *cuts]).clip(max=len(tokens))
+    index = NgramIndex(tokens[: bounds[0]], n_min, n_max)
+    assert index.draft(max_draft) == find_draft(np.array(tokens[: bounds[0]], dtype=np.int64), max_draft, n_min, n_max)
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        index.extend(tokens[start:end])
+        oracle = find_draft(np.array(tokens[:end], dtype=np.int64), max_draft, n_min, n_max)
+        assert index.draft(max_draft) == oracle
 
 
 def test_expected_tokens_is_the_geometric_sum():
@@ -316,9 +358,11 @@ def test_speculation_flags_come_from_the_engine_config(tiny_llama_dir):
     assert make_engine(config).speculation == Speculation(max_draft=0, ngram_min=1, ngram_max=3)
     on = make_engine(config.model_copy(update={"speculate": True}))
     assert on.speculation == Speculation(max_draft=5, ngram_min=1, ngram_max=3, aligned_draft=256)
-    args = parser.parse_args(["--model", str(tiny_llama_dir), "--draft-from", "aligned", "--aligned-draft-tokens", "32"])
+    args = parser.parse_args(["--model", str(tiny_llama_dir), "--draft-from", "aligned", "--aligned-draft-tokens", "32",
+                              "--no-adaptive-draft"])
     aligned = make_engine(build(EngineConfig, flags.values(args)))
-    assert (aligned.speculation.ngram, aligned.speculation.aligned_draft) == (False, 32)
+    assert (aligned.speculation.ngram, aligned.speculation.aligned_draft, aligned.speculation.adaptive) == (
+        False, 32, False)
     with pytest.raises(ValueError, match="draft_from"):
         EngineConfig(engine="vllm", draft_from="aligned")
 

@@ -19,7 +19,6 @@ from memagent.engines.speculation import (
     NgramDrafter,
     advance_alignment,
     choose_draft_len,
-    find_draft,
     matched_prefix,
     pick_proposal,
     resync,
@@ -59,8 +58,8 @@ def test_aligned_resyncs_right_after_an_edit_where_ngram_lookup_cannot():
     assert drafter.propose(history, 4) == []  # 99 is nowhere in the prompt: out of sync
     drafter, history = reply_after(20, 21, 22, 23, 24, 99, 26)
     assert drafter.propose(history, 4) == [27, 28, 29, 30]
-    ngram = NgramDrafter(2, 4)
-    assert ngram.propose(history, 4) == [] and find_draft(history, 4, 2, 2) == []  # (99, 26) never occurred
+    ngram = NgramDrafter(history, 2, 4)
+    assert ngram.propose(history, 4) == []  # (99, 26) never occurred
     assert pick_proposal([ngram.propose(history, 4), drafter.propose(history, 4)], [0.9, 0.5]) == 1
 
 

@@ -14,21 +14,23 @@ Each row records the gold values (``gold``: JSON text), the char span of each go
 text (``gold_spans``), and the near misses and superseded values (``distractors``), in the batch
 input format (``id``, ``question``, ``context`` + those columns, which pass through a job):
 
-    python -m memagent.data.contracts --out runs/contracts --docs 20 --min-tokens 1000 --max-tokens 4000
+    memagent synth contracts --out runs/contracts --docs 20 --min-tokens 1000 --max-tokens 4000
 
 writes ``runs/contracts/contracts.parquet`` and the schema beside it (``contract.schema.json``,
-also shipped as ``docs/schemas/contract.json``).
+also shipped as ``docs/schemas/contract.json``); the extraction flow writes the same corpus
+(:class:`ContractCorpus`) when its input is empty.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
 import random
 from pathlib import Path
 from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TokenCounter = Callable[[str], int]
 
@@ -46,6 +48,8 @@ CONTRACT_SCHEMA: dict[str, Any] = {
     },
     "required": list(FIELDS),
 }
+# An answer budget that holds CONTRACT_SCHEMA's JSON object (about 79 tokens).
+ANSWER_TOKENS = 96
 QUESTION = "Extract the contract's fields: the client, effective date, total fee, term in months and governing law."
 AMEND_PROBABILITY = 0.4  # share of documents with an amendment (one or two fields overridden)
 
@@ -182,69 +186,11 @@ def contract_row(idx: int, target_tokens: int, seed: int = 0, count: TokenCounte
     """
     count = count or (lambda text: int(len(text.split()) * 1.3))
     rng = random.Random(f"contract-{seed}-{idx}")
-    for _ in range(100):  # redraw until every planted value's text occurs exactly once
-        provider = _company(rng)
-        gold = _values(rng, provider)
-        first = dict(gold)
-        amended = []
-        if amend or (amend is None and rng.random() < AMEND_PROBABILITY):
-            amended = sorted(rng.sample(FIELDS, rng.choice([1, 2])), key=FIELDS.index)
-            for f in amended:
-                gold[f] = _amended_value(rng, f, first[f])
-        near = {f: _near_miss_value(rng, f, gold, provider) for f in FIELDS}
-        others = [_text(f, v) for f, v in [*near.items(), *((f, first[f]) for f in amended)]] + [provider]
-        golds = [_text(f, v) for f, v in gold.items()]
-        # Each gold value's text occurs once (a text search finds its one span); near misses differ.
-        if all(sum(t.count(g) for t in golds + others) == 1 for g in golds) and \
-                all(near[f] != gold[f] and near[f] != first[f] for f in FIELDS):
-            break
-    else:  # pragma: no cover - the value pools make this vanishingly unlikely
-        raise RuntimeError(f"contract {idx}: could not draw distinct values")
-
-    # Planted sentences at random depths (0..1); an amendment always comes after the value it overrides.
-    planted: list[tuple[float, str, str, Any, str]] = []  # depth, role, field, value, sentence
-    for f in FIELDS:
-        d = rng.uniform(0.02, 0.6 if f in amended else 0.95)
-        planted.append((d, "gold" if f not in amended else "superseded", f, first[f],
-                        _PLANT[f].format(v=_text(f, first[f]), provider=provider)))
-        if f in amended:
-            planted.append((rng.uniform(d + 0.15, 0.98), "gold", f, gold[f], _AMEND[f].format(v=_text(f, gold[f]))))
-        planted.append((rng.uniform(0.02, 0.98), "near_miss", f, near[f], _NEAR_MISS[f].format(v=_text(f, near[f]))))
-    planted.sort(key=lambda p: p[0])
-
-    def assemble(n_filler: int) -> tuple[str, list[dict[str, Any]]]:
-        filler_rng = random.Random(f"contract-filler-{seed}-{idx}")
-        filler: list[tuple[str, str | None]] = [("SERVICES AGREEMENT", "heading")]
-        headings = iter(filler_rng.sample(_HEADINGS, len(_HEADINGS)))
-        for k in range(n_filler):
-            if k % 9 == 8:
-                filler.append((f"{next(headings, 'Miscellaneous')}.", "heading"))
-            filler.append((_clause(filler_rng), None))
-        parts, spans, p = [], [], 0
-        for j in range(len(filler) + 1):  # planted sentences go before filler sentence j
-            while p < len(planted) and (planted[p][0] * len(filler) <= j or j == len(filler)):
-                parts.append((planted[p][4], f"p{p}"))
-                p += 1
-            if j < len(filler):
-                parts.append(filler[j])
-        text, starts = _sentences_to_text(parts)
-        for i, (sentence, kind) in enumerate(parts):
-            if kind and kind.startswith("p"):
-                _, role, f, v, _ = planted[int(kind[1:])]
-                at = starts[i] + sentence.index(_text(f, v))
-                spans.append({"field": f, "role": role, "value": v, "char_start": at, "char_end": at + len(_text(f, v))})
-        return text, spans
-
-    lo, hi = 0, max(8, target_tokens // 4)
-    while count(assemble(hi)[0]) <= target_tokens:  # grow the upper bound, then binary-search it
-        lo, hi = hi, hi * 2
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count(assemble(mid)[0]) <= target_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    context, spans = assemble(lo)
+    provider, first, gold, near, amended = _draw_values(rng, idx, amend)
+    planted = _plant(rng, provider, first, gold, near, amended)
+    filler_seed = f"contract-filler-{seed}-{idx}"
+    n_filler = _most_filler(lambda n: count(_assemble(planted, n, filler_seed)[0]), target_tokens)
+    context, spans = _assemble(planted, n_filler, filler_seed)
     for f in FIELDS:  # the planted text is the only one of its kind (filler has no digits or names)
         if context.count(_text(f, gold[f])) != 1:  # pragma: no cover - a generator bug
             raise AssertionError(f"contract {idx}: gold {f} {gold[f]!r} occurs {context.count(_text(f, gold[f]))} times")
@@ -264,6 +210,83 @@ def contract_row(idx: int, target_tokens: int, seed: int = 0, count: TokenCounte
     }
 
 
+Planted = list[tuple[float, str, str, Any, str]]  # depth (0..1), role, field, value, sentence
+
+
+def _draw_values(rng: random.Random, idx: int, amend: bool | None) -> tuple[str, dict, dict, dict, list[str]]:
+    """``(provider, first values, gold values, near misses, amended fields)``, redrawn until every
+    planted value's text occurs exactly once (a text search then finds each gold value's one span)."""
+    for _ in range(100):
+        provider = _company(rng)
+        gold = _values(rng, provider)
+        first = dict(gold)
+        amended = []
+        if amend or (amend is None and rng.random() < AMEND_PROBABILITY):
+            amended = sorted(rng.sample(FIELDS, rng.choice([1, 2])), key=FIELDS.index)
+            for f in amended:
+                gold[f] = _amended_value(rng, f, first[f])
+        near = {f: _near_miss_value(rng, f, gold, provider) for f in FIELDS}
+        others = [_text(f, v) for f, v in [*near.items(), *((f, first[f]) for f in amended)]] + [provider]
+        golds = [_text(f, v) for f, v in gold.items()]
+        if all(sum(t.count(g) for t in golds + others) == 1 for g in golds) and \
+                all(near[f] != gold[f] and near[f] != first[f] for f in FIELDS):
+            return provider, first, gold, near, amended
+    raise RuntimeError(f"contract {idx}: could not draw distinct values")  # pragma: no cover - vanishingly unlikely
+
+
+def _plant(rng: random.Random, provider: str, first: dict, gold: dict, near: dict, amended: list[str]) -> Planted:
+    """Planted sentences at random depths, sorted; an amendment always comes after the value it overrides."""
+    planted: Planted = []
+    for f in FIELDS:
+        d = rng.uniform(0.02, 0.6 if f in amended else 0.95)
+        planted.append((d, "gold" if f not in amended else "superseded", f, first[f],
+                        _PLANT[f].format(v=_text(f, first[f]), provider=provider)))
+        if f in amended:
+            planted.append((rng.uniform(d + 0.15, 0.98), "gold", f, gold[f], _AMEND[f].format(v=_text(f, gold[f]))))
+        planted.append((rng.uniform(0.02, 0.98), "near_miss", f, near[f], _NEAR_MISS[f].format(v=_text(f, near[f]))))
+    return sorted(planted, key=lambda p: p[0])
+
+
+def _assemble(planted: Planted, n_filler: int, filler_seed: str) -> tuple[str, list[dict[str, Any]]]:
+    """The contract's text with ``n_filler`` boilerplate clauses around the planted sentences, and the
+    char span of each planted value."""
+    filler_rng = random.Random(filler_seed)
+    filler: list[tuple[str, str | None]] = [("SERVICES AGREEMENT", "heading")]
+    headings = iter(filler_rng.sample(_HEADINGS, len(_HEADINGS)))
+    for k in range(n_filler):
+        if k % 9 == 8:
+            filler.append((f"{next(headings, 'Miscellaneous')}.", "heading"))
+        filler.append((_clause(filler_rng), None))
+    parts, spans, p = [], [], 0
+    for j in range(len(filler) + 1):  # planted sentences go before filler sentence j
+        while p < len(planted) and (planted[p][0] * len(filler) <= j or j == len(filler)):
+            parts.append((planted[p][4], f"p{p}"))
+            p += 1
+        if j < len(filler):
+            parts.append(filler[j])
+    text, starts = _sentences_to_text(parts)
+    for i, (sentence, kind) in enumerate(parts):
+        if kind and kind.startswith("p"):
+            _, role, f, v, _ = planted[int(kind[1:])]
+            at = starts[i] + sentence.index(_text(f, v))
+            spans.append({"field": f, "role": role, "value": v, "char_start": at, "char_end": at + len(_text(f, v))})
+    return text, spans
+
+
+def _most_filler(tokens_with: Callable[[int], int], target_tokens: int) -> int:
+    """The most filler clauses that keep the text within ``target_tokens``: grow an upper bound, then bisect."""
+    lo, hi = 0, max(8, target_tokens // 4)
+    while tokens_with(hi) <= target_tokens:
+        lo, hi = hi, hi * 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tokens_with(mid) <= target_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def draw_lengths(n: int, min_tokens: int, max_tokens: int, seed: int = 0) -> list[int]:
     """``n`` document lengths, log-uniform in ``[min_tokens, max_tokens]`` (as many short as long ones per octave)."""
     if not 0 < min_tokens <= max_tokens:
@@ -272,18 +295,31 @@ def draw_lengths(n: int, min_tokens: int, max_tokens: int, seed: int = 0) -> lis
     return [round(math.exp(rng.uniform(math.log(min_tokens), math.log(max_tokens)))) for _ in range(n)]
 
 
-def contract_corpus(n: int, min_tokens: int = 1000, max_tokens: int = 8000, seed: int = 0,
-                    count: TokenCounter | None = None) -> list[dict[str, Any]]:
-    """``n`` contracts with lengths drawn by :func:`draw_lengths`."""
-    return [contract_row(i, t, seed, count) for i, t in enumerate(draw_lengths(n, min_tokens, max_tokens, seed))]
+class ContractCorpus(BaseModel):
+    """A generated contract corpus: how many contracts, how long, which seed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    docs: int = Field(6, gt=0, description="Contracts to generate.")
+    min_tokens: int = Field(600, gt=0, description="Shortest contract, in the reading model's tokens.")
+    max_tokens: int = Field(1500, gt=0, description="Longest contract, in the reading model's tokens "
+                            "(lengths are log-uniform between the two).")
+    seed: int = Field(0, description="Seed of the values, depths and lengths: the corpus is a function of it.")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> ContractCorpus:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} is over max_tokens={self.max_tokens}")
+        return self
 
 
-def gold_of(row: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(row["gold"])
+def contract_corpus(corpus: ContractCorpus, count: TokenCounter | None = None) -> list[dict[str, Any]]:
+    """``corpus.docs`` contracts with lengths drawn by :func:`draw_lengths`."""
+    lengths = draw_lengths(corpus.docs, corpus.min_tokens, corpus.max_tokens, corpus.seed)
+    return [contract_row(i, t, corpus.seed, count) for i, t in enumerate(lengths)]
 
 
-def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_tokens: int = 8000, seed: int = 0,
-                    model: str | None = None) -> tuple[Path, Path]:
+def write_contracts(directory: str | Path, corpus: ContractCorpus, model: str | None = None) -> tuple[Path, Path]:
     """Write ``directory/contracts.parquet`` (sized in ``model``'s tokens, default the packaged one) and
     ``directory/contract.schema.json``; returns both paths."""
     import functools
@@ -295,7 +331,7 @@ def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_t
     from memagent.models import DEFAULT_MODEL, load_tokenizer
 
     count = functools.partial(count_tokens, load_tokenizer(model or DEFAULT_MODEL))
-    rows = contract_corpus(n, min_tokens, max_tokens, seed, count)
+    rows = contract_corpus(corpus, count)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".contracts.parquet.tmp"  # readers skip dot files: the file appears whole
@@ -304,20 +340,3 @@ def write_contracts(directory: str | Path, n: int, min_tokens: int = 1000, max_t
     schema = out / "contract.schema.json"
     schema.write_text(json.dumps(CONTRACT_SCHEMA, indent=2) + "\n")
     return out / "contracts.parquet", schema
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Write a generated contract corpus (batch input) and its JSON Schema.")
-    p.add_argument("--out", required=True, help="directory for contracts.parquet and contract.schema.json")
-    p.add_argument("--docs", type=int, default=20, help="documents (default 20)")
-    p.add_argument("--min-tokens", type=int, default=1000, help="shortest document in tokens (default 1000)")
-    p.add_argument("--max-tokens", type=int, default=8000, help="longest document in tokens (default 8000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None, help="tokenizer that sizes the documents (default: the packaged model)")
-    a = p.parse_args(argv)
-    data, schema = write_contracts(a.out, a.docs, a.min_tokens, a.max_tokens, a.seed, a.model)
-    print(f"{a.docs} contracts -> {data}\nschema -> {schema}")
-
-
-if __name__ == "__main__":
-    main()

@@ -25,23 +25,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SOURCE = "hotpotqa"
 
-# The training-data columns (id, question, context, answers, num_docs, context_tokens, source)
-# plus the synthesis record (gold positions, seed).
-TRAINING_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("question_id", pa.string()),
-        ("question", pa.string()),
-        ("context", pa.large_string()),
-        ("answers", pa.list_(pa.string())),
-        ("num_docs", pa.int64()),
-        ("context_tokens", pa.int64()),
-        ("target_tokens", pa.int64()),
-        ("source", pa.string()),
-        ("gold_positions", pa.list_(pa.int64())),
-        ("seed", pa.int64()),
-    ]
-)
+# The columns of every generated row, training and evaluation (id, question, context, answers,
+# num_docs, context_tokens, source) plus the synthesis record (gold positions, seed).
+SAMPLE_COLUMNS = [
+    ("id", pa.string()),
+    ("question_id", pa.string()),
+    ("question", pa.string()),
+    ("context", pa.large_string()),
+    ("answers", pa.list_(pa.string())),
+    ("num_docs", pa.int64()),
+    ("context_tokens", pa.int64()),
+    ("source", pa.string()),
+    ("gold_positions", pa.list_(pa.int64())),
+    ("seed", pa.int64()),
+]
+TRAINING_SCHEMA = pa.schema([*SAMPLE_COLUMNS, ("target_tokens", pa.int64())])
 
 SizeKind = Literal["docs", "tokens"]
 Size = tuple[SizeKind, int]
@@ -104,22 +102,10 @@ def fit_to_budget(
     if budget <= 0:
         raise ValueError(f"token budget must be positive, got {budget}")
 
-    def largest(pred: Callable[[int], bool]) -> int:
-        if not pred(lo):
-            return lo
-        step = 1
-        while pred(lo + step) and (hi is None or lo + step < hi):
-            step *= 2
-        low, high = lo + step // 2, lo + step if hi is None else min(lo + step, hi)
-        while low < high:  # invariant: pred(low)
-            mid = (low + high + 1) // 2
-            low, high = (mid, high) if pred(mid) else (low, mid - 1)
-        return low
-
     good: Fit | None = None
     bad: int | None = None
     points: list[tuple[int, int]] = []
-    n = largest(lambda m: estimate(m) <= budget) if estimate is not None else lo
+    n = _largest(lambda m: estimate(m) <= budget, lo, hi) if estimate is not None else lo
     for measures in range(1, max_measures + 1):
         text = build(n)
         tokens = count(text)
@@ -137,15 +123,7 @@ def fit_to_budget(
         if high is not None and low > high:
             break
         points.append((n, tokens))
-        if estimate is not None:
-            bias = tokens - estimate(n)
-            guess = largest(lambda m: estimate(m) + bias <= budget)
-        elif len(points) >= 2 and points[-1][1] != points[-2][1]:
-            # Secant through the last two counts: handles a fixed part (headers, common words).
-            (n1, t1), (n2, t2) = points[-2], points[-1]
-            guess = math.floor(n2 + (budget - t2) * (n2 - n1) / (t2 - t1))
-        else:
-            guess = math.floor(n * budget / max(tokens, 1))
+        guess = _guess(points, budget, estimate, lo, hi)
         if guess < low or (high is not None and guess > high) or (measures >= 4 and high is not None):
             guess = (low + high) // 2 if high is not None else max(low, 2 * n)
         n = guess
@@ -156,6 +134,36 @@ def fit_to_budget(
         if good.tokens > budget:
             raise ValueError(f"even the smallest size ({lo} units) has {good.tokens} tokens, over the budget of {budget}")
     return Fit(good.n, good.text, good.tokens, measures)
+
+
+def _largest(pred: Callable[[int], bool], lo: int, hi: int | None) -> int:
+    """The largest ``n`` in ``[lo, hi]`` with ``pred(n)`` (monotone; ``lo`` when even ``lo`` fails):
+    doubling, then bisection."""
+    if not pred(lo):
+        return lo
+    step = 1
+    while pred(lo + step) and (hi is None or lo + step < hi):
+        step *= 2
+    low, high = lo + step // 2, lo + step if hi is None else min(lo + step, hi)
+    while low < high:  # invariant: pred(low)
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if pred(mid) else (low, mid - 1)
+    return low
+
+
+def _guess(points: list[tuple[int, int]], budget: int, estimate: Callable[[int], float] | None, lo: int,
+           hi: int | None) -> int:
+    """The next size to count, from the ``(size, tokens)`` counted so far: the estimate corrected by the
+    last error, else the secant through the last two counts, else the last count's rate."""
+    n, tokens = points[-1]
+    if estimate is not None:
+        bias = tokens - estimate(n)
+        return _largest(lambda m: estimate(m) + bias <= budget, lo, hi)
+    if len(points) >= 2 and points[-1][1] != points[-2][1]:
+        # Secant through the last two counts: handles a fixed part (headers, common words).
+        (n1, t1), (n2, t2) = points[-2], points[-1]
+        return math.floor(n2 + (budget - t2) * (n2 - n1) / (t2 - t1))
+    return math.floor(n * budget / max(tokens, 1))
 
 
 # -- source records --------------------------------------------------------------------------

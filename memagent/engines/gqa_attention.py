@@ -4,9 +4,8 @@ transformers' ``sdpa`` attention repeats every key/value head for its query head
 a copy of the whole cache, every layer, every forward) whenever a mask is passed with more than
 one query token, because CUDA's fused kernels refuse GQA with a mask. The decode loop always
 passes a mask (its rows' holes), so every verification forward of ``t > 1`` tokens copied the
-cache: 16 rows over ~1,500 cached tokens, SmolLM2-135M, fp32 on one CPU thread, a 2-token
-forward took 2.10 s against 0.29 s for one token, 1.5 s of it in those copies
-(benchmarks/README.md, "Verification without copies"). PyTorch's CPU kernel takes GQA with a mask
+cache, most of a 16-row verification's time on CPU (benchmarks/README.md, "Verification without
+copies"). PyTorch's CPU kernel takes GQA with a mask
 (``enable_gqa=True``) and returns the same bits as the repeated heads, so on CPU this calls it
 directly; on other devices, for one query token (transformers packs the heads already) and for
 anything else unusual, transformers' own ``sdpa`` runs unchanged.

@@ -167,11 +167,7 @@ class TransformersEngine(Engine):
 
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
         prompt_ids = self.encode_chat(messages)
-        if len(prompt_ids) + params.max_tokens > self.context_window:
-            raise ValueError(
-                f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds the "
-                f"model's context window of {self.context_window}"
-            )
+        self.check_window(len(prompt_ids), params.max_tokens)
         constraint = self._constraint(params.json_schema) if params.json_schema is not None else None
         self._ensure_worker()
         assert self._queue is not None
@@ -255,16 +251,13 @@ class TransformersEngine(Engine):
                     r.constraint) for r in batch]
         loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
         loop.run(rows, cache, prefix_mask)
-        self.stats.batch_sizes.append(len(batch))
+        self.stats.batch_sizes[len(batch)] += 1
         return [self._completion(r.prompt_ids, row.tokens, row.stopped, row.token_logprobs if row.logprobs else None,
                                  row) for r, row in zip(batch, rows)]
 
     def _completion(self, prompt_ids: list[int], tokens: list[int], stopped: bool, logprobs: list[float] | None,
                     row: Row | None = None) -> Completion:
-        self.stats.requests += 1
-        self.stats.prompt_tokens += len(prompt_ids)
-        self.stats.completion_tokens += len(tokens)
-        return Completion(
+        return self.stats.count(Completion(
             text=self.tokenizer.decode(tokens, skip_special_tokens=True),
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(tokens),
@@ -275,7 +268,7 @@ class TransformersEngine(Engine):
             draft_tokens=row.draft_tokens if row else 0,
             accepted_tokens=row.accepted_tokens if row else 0,
             decode_steps=row.decode_steps if row else 0,
-        )
+        ))
 
     def _prefill(self, batch: list[_Request], prompt_len: int, capacity: int) -> tuple[ReservedCache, torch.Tensor]:
         """The cache of every prompt but its last token, left-padded to ``prompt_len - 1`` slots.
@@ -333,7 +326,7 @@ class TransformersEngine(Engine):
         step_logprobs = None
         if params.logprobs:
             step_logprobs = chosen_log_probs(out.logits, new_tokens, 1.0 if params.greedy else params.temperature)
-        self.stats.batch_sizes.append(len(batch))
+        self.stats.batch_sizes[len(batch)] += 1
         completions = []
         for i, r in enumerate(batch):
             tokens = new_tokens[i, : r.params.max_tokens].tolist()

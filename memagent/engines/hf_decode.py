@@ -56,6 +56,10 @@ from memagent.engines.speculation import (
 # drafter name: rows that drafted from it, tokens drafted, tokens kept) (benchmarks collect them).
 log = logging.getLogger(__name__)
 
+# Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees long
+# verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
+EXPLORE_EVERY = 16
+
 
 @dataclass(frozen=True)
 class Speculation:
@@ -68,9 +72,6 @@ class Speculation:
     aligned_draft: int = 0  # most tokens the aligned drafter drafts (0: no aligned drafter)
     ngram: bool = True  # draft by n-gram lookup (False: only the aligned drafter, if on)
     adaptive: bool = True  # choose k per step from the cost model; False: each proposal in full
-    # Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees
-    # long verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
-    explore_every: int = 16
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Speculation:
@@ -79,7 +80,7 @@ class Speculation:
         return cls(max_draft=config.speculative_tokens if on else 0,
                    ngram_min=config.prompt_lookup_min, ngram_max=config.prompt_lookup_max,
                    aligned_draft=config.aligned_draft_tokens if on and config.draft_from != "ngram" else 0,
-                   ngram=config.draft_from != "aligned")
+                   ngram=config.draft_from != "aligned", adaptive=config.adaptive_draft)
 
     @property
     def longest(self) -> int:
@@ -147,10 +148,10 @@ class DecodeLoop:
         capacity = n + max(r.max_tokens for r in rows) + self.spec.max_draft + 1
         mask = torch.zeros((b, capacity), dtype=torch.long, device=device)
         mask[:, :n] = prefix_mask.to(device)
-        history = [np.asarray(r.prompt_ids, dtype=np.int64) for r in rows]
+        history = [list(r.prompt_ids) for r in rows]  # prompt + reply; grown in place, O(new tokens) a step
         pending = [r.prompt_ids[-1] for r in rows]
         position = [len(r.prompt_ids) - 1 for r in rows]
-        drafters = [self._drafters(r, h) for r, h in zip(rows, history)]
+        drafters = [self._drafters(r) for r in rows]
         trackers = [[AcceptanceTracker() for _ in ds] for ds in drafters]
         while not all(r.done for r in rows):
             drafts, proposals, chosen = self._drafts(rows, history, drafters, trackers)
@@ -176,38 +177,45 @@ class DecodeLoop:
                 self._log_forward(rows, drafts, chosen, drafters, keep, t - 1, seconds)
             grown = 0
             for i, r in enumerate(rows):
-                kept = keep[i]
-                if kept is None:
+                if keep[i] is None:
                     continue
-                slots = 1 + min(len(kept) - 1, len(drafts[i]))  # pending + accepted drafted tokens
+                slots = 1 + min(len(keep[i]) - 1, len(drafts[i]))  # pending + accepted drafted tokens
                 mask[i, n + slots : n + t] = 0
                 grown = max(grown, slots)
-                m = len(kept) - 1
-                r.draft_tokens += len(drafts[i])
-                r.accepted_tokens += m
-                r.decode_steps += 1
-                for j, p in enumerate(proposals[i]):  # every drafter's acceptance, drafted or not
-                    observed, agreed = matched_prefix(p, kept)
-                    trackers[i][j].record(observed, agreed)
-                    self._global(drafters[i][j].name).record(observed, agreed)
-                kept = self._finish(r, kept)
-                history[i] = np.concatenate([history[i], np.asarray(kept, dtype=np.int64)])
-                for d in drafters[i]:
-                    d.observe(history[i], len(kept))
+                kept = self._accept(r, keep[i], drafts[i], proposals[i], drafters[i], trackers[i], history[i])
                 pending[i] = kept[-1]
                 position[i] += len(kept)
             n += max(grown, 1)
             cache.truncate(n)
         return rows
 
-    def _drafters(self, row: Row, prompt: np.ndarray) -> list[NgramDrafter | AlignedDrafter]:
+    def _accept(self, row: Row, kept: list[int], draft: list[int], proposals: list[list[int]], drafters: list,
+                trackers: list[AcceptanceTracker], history: list[int]) -> list[int]:
+        """Book one row's step: its counters, every drafter's acceptance (drafted or not), the reply and
+        what the drafters have seen. Returns the tokens the reply grew by (cut at EOS or the limit)."""
+        row.draft_tokens += len(draft)
+        row.accepted_tokens += len(kept) - 1
+        row.decode_steps += 1
+        for proposal, drafter, tracker in zip(proposals, drafters, trackers):
+            observed, agreed = matched_prefix(proposal, kept)
+            tracker.record(observed, agreed)
+            self._global(drafter.name).record(observed, agreed)
+        kept = self._finish(row, kept)
+        history.extend(kept)
+        for drafter in drafters:
+            drafter.observe(history, len(kept))
+        return kept
+
+    def _drafters(self, row: Row) -> list[NgramDrafter | AlignedDrafter]:
         """The row's drafters, n-gram first (it wins ties). Constrained rows never draft."""
         spec = self.spec
         if spec.max_draft <= 0 or row.constraint is not None:
             return []
-        out: list[NgramDrafter | AlignedDrafter] = [NgramDrafter(spec.ngram_min, spec.ngram_max)] if spec.ngram else []
+        out: list[NgramDrafter | AlignedDrafter] = []
+        if spec.ngram:
+            out.append(NgramDrafter(row.prompt_ids, spec.ngram_min, spec.ngram_max))
         if spec.aligned_draft > 0:
-            out.append(AlignedDrafter(prompt))
+            out.append(AlignedDrafter(np.asarray(row.prompt_ids, dtype=np.int64)))
         return out
 
     def _global(self, name: str) -> AcceptanceTracker:
@@ -215,7 +223,7 @@ class DecodeLoop:
             self.acceptance[name] = AcceptanceTracker()
         return self.acceptance[name]
 
-    def _drafts(self, rows: list[Row], history: list[np.ndarray], drafters: list[list], trackers: list[list]
+    def _drafts(self, rows: list[Row], history: list[list[int]], drafters: list[list], trackers: list[list]
                 ) -> tuple[list[list[int]], list[list[list[int]]], list[int | None]]:
         """Per row its draft this step (``[]`` for done, constrained or budget-bound rows), every
         drafter's proposal, and which one the draft is (cut to the step's ``k``; None: none).
@@ -246,7 +254,7 @@ class DecodeLoop:
                                  self.cost, spec.longest)
             chosen = [pick_proposal(p, a, k) if p else None for p, a in zip(proposals, alphas)]
             found = [p[j] if j is not None else [] for p, j in zip(proposals, chosen)]
-        if self._forwards % spec.explore_every == 0:
+        if self._forwards % EXPLORE_EVERY == 0:
             k = max(k, spec.max_draft)  # the cost model also sees long verifications
         return [d[:k] for d in found], proposals, chosen
 

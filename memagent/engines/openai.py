@@ -161,11 +161,7 @@ class OpenAIEngine(Engine):
         client, slots = self._client_for_loop()
         async with slots:
             data = await self._post_with_retries(client, "/chat/completions", body)
-        completion = self._completion(data, messages, params)
-        self.stats.requests += 1
-        self.stats.prompt_tokens += completion.prompt_tokens
-        self.stats.completion_tokens += completion.completion_tokens
-        return completion
+        return self.stats.count(self._completion(data, messages, params))
 
     async def close(self) -> None:
         client, loop = self._client, self._loop

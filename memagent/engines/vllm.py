@@ -260,7 +260,7 @@ class VLLMEngine(Engine):
         name: model name reported in outputs.
         context_window: prompt + reply tokens (default: vLLM's ``max_model_len``).
 
-    ``stats.batch_sizes`` records the requests in flight when each request was submitted (vLLM
+    ``stats.batch_sizes`` counts the requests in flight when each request was submitted (vLLM
     schedules its own forwards; this shows how much concurrency it was offered).
     """
 
@@ -315,11 +315,7 @@ class VLLMEngine(Engine):
         if params.json_schema is not None and self.engine_args.get("speculative_config"):
             raise ValueError(SPECULATION_WITH_SCHEMA)
         prompt_ids = self.encode_chat(messages)
-        if len(prompt_ids) + params.max_tokens > self.context_window:
-            raise ValueError(
-                f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds the "
-                f"model's context window of {self.context_window}"
-            )
+        self.check_window(len(prompt_ids), params.max_tokens)
         # Cancelling the caller cancels the engine-loop task, and vLLM aborts the request.
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._generate(prompt_ids, params), self._loop))
 
@@ -332,7 +328,7 @@ class VLLMEngine(Engine):
         request_id = self.next_request_id()
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.stats.batch_sizes.append(self.in_flight)
+        self.stats.batch_sizes[self.in_flight] += 1
         final = None
         try:
             # vLLM rejects a priority unless it schedules by them.
@@ -346,10 +342,7 @@ class VLLMEngine(Engine):
         completion = completion_from_output(final)
         if not completion.prompt_token_ids:
             completion.prompt_token_ids, completion.prompt_tokens = prompt_ids, len(prompt_ids)
-        self.stats.requests += 1
-        self.stats.prompt_tokens += completion.prompt_tokens
-        self.stats.completion_tokens += completion.completion_tokens
-        return completion
+        return self.stats.count(completion)
 
     # -- RL: weights and GPU sharing ----------------------------------------------------------
 

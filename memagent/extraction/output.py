@@ -85,11 +85,6 @@ def record_fields(record: RecordType) -> list[pa.Field]:
     return [_arrow_field(f) for f in record.fields]
 
 
-def record_arrow_type(record: RecordType) -> pa.StructType:
-    """A record type's row as one Arrow struct (:func:`record_fields`)."""
-    return pa.struct(record_fields(record))
-
-
 def _typed_object(fields: tuple[FieldSpec | ObjectSpec, ...], obj: Any) -> dict[str, Any] | None:
     if not isinstance(obj, Mapping):
         return None

@@ -99,19 +99,53 @@ def policy_loss(
     Example: one token, A = +1, ratio = 1.5, clip_high = 0.2 -> loss = -1.2 (clipped, no
     gradient); with A = -1 and ratio = 0.5, clip_low = 0.2 -> loss = max(0.5, 0.8) = 0.8.
     """
+    _check(logp, old_logp, mask, dual_clip)
+    mask, adv = mask.to(logp.dtype), advantages.to(logp.dtype)
+    if adv.ndim == 1:
+        adv = adv.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]
+    denom = (mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=logp.dtype)).clamp(min=1.0)
+
+    ratio = (logp - old_logp).clamp(-20.0, 20.0).exp()  # [B, T]; clamp keeps exp finite
+    pg, clipped, dual_hit = clipped_pg(adv, ratio, clip_low, clip_high, dual_clip)
+    kl = k3_kl(logp, ref_logp) if ref_logp is not None else None
+    per_token = pg + kl_coef * kl if kl is not None and kl_coef else pg
+    loss = (per_token * mask).sum() / denom
+    with torch.no_grad():
+        metrics = {
+            "pg_loss": masked_mean(pg, mask).item(),
+            "clip_frac": masked_mean(clipped.to(pg.dtype), mask).item(),
+            "clip_high_frac": masked_mean(((adv > 0) & (ratio > 1.0 + clip_high)).to(pg.dtype), mask).item(),
+            "clip_low_frac": masked_mean(((adv < 0) & (ratio < 1.0 - clip_low)).to(pg.dtype), mask).item(),
+            "dual_clip_frac": masked_mean(dual_hit.to(pg.dtype), mask).item(),
+            **_logged(logp, old_logp, ratio, kl, entropy, mask),
+        }
+    return loss, metrics
+
+
+def _logged(logp: torch.Tensor, old_logp: torch.Tensor, ratio: torch.Tensor, kl: torch.Tensor | None,
+            entropy: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
+    """The masked means logged beside the loss: ratio, k3 of old vs new, KL to the reference, entropy, tokens."""
+    return {"ratio": masked_mean(ratio, mask).item(),
+            "approx_kl_old": masked_mean(k3_kl(logp, old_logp), mask).item(),
+            "kl": masked_mean(kl, mask).item() if kl is not None else 0.0,
+            "entropy": masked_mean(entropy, mask).item() if entropy is not None else 0.0,
+            "tokens": float(mask.sum().item())}
+
+
+def _check(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, dual_clip: float | None) -> None:
     if not (logp.shape == old_logp.shape == mask.shape):
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)} differ")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    mask = mask.to(logp.dtype)
-    adv = advantages.to(logp.dtype)
-    if adv.ndim == 1:
-        adv = adv.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]
-    denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=logp.dtype)
-    denom = denom.clamp(min=1.0)
 
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T]; clamp keeps exp finite
-    ratio = log_ratio.exp()
+
+def clipped_pg(adv: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high: float,
+               dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token clipped policy-gradient loss (PPO / DAPO, then the dual clip), all ``[B, T]``.
+
+    Returns ``(pg, clipped, dual_hit)``: the loss, where the clipped branch was taken, and where
+    the dual clip bounded a negative-advantage token.
+    """
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     pg = torch.maximum(loss_unclipped, loss_clipped)  # pessimistic bound
@@ -120,26 +154,4 @@ def policy_loss(
         bound = -adv * dual_clip  # caps how hard a very unlikely negative token is pushed down
         dual_hit = (adv < 0) & (pg > bound)
         pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
-    per_token = pg
-    kl = None
-    if ref_logp is not None:
-        kl = k3_kl(logp, ref_logp)
-        if kl_coef:
-            per_token = per_token + kl_coef * kl
-    loss = (per_token * mask).sum() / denom
-
-    with torch.no_grad():
-        m = mask
-        metrics = {
-            "pg_loss": masked_mean(pg, m).item(),
-            "clip_frac": masked_mean((loss_clipped > loss_unclipped).to(pg.dtype), m).item(),
-            "clip_high_frac": masked_mean(((adv > 0) & (ratio > 1.0 + clip_high)).to(pg.dtype), m).item(),
-            "clip_low_frac": masked_mean(((adv < 0) & (ratio < 1.0 - clip_low)).to(pg.dtype), m).item(),
-            "dual_clip_frac": masked_mean(dual_hit.to(pg.dtype), m).item(),
-            "ratio": masked_mean(ratio, m).item(),
-            "approx_kl_old": masked_mean(k3_kl(logp, old_logp), m).item(),
-            "kl": masked_mean(kl, m).item() if kl is not None else 0.0,
-            "entropy": masked_mean(entropy, m).item() if entropy is not None else 0.0,
-            "tokens": float(m.sum().item()),
-        }
-    return loss, metrics
+    return pg, loss_clipped > loss_unclipped, dual_hit

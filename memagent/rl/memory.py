@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from memagent.config import AgentConfig
 from memagent.rl.config import ZERO_OPTIMIZATION, TrainConfig
@@ -83,10 +82,6 @@ class MemoryEstimate:
     @property
     def largest_transient(self) -> str:
         return max(self.transient, key=self.transient.__getitem__)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"peak_mb": round(self.peak_mb), "resident_mb": {k: round(v) for k, v in self.resident.items()},
-                "transient_mb": {k: round(v) for k, v in self.transient.items()}}
 
 
 def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelShape, *, world_size: int = 1,

@@ -96,22 +96,7 @@ def train(
 
     records: list[dict[str, Any]] = []
     for step in range(start_step, config.steps):
-        t_step = time.perf_counter()
-        cursor_start = stream.cursor
-        batch = rollout(run, stream, step, reward_fn)
-        samples = advantages(batch, config)
-        t_update = time.perf_counter()
-        on_policy = config.ppo_mini_batches * config.ppo_epochs == 1
-        score_old_and_reference(run, samples, on_policy=on_policy)
-        upd = update_policy(run, samples, on_policy=on_policy)
-        if not upd.stats:
-            log.warning("step %d: no trainable conversation on any rank (%d groups generated, %d dropped); "
-                        "no update", step, batch.groups_generated, batch.groups_dropped)
-        sync_weights(run)
-        update_s = time.perf_counter() - t_update
-        record = step_metrics(step, batch, samples, upd, rollout_s=batch.seconds, update_s=update_s,
-                              step_s=time.perf_counter() - t_step, cursor=(cursor_start, stream.cursor))
-        record = merge_rank_metrics(all_gather_objects(record))  # the whole step, not rank 0's share
+        record = train_step(run, stream, step, config, reward_fn)
         records.append(record)
         if rank == 0:
             write_jsonl(out / "metrics.jsonl", record)
@@ -124,6 +109,27 @@ def train(
                             keep=config.keep_checkpoints, rank=rank)
     close(run)
     return records
+
+
+def train_step(run: Run, stream: DataStream, step: int, config: TrainConfig, reward_fn: RewardFn) -> dict[str, Any]:
+    """One step: rollouts -> group advantages -> old and reference log-probs -> policy update -> weight
+    sync. Returns the step's metrics record over all ranks."""
+    t_step = time.perf_counter()
+    cursor_start = stream.cursor
+    batch = rollout(run, stream, step, reward_fn)
+    samples = advantages(batch, config)
+    t_update = time.perf_counter()
+    on_policy = config.ppo_mini_batches * config.ppo_epochs == 1
+    score_old_and_reference(run, samples, on_policy=on_policy)
+    upd = update_policy(run, samples, on_policy=on_policy)
+    if not upd.stats:
+        log.warning("step %d: no trainable conversation on any rank (%d groups generated, %d dropped); "
+                    "no update", step, batch.groups_generated, batch.groups_dropped)
+    sync_weights(run)
+    update_s = time.perf_counter() - t_update
+    record = step_metrics(step, batch, samples, upd, rollout_s=batch.seconds, update_s=update_s,
+                          step_s=time.perf_counter() - t_step, cursor=(cursor_start, stream.cursor))
+    return merge_rank_metrics(all_gather_objects(record))  # the whole step, not rank 0's share
 
 
 # ---------------------------------------------------------------------------------------------
