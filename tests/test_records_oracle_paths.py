@@ -1,6 +1,8 @@
 """The perfect-model invariant on the other engine paths: the real OpenAI-compatible engine over HTTP to a
-server that replies as a constrained perfect model, and the batch job end to end (``memagent batch
---engine openai --schema ... --require-grounding``) writing the records output.
+server that replies as a constrained perfect model; the real hf engine (chat template, batching, KV
+cache, speculation, the JSON-Schema grammar, ``max_tokens``) over a scripted perfect causal LM
+(tests/oracle/scripted_lm.py); and the batch job end to end (``memagent batch --engine openai
+--schema ... --require-grounding``) writing the records output.
 
 Invariant (as tests/test_records_oracle.py): every stated record comes out exactly once with its
 values, conflicts and spans inside a sentence that states it, and no invented record survives
@@ -60,6 +62,31 @@ def test_openai_engine_against_a_perfect_server(server, tokenizer, spec, seed, c
     swap.oracle = LedgerOracle([doc], invent=invent, seed=seed)
     engine = OpenAIEngine(url, "oracle", tokenizer, 65536)
     result = asyncio.run(read_document(engine, None, doc.text, config(chunk_tokens)))
+    check_against_gold(doc, result, swap.oracle.invented)
+
+
+@pytest.fixture(scope="module")
+def hf_engine():
+    from tests.oracle.scripted_lm import scripted_engine
+
+    swap = Swappable()
+    return swap, scripted_engine(swap.reply)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(spec=st.builds(LedgerSpec, prose=st.integers(0, 6), table_rows=st.integers(0, 30), bullets=st.integers(0, 8),
+                      cjk=st.integers(0, 3), aliases=st.integers(0, 2), by_role=st.integers(0, 3),
+                      conflicts=st.integers(0, 3), near_misses=st.integers(0, 2), filler=st.integers(0, 4),
+                      long_lines=st.booleans()),
+       seed=st.integers(0, 2**16), chunk_tokens=st.sampled_from([96, 512]), invent=st.booleans())
+def test_hf_engine_with_its_grammar_over_a_perfect_model(hf_engine, spec, seed, chunk_tokens, invent):
+    """Through the hf engine's own decoding under the records grammar (maxItems closes arrays, max_tokens
+    cuts), a perfect model's records come out exactly once and invented ones never survive."""
+    swap, engine = hf_engine
+    doc = ledger("d", spec, seed)
+    swap.oracle = LedgerOracle([doc], invent=invent, seed=seed)
+    result = asyncio.run(read_document(engine, None, doc.text, config(chunk_tokens, memory_tokens=256)))
     check_against_gold(doc, result, swap.oracle.invented)
 
 

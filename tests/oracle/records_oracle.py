@@ -52,7 +52,7 @@ class LedgerOracle:
 
     def reply(self, prompt: str) -> str:
         if RECORDS_REQUEST in prompt:
-            return json.dumps(self.records(prompt), ensure_ascii=False)
+            return json.dumps(self.records(prompt), ensure_ascii=False, separators=(",", ":"))  # as a grammar writes it
         if "Updated memory:" in prompt:
             return self.memory(prompt)
         return "{}"
