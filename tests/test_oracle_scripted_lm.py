@@ -13,15 +13,16 @@ from hypothesis import strategies as st
 
 from memagent.engines.base import SamplingParams
 from memagent.engines.config import EngineConfig
-from tests.oracle.scripted_lm import MODEL, scripted_engine
+from tests.oracle.scripted_lm import MODEL, in_json_string, scripted_engine
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 USER = "<|im_start|>user\n"
 SCRIPT: dict[str, str] = {}  # user message -> the reply the oracle gives
 _ids = itertools.count()
 
-# Control characters other than newline and tab: the tokenizer drops them, no model can write them.
-texts = st.text(st.characters(exclude_categories=("Cs", "Cc"), include_characters="\n\t"), min_size=1, max_size=60)
+# No control characters but newline and tab (the tokenizer drops them) nor unassigned code points
+# (it cannot write them back): no model could write those.
+texts = st.text(st.characters(exclude_categories=("Cs", "Cc", "Cn"), include_characters="\n\t"), min_size=1, max_size=60)
 
 
 def oracle(prompt: str) -> str:
@@ -135,3 +136,34 @@ def test_speculation_really_drafts(engine):
     [c] = run(engine, (ask(memory, memory), SamplingParams(max_tokens=512)))
     assert c.text == memory
     assert c.accepted_tokens > 0
+
+
+def test_off_script_fallback_closes_the_json_quickly(engine):
+    """A scripted object missing required keys still ends as schema-valid JSON, the missing values minimal."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"},
+                                                "c": {"type": "array", "items": {"type": "string"}}},
+              "required": ["a", "b", "c"]}
+    [c] = run(engine, (ask("obj", '{"a":"x"}'), SamplingParams(max_tokens=60, json_schema=json.dumps(schema))))
+    assert c.finish_reason == "stop"
+    assert json.loads(c.text) == {"a": "x", "b": 0, "c": []}
+
+
+def test_fallback_closes_a_string_cut_at_max_length(engine):
+    """A scripted string longer than the schema's maxLength comes back cut at maxLength and closed, the JSON valid."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}, "b": {"type": "integer"}},
+              "required": ["a", "b"]}
+    [c] = run(engine, (ask("long", '{"a":"abcdefghij","b":7}'),
+                       SamplingParams(max_tokens=60, json_schema=json.dumps(schema))))
+    assert c.finish_reason == "stop"
+    assert json.loads(c.text) == {"a": "abcde", "b": 0}  # off the script after the cut: b minimal
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                           lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=8)
+
+
+@given(value=json_values, s=st.text())
+def test_in_json_string_tracks_quotes(value, s):
+    """A whole JSON value ends outside any string; a JSON string cut before its closing quote ends inside one."""
+    assert not in_json_string(json.dumps(value))
+    assert in_json_string(json.dumps(s)[:-1])

@@ -11,18 +11,27 @@ decode loop's holes). The prompt ends at the last generation header (``<|im_star
 for this template); the reply function is called once per distinct prompt, and its text,
 tokenised with EOS appended, is the script. Each position's logits put the script's next token
 first while the tokens so far follow the script (token by token, or else by text: a grammar may
-force another split of the same text).
+force another split of the same text), then every token that writes a shorter start of the rest
+of the reply (so a grammar that allows only part of the script's token, e.g. ``}`` of ``},``
+at ``maxItems`` or a string's last allowed characters at ``maxLength``, still gets the script).
 
 Off the script (the grammar masked the scripted token, e.g. it closed an array at ``maxItems``,
 or the tokens so far are not a prefix of the reply), every token keeps a fixed rank, best first:
-EOS, ``"``, ``}``, ``]``, ``,``, ``:``, ``0``, then all other tokens by id (single characters
-first) with whitespace-only tokens last. Under a grammar that ends a value quickly: close the
-string, the object, the array, then a minimal value where one is required, never a whitespace
-loop. Unconstrained, an off-script row just ends (EOS).
+EOS, ``]``, ``}``, ``"``, ``,``, ``:``, ``0``, then all other tokens by id (single characters
+first) with whitespace-only tokens last; inside a JSON string (an odd number of unescaped ``"``
+written so far) ``"`` moves up to just after EOS. Under a grammar that ends the value quickly:
+close the string, then the array or object, else write what is still required with minimal
+values (``""``, ``0``, ``[]``), never a whitespace loop. Unconstrained, an off-script row just
+ends (EOS).
 
-Limits: the reply text must not contain the template's special tokens; a sliding-window config
-would send the engine down ``model.generate``, which this model does not implement (SmolLM2 has
-no sliding window, so the engine never takes that path here).
+Limits: once the text written leaves the reply (the grammar forced a different character), the
+model never returns to the script: it only closes the JSON (a string cut at ``maxLength`` is
+closed, the keys still required get minimal values). A JSON reply must write its keys in the
+schema's order (the grammar's order) to stay on the script. The tokenizer drops control
+characters other than newline and tab, so no reply holds them. Special-token names in a reply
+are written as plain text. The engine's sliding-window path (``model.generate``) is not
+implemented: SmolLM2's config has no sliding window, so the engine never takes it. Each forward
+loops in Python over rows and positions (fine for tests; not a speed model).
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ ReplyFn = Callable[[str], str]  # the prompt's text (chat template applied) -> t
 MODEL = "smollm2-135m"
 SCRIPT_LOGIT = 0.0  # the scripted token; every other token sits at least LOGIT_GAP below it
 LOGIT_GAP = 40.0  # per rank: sampling at temperature <= 1 picks the best allowed token (e^-40 ~ 4e-18)
-CLOSERS = ('"', "}", "]", ",", ":", "0")  # after EOS, the fallback's first choices, in this order
+CLOSERS = ("]", "}", '"', ",", ":", "0")  # after EOS, the fallback's first choices, in this order
+QUOTE_LOGIT = -1.5 * LOGIT_GAP  # inside a JSON string: '"' just after EOS
 
 
 @dataclass
@@ -68,6 +78,19 @@ def fallback_ranks(tokenizer: Any, vocab_size: int, eos_id: int) -> list[int]:
     blank = {i for i, p in enumerate(pieces) if p is not None and not tokenizer.convert_tokens_to_string([p]).strip()}
     rest = [i for i in range(vocab_size) if i not in chosen and i not in blank]
     return first + rest + sorted(blank - chosen)
+
+
+def in_json_string(text: str) -> bool:
+    """Whether ``text`` (the start of a JSON value) ends inside a string: an odd count of unescaped quotes."""
+    inside = escaped = False
+    for ch in text:
+        if inside and escaped:
+            escaped = False
+        elif inside and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            inside = not inside
+    return inside
 
 
 def generation_header(tokenizer: Any) -> list[int]:
@@ -97,12 +120,22 @@ class ScriptedLM(torch.nn.Module):
         self.reply = reply
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.header = generation_header(self.tokenizer)
+        quote = self.tokenizer.encode('"', add_special_tokens=False)
+        self.quote_id = quote[0] if len(quote) == 1 else None
         vocab = int(self.config.vocab_size)
         base = torch.empty(vocab, dtype=torch.float32)
         base[torch.tensor(fallback_ranks(self.tokenizer, vocab, self.eos_id))] = \
             -LOGIT_GAP * torch.arange(1, vocab + 1, dtype=torch.float32)
         self.register_buffer("fallback", base, persistent=False)
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # hidden size 1: the engine reads the device from it
+        # Each ordinary token by its text (the lowest id where texts repeat): the prefixes of a reply.
+        special = set(self.tokenizer.all_special_ids) | set(self.tokenizer.added_tokens_decoder)
+        texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+        self.pieces: dict[str, int] = {}
+        for i, piece in enumerate(texts):
+            if i not in special and piece and "\ufffd" not in piece:
+                self.pieces.setdefault(piece, i)
+        self.longest_piece = max(map(len, self.pieces))
         self.replies: dict[str, str] = {}  # prompt text -> reply text, one call of ``reply`` each
         self._scripts: dict[tuple[int, ...], tuple[str, list[int]]] = {}
 
@@ -124,26 +157,39 @@ class ScriptedLM(torch.nn.Module):
             if text not in self.replies:
                 self.replies[text] = self.reply(text)
             reply = self.replies[text]
-            ids = self.tokenizer.encode(reply, add_special_tokens=False, split_special_tokens=True)
+            ids = self.encode(reply)
             self._scripts[prompt] = (reply, [*ids, self.eos_id])
         return self._scripts[prompt]
 
-    def next_token(self, seq: list[int]) -> int | None:
-        """The script's next token after ``seq`` (a row's tokens so far); None when off the script."""
+    def next_tokens(self, seq: list[int]) -> tuple[list[int], bool]:
+        """The script's next tokens after ``seq`` (a row's tokens so far), best first, and whether the
+        reply so far is inside a JSON string.
+
+        Best first: the script's own next token, then every token that writes a shorter start of the
+        rest of the reply, longest first (a grammar may allow only part of the script's token).
+        Empty when off the script.
+        """
         parts = self.split(seq)
         if parts is None:
-            return None
+            return [], False
         prompt, generated = parts
         text, ids = self.script(prompt)
-        g = len(generated)
-        if g < len(ids) and ids[:g] == generated:
-            return ids[g]
-        # By text: the grammar (or a draft) may have split the same characters into other tokens.
         said = self.tokenizer.decode(generated)
-        if self.eos_id in generated or "\ufffd" in said or not text.startswith(said):
-            return None
-        rest = self.tokenizer.encode(text[len(said):], add_special_tokens=False, split_special_tokens=True)
-        return rest[0] if rest else self.eos_id
+        inside = in_json_string(said)
+        g = len(generated)
+        on_tokens = g < len(ids) and ids[:g] == generated
+        # By text: the grammar (or a draft) may have split the same characters into other tokens.
+        on_text = self.eos_id not in generated and "\ufffd" not in said and text.startswith(said)
+        if not on_text:
+            return ([ids[g]] if on_tokens else []), inside
+        rest = text[len(said):]
+        first = ids[g] if on_tokens else (self.encode(rest) or [self.eos_id])[0]
+        pieces = (self.pieces.get(rest[:k]) for k in range(min(self.longest_piece, len(rest)), 0, -1))
+        return [first, *(p for p in pieces if p is not None and p != first)], inside
+
+    def encode(self, text: str) -> list[int]:
+        """``text``'s tokens, special-token names in it written as plain text."""
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
     # -- the forward --------------------------------------------------------------------------
 
@@ -174,9 +220,11 @@ class ScriptedLM(torch.nn.Module):
                 slot = total - kept + j
                 if not valid[i, slot]:
                     continue  # padding or a finished row: any logits do
-                nxt = self.next_token(row[: counts[slot]])
-                if nxt is not None:
-                    logits[i, j, nxt] = SCRIPT_LOGIT
+                best, in_string = self.next_tokens(row[: counts[slot]])
+                if in_string and self.quote_id is not None:  # the fallback, should the script's tokens be masked
+                    logits[i, j, self.quote_id] = QUOTE_LOGIT
+                for rank, tok in enumerate(best):  # all above EOS: at most longest_piece of them
+                    logits[i, j, tok] = SCRIPT_LOGIT - rank
         return ScriptedOutput(logits=logits, cache=cache)
 
 
