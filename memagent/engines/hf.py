@@ -252,12 +252,18 @@ class TransformersEngine(Engine):
         capacity = prompt_len + longest + spec.max_draft + 1 + holes
         cache, prefix_mask = self._prefill(batch, prompt_len, capacity)
         rows = [Row(r.prompt_ids, r.params.max_tokens, r.params.temperature, r.params.top_p, r.params.logprobs,
-                    r.constraint) for r in batch]
+                    r.constraint, self._generator(r.params.seed)) for r in batch]
         loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
         loop.run(rows, cache, prefix_mask)
         self.stats.batch_sizes.append(len(batch))
         return [self._completion(r.prompt_ids, row.tokens, row.stopped, row.token_logprobs if row.logprobs else None,
                                  row) for r, row in zip(batch, rows)]
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        """A seeded request's own RNG, on the device that samples (None: the loop's shared one)."""
+        if seed is None:
+            return None
+        return torch.Generator(device=self.model.device).manual_seed(seed)
 
     def _completion(self, prompt_ids: list[int], tokens: list[int], stopped: bool, logprobs: list[float] | None,
                     row: Row | None = None) -> Completion:

@@ -97,6 +97,7 @@ class Row:
     top_p: float = 1.0
     logprobs: bool = False
     constraint: TokenConstraint | None = None
+    generator: torch.Generator | None = None  # a seeded request's own RNG (None: the loop's)
     # Filled by the loop:
     tokens: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -286,7 +287,8 @@ class DecodeLoop:
             elif r.temperature == 0:
                 kept = [int(row_logits[0].argmax())]
             else:
-                kept = accept_sampled(drafts[i], sampling_probs(row_logits, r.temperature, r.top_p), self.generator)
+                kept = accept_sampled(drafts[i], sampling_probs(row_logits, r.temperature, r.top_p),
+                                      r.generator or self.generator)
             if r.logprobs:  # the model's log-probs (before any constraint mask), as without speculation
                 temp = r.temperature if r.temperature > 0 else 1.0
                 logp = torch.log_softmax(logits[i, : len(kept)].float() / temp, dim=-1)
