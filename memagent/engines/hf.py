@@ -252,7 +252,7 @@ class TransformersEngine(Engine):
         capacity = prompt_len + longest + spec.max_draft + 1 + holes
         cache, prefix_mask = self._prefill(batch, prompt_len, capacity)
         rows = [Row(r.prompt_ids, r.params.max_tokens, r.params.temperature, r.params.top_p, r.params.logprobs,
-                    r.constraint, self._generator(r.params.seed)) for r in batch]
+                    r.constraint, self._generator(r.params.seed), r.future.cancelled) for r in batch]
         loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
         loop.run(rows, cache, prefix_mask)
         self.stats.batch_sizes.append(len(batch))

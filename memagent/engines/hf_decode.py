@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,6 +99,7 @@ class Row:
     logprobs: bool = False
     constraint: TokenConstraint | None = None
     generator: torch.Generator | None = None  # a seeded request's own RNG (None: the loop's)
+    abandoned: Callable[[], bool] | None = None  # True once nobody awaits the reply: the row stops
     # Filled by the loop:
     tokens: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -303,7 +305,7 @@ class DecodeLoop:
                 r.constraint.accept(tok)
             r.tokens.append(tok)
             stop = tok in self.eos_ids or (r.constraint is not None and r.constraint.is_finished())
-            if stop or len(r.tokens) >= r.max_tokens:
+            if stop or len(r.tokens) >= r.max_tokens or (r.abandoned is not None and r.abandoned()):
                 r.stopped, r.done = stop, True
                 if r.logprobs:
                     del r.token_logprobs[len(r.tokens):]
