@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
+from pydantic import ValidationError
+
 from memagent.agent import InputError, Result, Step, check_config, read_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
@@ -64,6 +66,9 @@ class MemAgentModel:
                 schema = schema_from(check_schema(rf.json_schema.schema_, where), where)
                 config = AgentConfig.model_validate({**config.model_dump(exclude={"extraction", "answer_style"}),
                                                      "extraction": schema})
+            except ValidationError as exc:  # the one line pydantic's message is about
+                message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+                raise APIError(400, f"response_format: {message}", param="response_format") from None
             except ValueError as exc:
                 raise APIError(400, first_line(str(exc)), param="response_format") from None
             question = None
