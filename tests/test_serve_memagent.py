@@ -120,3 +120,18 @@ def test_memagent_input_errors(url):
         for body, param in ((only_question, "messages"), (not_last, "messages"), (tools, "tools")):
             r = c.post(CHAT, json=body)
             assert r.status_code == 400 and error_of(r)["param"] == param, r.text
+
+
+def test_disconnect_stops_the_chain(url, engine):
+    """A client that goes away after the first memory update leaves the chain's later calls unmade."""
+    from memagent.chunking import chunk_document
+
+    n = len(chunk_document(engine.tokenizer, DOC * 4, 200, None).chunks)
+    before = engine.stats.requests
+    with httpx.stream("POST", url + CHAT, json=ask(doc=DOC * 4, stream=True), timeout=300) as r:
+        for line in r.iter_lines():
+            if "reasoning_content" in line:
+                break
+    # The same read again, whole: an abandoned chain left running would batch along with it to its end.
+    assert httpx.post(url + CHAT, json=ask(doc=DOC * 4), timeout=300).status_code == 200
+    assert engine.stats.requests - before < (n + 1) * 3 / 2
