@@ -87,7 +87,7 @@ def test_named_and_required_tool_choice_always_call(client):
 
 
 def test_auto_is_a_call_or_text_and_none_ignores_tools(client):
-    """tool_choice "auto" answers either a valid call or text; "none" answers text without calls."""
+    """tool_choice "auto" shows the tools and answers either a valid call or text; "none" answers text without them."""
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     for seed in range(2):
         r = client.chat.completions.create(model="tiny-llama", messages=messages, tools=[WEATHER], seed=seed,
@@ -96,9 +96,11 @@ def test_auto_is_a_call_or_text_and_none_ignores_tools(client):
         assert (m.tool_calls is None) != (m.content is None), m
         if m.tool_calls:
             _args(m.tool_calls[0], WEATHER)
+    shown = r.usage.prompt_tokens
     r = client.chat.completions.create(model="tiny-llama", messages=messages, tools=[WEATHER], tool_choice="none",
                                        max_tokens=8)
     assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
+    assert r.usage.prompt_tokens < shown  # "auto" shows the model its tools, "none" leaves them out
 
 
 def test_tool_round_trip_is_accepted(client):
