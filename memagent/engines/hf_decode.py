@@ -100,6 +100,7 @@ class Row:
     constraint: TokenConstraint | None = None
     generator: torch.Generator | None = None  # a seeded request's own RNG (None: the loop's)
     abandoned: Callable[[], bool] | None = None  # True once nobody awaits the reply: the row stops
+    on_tokens: Callable[[list[int]], None] | None = None  # called with each step's kept tokens (streaming)
     # Filled by the loop:
     tokens: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -194,6 +195,8 @@ class DecodeLoop:
                     trackers[i][j].record(observed, agreed)
                     self._global(drafters[i][j].name).record(observed, agreed)
                 kept = self._finish(r, kept)
+                if r.on_tokens is not None:
+                    r.on_tokens(kept)
                 history[i] = np.concatenate([history[i], np.asarray(kept, dtype=np.int64)])
                 for d in drafters[i]:
                     d.observe(history[i], len(kept))

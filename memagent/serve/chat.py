@@ -1,13 +1,14 @@
 """The served engine as a chat model: a request -> the engine's messages and decoding -> a :class:`Reply`.
 
 Both served models (this one and :mod:`memagent.serve.memagent_model`) produce the same events,
-so the app answers them alike, whole or streamed: ``("reasoning", text)`` any number of times,
-then one ``("reply", Reply)``.
+so the app answers them alike, whole or streamed: ``("reasoning", text)`` and ``("content", text)``
+(pieces as they are decoded) any number of times, then one ``("reply", Reply)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ _VALUE = {"anyOf": [
     {"type": "object", **_MEMBERS}]}
 JSON_OBJECT_SCHEMA = {"type": "object", **_MEMBERS, "$defs": {"value": _VALUE}}
 
-Event = tuple[str, Any]  # ("reasoning", str) or ("reply", Reply)
+Event = tuple[str, Any]  # ("reasoning", str), ("content", str) or ("reply", Reply)
 
 
 @dataclass
@@ -114,6 +115,11 @@ def first_line(text: str, limit: int = 500) -> str:
     return line if len(line) <= limit else line[:limit] + " …"
 
 
+def _streams(engine: Engine) -> bool:
+    """Whether ``engine.chat`` takes ``on_tokens`` (the hf engine, for models without a sliding window)."""
+    return "on_tokens" in inspect.signature(engine.chat).parameters and not getattr(engine, "_sliding_window", False)
+
+
 def cut_at_stop(text: str, stops: list[str]) -> str | None:
     """``text`` up to the first stop sequence (excluded, as OpenAI does), or None when none occurs."""
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
@@ -151,12 +157,31 @@ class EngineModel:
         return messages, sampling(req, prompt_tokens, self.engine.context_window, self.max_tokens, schema), plan
 
     async def events(self, req: ChatRequest, prepared: tuple) -> AsyncIterator[Event]:
+        """("content", text) as the engine decodes (when it can stream and the text is final as it
+        comes: no tools, no stop sequences), then ("reply", Reply)."""
         messages, params, plan = prepared
+        live = req.stream and plan is None and not req.stops() and _streams(self.engine)
+        tokens: asyncio.Queue[list[int] | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        kw = {"on_tokens": lambda ids: loop.call_soon_threadsafe(tokens.put_nowait, list(ids))} if live else {}
+        call = asyncio.ensure_future(self.engine.chat(messages, params, **kw))
+        call.add_done_callback(lambda _: tokens.put_nowait(None))
         try:
-            c = await self.engine.chat(messages, params)
-        except ValueError as exc:  # the engine rejected this input: its first line, not a parser dump
-            raise APIError(400, first_line(str(exc))) from None
-        yield "reply", self._reply(req, c, plan)
+            ids: list[int] = []
+            sent = ""
+            while (new := await tokens.get()) is not None:
+                ids += new
+                text = self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+                if len(text) > len(sent) and text.startswith(sent) and not text.endswith("\ufffd"):
+                    yield "content", text[len(sent):]  # an incomplete UTF-8 character waits for its end
+                    sent = text
+            try:
+                c = call.result()
+            except ValueError as exc:  # the engine rejected this input: its first line, not a parser dump
+                raise APIError(400, first_line(str(exc))) from None
+            yield "reply", self._reply(req, c, plan)
+        finally:
+            call.cancel()  # a disconnect (the generator closed) abandons the decode
 
     def _reply(self, req: ChatRequest, c: Completion, plan: tools.ToolPlan | None) -> Reply:
         reply = Reply(c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens, logprobs=self._logprobs(c))

@@ -2,7 +2,7 @@
 
 The first chunk carries the role; reasoning events (the memagent model's memory updates) follow
 as ``delta.reasoning_content`` and ``delta.reasoning`` (both names clients read); then the
-content, or the tool calls as OpenAI sends them (the id, type and name first, then the arguments
+content (pieces as the engine decodes them, then whatever the final reply adds), or the tool calls as OpenAI sends them (the id, type and name first, then the arguments
 in pieces); then a chunk with ``finish_reason``; with ``stream_options.include_usage`` a last
 chunk with empty ``choices`` and the usage; then ``data: [DONE]``. An error once the stream has
 begun is an ``{"error": ...}`` event (as vLLM sends it). When the client goes away Starlette
@@ -33,8 +33,8 @@ def _pieces(text: str) -> list[str]:
     return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)] or [""]
 
 
-def reply_deltas(reply: Reply) -> list[dict[str, Any]]:
-    """The deltas that spell ``reply`` after the role chunk."""
+def reply_deltas(reply: Reply, streamed: str = "") -> list[dict[str, Any]]:
+    """The deltas that spell ``reply`` after the role chunk and the content ``streamed`` so far."""
     if reply.tool_calls:
         deltas = []
         for i, call in enumerate(reply.tool_calls):
@@ -44,19 +44,26 @@ def reply_deltas(reply: Reply) -> list[dict[str, Any]]:
             deltas += [{"tool_calls": [{"index": i, "function": {"arguments": p}}]}
                        for p in _pieces(call["function"]["arguments"])]
         return deltas
-    return [{"content": p} for p in _pieces(reply.content or "")]
+    content = reply.content or ""
+    rest = content[len(streamed):] if content.startswith(streamed) else content
+    return [{"content": p} for p in _pieces(rest)] if rest or not streamed else []
 
 
 async def sse(events: AsyncIterator[Event], model: str, include_usage: bool) -> AsyncIterator[bytes]:
     """The event stream of one request, as SSE bytes."""
     cid, created = completion_id(), int(time.time())
     yield _sse(chunk(cid, model, created, {"role": "assistant", "content": ""}))
+    streamed = ""
     try:
         async for kind, value in events:
             if kind == "reasoning":
                 yield _sse(chunk(cid, model, created, {"reasoning_content": value, "reasoning": value}))
                 continue
-            for delta in reply_deltas(value):
+            if kind == "content":
+                streamed += value
+                yield _sse(chunk(cid, model, created, {"content": value}))
+                continue
+            for delta in reply_deltas(value, streamed):
                 yield _sse(chunk(cid, model, created, delta))
             last = chunk(cid, model, created, {}, value.finish_reason)
             last.update(value.extra)
