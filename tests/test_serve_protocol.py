@@ -211,3 +211,21 @@ def test_exposed_host_without_a_key_warns(host, warned):
 
     assert (ServeConfig(host=host).exposure_warning() is not None) == warned
     assert ServeConfig(host=host, auth_key_env="K").exposure_warning() is None
+
+
+NAMES = st.text(alphabet="abcdefgh_", min_size=1, max_size=6)
+LEAVES = st.sampled_from([{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"enum": ["a", "b"]}])
+
+
+@settings(max_examples=50, deadline=None)
+@given(defs=st.dictionaries(NAMES, LEAVES, min_size=1, max_size=5), base=st.sampled_from(
+    ["https://example.com/schemas/", "urn:example:", "https://h.org/a/b/"]))
+def test_refs_through_ids_become_local_pointers(defs, base):
+    """A schema whose $refs name definitions by their $id resolves to the same schema written with #/$defs pointers."""
+    from memagent.engines.json_schema import resolve_refs
+
+    by_id = {"$id": base + "root", "type": "object",
+             "properties": {n: {"$ref": base + n} for n in defs},
+             "$defs": {n: {"$id": base + n, **leaf} for n, leaf in defs.items()}}
+    local = {"type": "object", "properties": {n: {"$ref": f"#/$defs/{n}"} for n in defs}, "$defs": defs}
+    assert resolve_refs(by_id) == local

@@ -256,7 +256,8 @@ class TransformersEngine(Engine):
         capacity = prompt_len + longest + spec.max_draft + 1 + holes
         cache, prefix_mask = self._prefill(batch, prompt_len, capacity)
         rows = [Row(r.prompt_ids, r.params.max_tokens, r.params.temperature, r.params.top_p, r.params.logprobs,
-                    r.constraint, self._generator(r.params.seed), r.future.cancelled, r.on_tokens) for r in batch]
+                    r.constraint, generator=self._generator(r.params.seed), abandoned=r.future.cancelled,
+                    on_tokens=r.on_tokens) for r in batch]
         loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
         loop.run(rows, cache, prefix_mask)
         self.stats.batch_sizes.append(len(batch))
