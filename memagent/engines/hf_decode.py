@@ -195,8 +195,6 @@ class DecodeLoop:
                     trackers[i][j].record(observed, agreed)
                     self._global(drafters[i][j].name).record(observed, agreed)
                 kept = self._finish(r, kept)
-                if r.on_tokens is not None:
-                    r.on_tokens(kept)
                 history[i] = np.concatenate([history[i], np.asarray(kept, dtype=np.int64)])
                 for d in drafters[i]:
                     d.observe(history[i], len(kept))
@@ -302,7 +300,8 @@ class DecodeLoop:
         return out
 
     def _finish(self, r: Row, kept: list[int]) -> list[int]:
-        """Append ``kept`` to the reply up to EOS / the limit / a finished constraint; mark done."""
+        """Append ``kept`` to the reply up to EOS / the limit / a finished constraint (or an abandoned
+        row); mark done; hand what was kept to ``on_tokens``."""
         for j, tok in enumerate(kept):
             if r.constraint is not None:
                 r.constraint.accept(tok)
@@ -312,5 +311,8 @@ class DecodeLoop:
                 r.stopped, r.done = stop, True
                 if r.logprobs:
                     del r.token_logprobs[len(r.tokens):]
-                return kept[: j + 1]
+                kept = kept[: j + 1]
+                break
+        if r.on_tokens is not None:
+            r.on_tokens(kept)
         return kept
