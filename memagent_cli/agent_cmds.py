@@ -77,13 +77,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("serve runs a local engine: use --engine hf or vllm (openai would only proxy)")
     server = build(ServeConfig, args._serve_flags.values(args), "server options")
     server.auth_key()  # an unset key variable fails before the model loads
+    if warning := server.exposure_warning():
+        print(warning, file=sys.stderr)
+    agent = agent_config(args)  # how the memagent model reads
     engine = make_engine(config)
     if args.served_model:  # the name we serve under, not an endpoint's
         engine.name = args.served_model
     key = f" (clients send the key in ${server.auth_key_env})" if server.auth_key_env else ""
     print(f"serving {engine.name!r} ({config.engine}, context window {engine.context_window} tokens) "
           f"at http://{server.host}:{server.port}/v1{key}", file=sys.stderr)
-    serve(engine, server)
+    if server.memagent_model:
+        print(f"also serving the memory agent as {server.memagent_model!r}", file=sys.stderr)
+    serve(engine, server, agent)
     return 0
 
 
@@ -102,5 +107,6 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     from memagent.serve import ServeConfig
 
     srv.set_defaults(_serve_flags=add_model_flags(srv, ServeConfig, "server"))
+    add_agent_flags(srv)
     add_engine_flags(srv)
     srv.set_defaults(func=cmd_serve)

@@ -172,7 +172,7 @@ def test_prompt_over_the_window_is_a_clear_4xx_without_retry(server_url, tokeniz
     ("body", "message"),
     [
         ({"messages": HELLO, "n": 2}, "n: Input should be less than or equal to 1"),
-        ({"messages": HELLO, "stream": True}, "stream=true is not supported"),
+        ({"messages": HELLO, "top_logprobs": 2}, "top_logprobs: Input should be less than or equal to 0"),
         ({"messages": []}, "messages: List should have at least 1 item"),
         ({"messages": HELLO, "max_tokens": 0}, "max_tokens: Input should be greater than 0"),
         ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "needs json_schema"),

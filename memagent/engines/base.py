@@ -32,6 +32,9 @@ class SamplingParams:
     # engines decode under a grammar (hf: memagent.engines.constraint), vLLM's structured
     # outputs, or an OpenAI ``response_format``; the reply then always parses.
     json_schema: str | None = None
+    # Sampling seed of this request (None: the engine's shared RNG): the same seeded request
+    # samples the same reply (hf: a generator of its own per row; vLLM: its per-request seed).
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:

@@ -6,34 +6,13 @@ no whitespace: tokens go to values, not indentation) and its keys come in the sc
 (optional ones may be left out). A record type's per-chunk reply is an array of such objects
 (``tests/test_grammar.py`` decodes both with a random model).
 
-**Library choice, by measurement** (the method of ``benchmarks/grammar.py``, which reruns it: one
-process per library, 1 torch thread). The packaged model's tokenizer (``smollm2-135m``, 49,152 tokens), a 5-field extraction
-schema (string, date, number, enum, array of strings), compact separators, a 52-token valid reply
-fed token by token (the mask computed and applied to a ``[V]`` logits row before each token; 5
-passes after a warm-up). This CPU (2 cores AVX2), shared: load average during each run in the
-last column; peak RSS includes torch and transformers (~370 MB):
-
-====================  =======  ==========  ======================  ======  =========================
-library               compile  tokenizer   mask per token          peak    install; load during run
-                               (once)      mean / p50 / max        RSS
-====================  =======  ==========  ======================  ======  =========================
-llguidance 1.9.1      0.039 s  3.8 s       1.33 / 0.25 / 24 ms     404 MB  7.7 MB, no deps; load 3-5
-xgrammar 0.2.9        0.037 s  1.9 s       0.81 / 0.32 / 13 ms     387 MB  16 MB + triton (1.04 GB,
-                                                                           a required dependency on
-                                                                           Linux x86-64 that a CPU
-                                                                           job never uses); load 6-9
-outlines-core 0.2.14  2.2 s    2.8 s       54 / 32 / - ms          377 MB  5.3 MB (+ outlines' own
-                                                                           deps); load 9-11
-====================  =======  ==========  ======================  ======  =========================
-
-llguidance and xgrammar are equally fast here (the means differ less than the load between the
-runs does; the medians favour llguidance) and both really enforce ``format: date`` (both refuse
-2021-13-01 and 2021-02-31); outlines-core compiles 50x slower and masks 40x slower. llguidance
-wins on install cost (7.7 MB against 1 GB) and is vLLM's ``guidance`` structured-outputs backend,
-which the vllm engine selects (memagent/engines/vllm.py): hf and vLLM decode under the same
-grammar library. A matcher for a new reply is a ``deep_copy`` of a cached, warmed one
-(0.02-0.04 ms); its first mask takes 0.3-0.7 ms. Works with llguidance 1.7 (vLLM 0.29 pins
-``<1.8``) as with 1.9.
+**Library: llguidance**, chosen by measurement against xgrammar and outlines-core (the figures
+and the method, ``benchmarks/grammar.py``, are in benchmarks/README.md, "Constrained decoding"):
+as fast as xgrammar, 1 GB lighter to install, and vLLM's ``guidance`` structured-outputs backend,
+which the vllm engine selects, so hf and vLLM decode under the same grammar library. A matcher
+for a new reply is a ``deep_copy`` of a cached, warmed one. Works with llguidance 1.7 (vLLM 0.29
+pins ``<1.8``) as with 1.9. Schemas reach it with every ``$ref`` a local pointer
+(:func:`~memagent.engines.json_schema.resolve_refs`: references through an ``$id`` resolved).
 
 Caches: the llguidance tokenizer per (tokenizer, vocabulary size), the compiled matcher per
 (schema text, tokenizer); both are small and bounded.

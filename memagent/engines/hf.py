@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
@@ -103,6 +103,7 @@ class _Request:
     params: SamplingParams
     future: asyncio.Future
     constraint: TokenConstraint | None = None
+    on_tokens: Callable[[list[int]], None] | None = None
 
 
 class TransformersEngine(Engine):
@@ -165,14 +166,17 @@ class TransformersEngine(Engine):
 
     # -- public API -------------------------------------------------------------------------
 
-    async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
+    async def chat(self, messages: Messages, params: SamplingParams, *,
+                   on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
+        """The reply; ``on_tokens`` (optional) is called from the decode thread with each step's new
+        tokens as they are kept (streaming; not for sliding-window models, which decode in one call)."""
         prompt_ids = self.encode_chat(messages)
         self.check_window(len(prompt_ids), params.max_tokens)
         constraint = self._constraint(params.json_schema) if params.json_schema is not None else None
         self._ensure_worker()
         assert self._queue is not None
         future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Request(prompt_ids, params, future, constraint))
+        await self._queue.put(_Request(prompt_ids, params, future, constraint, on_tokens))
         return await future
 
     def _constraint(self, schema_json: str) -> TokenConstraint:
@@ -248,12 +252,19 @@ class TransformersEngine(Engine):
         capacity = prompt_len + longest + spec.max_draft + 1 + holes
         cache, prefix_mask = self._prefill(batch, prompt_len, capacity)
         rows = [Row(r.prompt_ids, r.params.max_tokens, r.params.temperature, r.params.top_p, r.params.logprobs,
-                    r.constraint) for r in batch]
+                    r.constraint, generator=self._generator(r.params.seed), abandoned=r.future.cancelled,
+                    on_tokens=r.on_tokens) for r in batch]
         loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
         loop.run(rows, cache, prefix_mask)
         self.stats.batch_sizes[len(batch)] += 1
         return [self._completion(r.prompt_ids, row.tokens, row.stopped, row.token_logprobs if row.logprobs else None,
                                  row) for r, row in zip(batch, rows)]
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        """A seeded request's own RNG, on the device that samples (None: the loop's shared one)."""
+        if seed is None:
+            return None
+        return torch.Generator(device=self.model.device).manual_seed(seed)
 
     def _completion(self, prompt_ids: list[int], tokens: list[int], stopped: bool, logprobs: list[float] | None,
                     row: Row | None = None) -> Completion:

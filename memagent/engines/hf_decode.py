@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,6 +99,9 @@ class Row:
     top_p: float = 1.0
     logprobs: bool = False
     constraint: TokenConstraint | None = None
+    generator: torch.Generator | None = None  # a seeded request's own RNG (None: the loop's)
+    abandoned: Callable[[], bool] | None = None  # True once nobody awaits the reply: the row stops
+    on_tokens: Callable[[list[int]], None] | None = None  # called with each step's kept tokens (streaming)
     # Filled by the loop:
     tokens: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -294,7 +298,8 @@ class DecodeLoop:
             elif r.temperature == 0:
                 kept = [int(row_logits[0].argmax())]
             else:
-                kept = accept_sampled(drafts[i], sampling_probs(row_logits, r.temperature, r.top_p), self.generator)
+                kept = accept_sampled(drafts[i], sampling_probs(row_logits, r.temperature, r.top_p),
+                                      r.generator or self.generator)
             if r.logprobs:  # the model's log-probs (before any constraint mask), as without speculation
                 temp = r.temperature if r.temperature > 0 else 1.0
                 logp = torch.log_softmax(logits[i, : len(kept)].float() / temp, dim=-1)
@@ -303,15 +308,19 @@ class DecodeLoop:
         return out
 
     def _finish(self, r: Row, kept: list[int]) -> list[int]:
-        """Append ``kept`` to the reply up to EOS / the limit / a finished constraint; mark done."""
+        """Append ``kept`` to the reply up to EOS / the limit / a finished constraint (or an abandoned
+        row); mark done; hand what was kept to ``on_tokens``."""
         for j, tok in enumerate(kept):
             if r.constraint is not None:
                 r.constraint.accept(tok)
             r.tokens.append(tok)
             stop = tok in self.eos_ids or (r.constraint is not None and r.constraint.is_finished())
-            if stop or len(r.tokens) >= r.max_tokens:
+            if stop or len(r.tokens) >= r.max_tokens or (r.abandoned is not None and r.abandoned()):
                 r.stopped, r.done = stop, True
                 if r.logprobs:
                     del r.token_logprobs[len(r.tokens):]
-                return kept[: j + 1]
+                kept = kept[: j + 1]
+                break
+        if r.on_tokens is not None:
+            r.on_tokens(kept)
         return kept

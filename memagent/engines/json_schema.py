@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin
 
 MAX_STRING_CHARS = 200  # a free-text value longer than this is a loop, not an extraction
 MAX_ARRAY_ITEMS = 20
@@ -55,12 +56,82 @@ def _bound(node: Any) -> None:
         node.setdefault("additionalProperties", False)
         for sub in (node.get("properties") or {}).values():
             _bound(sub)
+    # Subschemas reached through $ref or a choice (a tool's parameters, a pydantic model's $defs).
+    for sub in (node.get("$defs") or {}).values():
+        _bound(sub)
+    for key in ("anyOf", "oneOf", "allOf"):
+        for sub in node.get(key) or []:
+            _bound(sub)
+
+
+def _escape(key: Any) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _resources(schema: Any) -> tuple[dict[str, str], list[tuple[dict, str, str]]]:
+    """The schema's resources (``$id`` and ``$anchor`` URIs -> JSON pointer) and its ``$ref`` s
+    (the node, its base URI, its location), walking iteratively."""
+    ids: dict[str, str] = {}
+    refs: list[tuple[dict, str, str]] = []
+    stack = [(schema, "", "")]
+    while stack:
+        node, base, at = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("$id"), str):
+                base = urldefrag(urljoin(base, node["$id"]))[0]
+                ids[base] = at
+            if isinstance(node.get("$anchor"), str):
+                ids[f"{base}#{node['$anchor']}"] = at
+            if isinstance(node.get("$ref"), str):
+                refs.append((node, base, at))
+            stack.extend((v, base, f"{at}/{_escape(k)}") for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, base, f"{at}/{i}") for i, v in enumerate(node))
+    return ids, refs
+
+
+def resolve_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` whose every ``$ref`` is a local JSON pointer (``#/...``): references
+    through an ``$id`` (absolute or relative) or an ``$anchor`` are resolved, and the ``$id`` s
+    dropped, so that a grammar compiler and a cycle check see one document.
+
+    Raises ``ValueError`` naming a ``$ref`` that points outside the schema (nothing is fetched).
+    """
+    out = copy.deepcopy(schema)
+    ids, refs = _resources(out)
+    for node, base, at in refs:
+        uri, fragment = urldefrag(urljoin(base, node["$ref"]))
+        fragment = unquote(fragment)
+        if uri == "" or uri in ids:
+            root = ids.get(uri, "")
+            if fragment == "" or fragment.startswith("/"):
+                node["$ref"] = "#" + root + fragment
+                continue
+            if f"{uri}#{fragment}" in ids:
+                node["$ref"] = "#" + ids[f"{uri}#{fragment}"]
+                continue
+        raise ValueError(f"$ref {node['$ref']!r} at #{at}: not found in this schema (no $id or $anchor names it; "
+                         "remote schemas are not fetched)")
+    _drop_ids(out)
+    return out
+
+
+def _drop_ids(schema: Any) -> None:
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            node.pop("$id", None)
+            node.pop("$anchor", None)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
     """The JSON Schema the engines constrain to (see the module docstring); the input is not changed.
 
-    Raises ``ValueError`` when ``schema`` is not a JSON object.
+    Raises ``ValueError`` when ``schema`` is not a JSON object or a ``$ref`` points outside it.
     """
     if isinstance(schema, str):
         try:
@@ -69,6 +140,6 @@ def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"json_schema is not valid JSON: {exc}") from None
     if not isinstance(schema, dict):
         raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-    out = copy.deepcopy(schema)
+    out = resolve_refs(schema)
     _bound(out)
     return out

@@ -1,0 +1,232 @@
+"""The FastAPI app of ``memagent serve``: its routes, its error shape, and :func:`serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
+
+from memagent.config import AgentConfig
+from memagent.engines.base import Engine
+from memagent.serve.chat import EngineModel, Event, Reply
+from memagent.serve.guard import AccessLogRedactor, Guard, check_unicode
+from memagent.serve.protocol import APIError, ChatRequest, completion_body
+from memagent.serve.streaming import sse
+
+log = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
+ROUTES = "GET /health, GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions"
+
+
+class ServeConfig(BaseModel):
+    """Where ``memagent serve`` listens and what it accepts from a client."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Interface to listen on (127.0.0.1: this machine only; 0.0.0.0: "
+                      "every interface, so set --auth-key-env)")
+    port: int = Field(8000, gt=0, le=65535, description="TCP port.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="uvicorn's log level.")
+    auth_key_env: str | None = Field(
+        None, description="Environment variable holding the key clients must send as `Authorization: Bearer KEY` "
+        "(every path but /health; unset: no key asked). Not --api-key-env, the key the openai engine sends upstream")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body in bytes (a larger one is "
+                                "a 413); a prompt filling a 128K-token window is about 0.5-1 MB of JSON.")
+    max_tokens: int = Field(4096, gt=0, description="Most completion tokens a request may ask for (max_tokens above "
+                            "it is a 400); also the default when it asks none (within the context window).")
+    memagent_model: str | None = Field(
+        "memagent", description="Also serve the memory agent under this model id: the conversation before the last "
+        "user message is the document, the last user message the question (any length). Empty: not served.")
+
+    def auth_key(self) -> str | None:
+        """The key clients must send, read from the environment once; unset or empty is an error."""
+        if self.auth_key_env is None:
+            return None
+        key = os.environ.get(self.auth_key_env, "")
+        if not key.strip():
+            raise ValueError(f"--auth-key-env {self.auth_key_env}: that environment variable is unset or empty")
+        return key
+
+    def exposure_warning(self) -> str | None:
+        """A warning when the server listens beyond this machine without a key, else None."""
+        if self.auth_key_env is not None or self.host == "localhost":
+            return None
+        try:
+            if ipaddress.ip_address(self.host).is_loopback:
+                return None
+        except ValueError:
+            pass
+        return (f"warning: serving on {self.host} without --auth-key-env: anyone who can reach this port can use "
+                "the model; set --auth-key-env or listen on 127.0.0.1")
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return f"{'.'.join(loc) or 'body'}: {msg}", (loc[0] if loc else None)
+
+
+def parse_body(raw: bytes) -> ChatRequest:
+    """The request, or a 400 naming what is wrong with the body (not UTF-8, not JSON, too deep, a field)."""
+    try:
+        body = json.loads(raw.decode("utf-8", errors="surrogatepass"))
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"request body is not UTF-8 (byte {exc.start})", code="invalid_body") from None
+    except json.JSONDecodeError as exc:
+        raise APIError(400, f"request body is not JSON: {exc}", code="invalid_body") from None
+    except RecursionError:
+        raise APIError(400, "request body nested too deeply", code="invalid_body") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}", code="invalid_body")
+    check_unicode(body)
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        message, param = _validation_message(exc)
+        raise APIError(400, message, param=param) from None
+
+
+async def _collect(events: AsyncIterator[Event]) -> Reply:
+    async for kind, value in events:
+        if kind == "reply":
+            return value
+    raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
+
+
+async def _unless_disconnected(request: Request, work: Any) -> Reply:
+    """Await ``work``, cancelling it when the client goes away (a timed-out client retries: without
+    this, an overloaded server would go on generating every abandoned copy)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client closed the request", code="client_closed_request")
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+
+
+def _install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return APIError(404, f"{request.method} {request.url.path} is not an endpoint of this server ({ROUTES})",
+                            code="unknown_endpoint").response()
+        if exc.status_code == 405:
+            return APIError(405, f"{request.method} is not allowed on {request.url.path} ({ROUTES})",
+                            code="method_not_allowed").response()
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Still JSON in OpenAI's shape; the details (a traceback, a parser's state) stay in the server log.
+        log.error("request failed: %s", type(exc).__name__, exc_info=exc)
+        return APIError(500, "the engine failed; details are in the server log", type="server_error").response()
+
+
+def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engine: bool = True,
+               agent: AgentConfig | None = None) -> FastAPI:
+    """The FastAPI app serving ``engine`` (and the memory agent over it, reading with ``agent``:
+    default the paper's budgets) behind ``config``'s guards; it closes the engine on shutdown
+    unless told not to. An unset ``auth_key_env`` variable is a ValueError."""
+    config = config or ServeConfig()
+    key = config.auth_key()
+    redactor = AccessLogRedactor(key)
+    models: dict[str, Any] = {engine.name: EngineModel(engine, config.max_tokens)}
+    if config.memagent_model and config.memagent_model != engine.name:
+        from memagent.serve.memagent_model import MemAgentModel
+
+        models[config.memagent_model] = MemAgentModel(engine, config.max_tokens, agent)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Added once the server has configured logging (uvicorn sets its loggers up before this).
+        access = logging.getLogger("uvicorn.access")
+        access.addFilter(redactor)
+        try:
+            yield
+        finally:
+            access.removeFilter(redactor)
+            if close_engine:
+                await engine.close()
+
+    app = FastAPI(title="memagent OpenAI-compatible server", lifespan=lifespan)
+    app.state.engine = engine
+    app.add_middleware(Guard, key=key, max_body_bytes=config.max_body_bytes)  # outermost: before parsing
+    _install_handlers(app)
+    _routes(app, engine, models)
+    return app
+
+
+def _card(name: str, engine: Engine) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "memagent", "max_model_len": engine.context_window}
+
+
+def _routes(app: FastAPI, engine: Engine, models: dict[str, Any]) -> None:
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [_card(name, engine) for name in models]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        if model_id not in models:
+            raise _unknown_model(model_id, models)
+        return _card(model_id, engine)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        req = parse_body(await request.body())
+        name = req.model or engine.name
+        if name not in models:
+            raise _unknown_model(name, models)
+        model = models[name]
+        prepared = await model.prepare(req)
+        if req.stream:
+            include = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(sse(model.events(req, prepared), name, include), media_type="text/event-stream")
+        reply = await _unless_disconnected(request, _collect(model.events(req, prepared)))
+        return completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs,
+                               **reply.extra)
+
+
+def _unknown_model(name: str, models: dict[str, Any]) -> APIError:
+    return APIError(404, f"The model `{name}` does not exist; this server serves "
+                    f"{', '.join(f'`{m}`' for m in models)}.", param="model", code="model_not_found")
+
+
+def serve(engine: Engine, config: ServeConfig | None = None, agent: AgentConfig | None = None) -> None:
+    """Serve ``engine`` (and the memory agent reading with ``agent``) with uvicorn until interrupted."""
+    import uvicorn
+
+    config = config or ServeConfig()
+    if warning := config.exposure_warning():
+        log.warning(warning)
+    uvicorn.run(create_app(engine, config, agent=agent), host=config.host, port=config.port, log_level=config.log_level)

@@ -1,0 +1,204 @@
+"""The served engine as a chat model: a request -> the engine's messages and decoding -> a :class:`Reply`.
+
+Both served models (this one and :mod:`memagent.serve.memagent_model`) produce the same events,
+so the app answers them alike, whole or streamed: ``("reasoning", text)`` and ``("content", text)``
+(pieces as they are decoded) any number of times, then one ``("reply", Reply)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from memagent.engines.base import Completion, Engine, SamplingParams
+from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
+from memagent.serve import tools
+from memagent.serve.guard import check_schema
+from memagent.serve.protocol import APIError, ChatRequest, usage
+
+LARGE_PROMPT_CHARS = 256 * 1024  # prompts longer than this are tokenised one at a time
+
+# OpenAI's JSON mode as a schema: any JSON object, its keys and values bounded like render_schema's
+# (keys of at most MAX_KEY_CHARS, strings, arrays, number digits), so that a model caught in a loop
+# cannot spend the whole budget inside one key or value. The $defs recursion is optional (an
+# object may be empty), so the grammar is finite. (llguidance has no propertyNames; a pattern
+# property with additionalProperties false bounds the keys.)
+MAX_KEY_CHARS = 64
+_MEMBERS = {"patternProperties": {f"^.{{0,{MAX_KEY_CHARS}}}$": {"$ref": "#/$defs/value"}}, "additionalProperties": False}
+_VALUE = {"anyOf": [
+    {"type": "string", "maxLength": MAX_STRING_CHARS},
+    {"type": "number", "minimum": -MAX_MAGNITUDE, "maximum": MAX_MAGNITUDE, "multipleOf": NUMBER_STEP},
+    {"type": "boolean"}, {"type": "null"},
+    {"type": "array", "items": {"$ref": "#/$defs/value"}, "maxItems": MAX_ARRAY_ITEMS},
+    {"type": "object", **_MEMBERS}]}
+JSON_OBJECT_SCHEMA = {"type": "object", **_MEMBERS, "$defs": {"value": _VALUE}}
+
+Event = tuple[str, Any]  # ("reasoning", str), ("content", str) or ("reply", Reply)
+
+
+@dataclass
+class Reply:
+    """One answer, before it is written as a completion or as chunks."""
+
+    content: str | None
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    tool_calls: list[dict[str, Any]] | None = None
+    logprobs: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # top-level extension fields (the memagent trace)
+    reasoning: str | None = None  # the memagent model's memory updates
+
+    def message(self) -> dict[str, Any]:
+        message = {"role": "assistant", "content": self.content, "tool_calls": self.tool_calls}
+        if self.reasoning is not None:  # both names clients read (DeepSeek/LiteLLM; vLLM/OpenRouter)
+            message |= {"reasoning_content": self.reasoning, "reasoning": self.reasoning}
+        return message
+
+    def usage(self) -> dict[str, int]:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+
+def check_supported(req: ChatRequest) -> str | None:
+    """The constrained-decoding schema of ``response_format`` (JSON text, None for text); 400 for
+    what the engines cannot do."""
+    rf = req.response_format
+    if rf and rf.type == "json_schema":
+        if not rf.json_schema:
+            raise APIError(400, "response_format of type json_schema needs json_schema: {name, schema}",
+                           param="response_format")
+        return json.dumps(check_schema(rf.json_schema.schema_, "response_format.json_schema.schema"))
+    if rf and rf.type == "json_object":
+        return json.dumps(JSON_OBJECT_SCHEMA)
+    return None
+
+
+def check_max_tokens(req: ChatRequest, cap: int) -> None:
+    """400 when the request asks for more completion tokens than the server's cap."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        asked = getattr(req, name)
+        if asked is not None and asked > cap:
+            raise APIError(400, f"{name} {asked} is over this server's limit of {cap} tokens (--max-tokens)",
+                           param=name, code="max_tokens_too_large")
+
+
+def _too_long(context_window: int, prompt_tokens: int, asked: int | None) -> APIError:
+    if asked:
+        said = (f"However, you requested {prompt_tokens + asked} tokens ({prompt_tokens} in the messages, {asked} in "
+                "the completion). Please reduce the length of the messages or completion.")
+    else:
+        said = (f"However, your messages resulted in {prompt_tokens} tokens, which leaves no room for the "
+                "completion. Please reduce the length of the messages.")
+    return APIError(400, f"This model's maximum context length is {context_window} tokens. {said}",
+                    param="messages", code="context_length_exceeded")
+
+
+def sampling(req: ChatRequest, prompt_tokens: int, context_window: int, cap: int | None,
+             schema: str | None) -> SamplingParams:
+    """Decoding settings; 400 in OpenAI's words when prompt + reply exceed the window."""
+    asked = req.max_completion_tokens or req.max_tokens
+    max_tokens = asked or context_window - prompt_tokens  # default: the rest of the window (within the cap)
+    if not asked and cap is not None:
+        max_tokens = min(max_tokens, cap)
+    if (asked and prompt_tokens + asked > context_window) or max_tokens < 1:
+        raise _too_long(context_window, prompt_tokens, asked)
+    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, logprobs=req.logprobs,
+                          json_schema=schema, seed=req.seed)
+
+
+def first_line(text: str, limit: int = 500) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "invalid request"
+    return line if len(line) <= limit else line[:limit] + " …"
+
+
+def _streams(engine: Engine) -> bool:
+    """Whether ``engine.chat`` takes ``on_tokens`` (the hf engine, for models without a sliding window)."""
+    return "on_tokens" in inspect.signature(engine.chat).parameters and not getattr(engine, "_sliding_window", False)
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str | None:
+    """``text`` up to the first stop sequence (excluded, as OpenAI does), or None when none occurs."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(hits)] if hits else None
+
+
+class EngineModel:
+    """The engine itself, served under its name."""
+
+    def __init__(self, engine: Engine, max_tokens: int):
+        self.engine, self.max_tokens = engine, max_tokens
+        self._one_large_prompt = asyncio.Semaphore(1)
+
+    async def count(self, messages: list[dict[str, str]]) -> int:
+        """Prompt tokens, in a thread (a multi-MB prompt takes seconds); large prompts one at a time,
+        so that many of them hold one core, not every core the event loop needs too."""
+        if sum(len(m["content"]) for m in messages) > LARGE_PROMPT_CHARS:
+            async with self._one_large_prompt:
+                return await asyncio.to_thread(self.engine.count_chat_tokens, messages)
+        return await asyncio.to_thread(self.engine.count_chat_tokens, messages)
+
+    async def prepare(self, req: ChatRequest) -> tuple[list[dict[str, str]], SamplingParams, tools.ToolPlan | None]:
+        """The engine's messages and decoding for ``req``; APIError for what cannot be served."""
+        schema = check_supported(req)
+        plan = tools.plan(req)
+        if plan is not None:
+            schema = json.dumps(plan.schema)
+        messages = tools.render_messages(req.messages, plan)
+        check_max_tokens(req, self.max_tokens)
+        try:
+            prompt_tokens = await self.count(messages)
+        except Exception as exc:  # a template that refuses a role or an order of messages
+            raise APIError(400, f"messages: the chat template refused them: {first_line(str(exc))}",
+                           param="messages") from None
+        return messages, sampling(req, prompt_tokens, self.engine.context_window, self.max_tokens, schema), plan
+
+    async def events(self, req: ChatRequest, prepared: tuple) -> AsyncIterator[Event]:
+        """("content", text) as the engine decodes (when it can stream and the text is final as it
+        comes: no tools, no stop sequences), then ("reply", Reply)."""
+        messages, params, plan = prepared
+        live = req.stream and plan is None and not req.stops() and _streams(self.engine)
+        tokens: asyncio.Queue[list[int] | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        kw = {"on_tokens": lambda ids: loop.call_soon_threadsafe(tokens.put_nowait, list(ids))} if live else {}
+        call = asyncio.ensure_future(self.engine.chat(messages, params, **kw))
+        call.add_done_callback(lambda _: tokens.put_nowait(None))
+        try:
+            ids: list[int] = []
+            sent = ""
+            while (new := await tokens.get()) is not None:
+                ids += new
+                text = self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+                if len(text) > len(sent) and text.startswith(sent) and not text.endswith("\ufffd"):
+                    yield "content", text[len(sent):]  # an incomplete UTF-8 character waits for its end
+                    sent = text
+            try:
+                c = call.result()
+            except ValueError as exc:  # the engine rejected this input: its first line, not a parser dump
+                raise APIError(400, first_line(str(exc))) from None
+            yield "reply", self._reply(req, c, plan)
+        finally:
+            call.cancel()  # a disconnect (the generator closed) abandons the decode
+
+    def _reply(self, req: ChatRequest, c: Completion, plan: tools.ToolPlan | None) -> Reply:
+        reply = Reply(c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens, logprobs=self._logprobs(c))
+        if plan is not None:
+            reply.content, reply.tool_calls = tools.parse_reply(c.text, plan)
+            if reply.tool_calls:
+                reply.finish_reason = "stop" if plan.mode == "named" else "tool_calls"
+        elif req.stops() and (cut := cut_at_stop(c.text, req.stops())) is not None:
+            reply.content, reply.finish_reason, reply.logprobs = cut, "stop", None
+            reply.completion_tokens = len(self.engine.tokenizer(cut, add_special_tokens=False)["input_ids"])
+        return reply
+
+    def _logprobs(self, c: Completion) -> dict[str, Any] | None:
+        if c.logprobs is None:
+            return None
+        ids = c.token_ids or []
+        tok = self.engine.tokenizer
+        tokens = [tok.decode([t]) for t in ids] if len(ids) == len(c.logprobs) else [""] * len(c.logprobs)
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                            for t, lp in zip(tokens, c.logprobs)]}

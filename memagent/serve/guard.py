@@ -1,0 +1,208 @@
+"""What stands between a client and the engine: the key, the body size, and hostile input.
+
+:class:`Guard` (ASGI, outermost) checks the key and the body size before anything is parsed;
+:class:`AccessLogRedactor` keeps keys out of the access log; :func:`check_unicode` and
+:func:`check_schema` turn text no tokenizer can encode and schemas no grammar can hold into a 400.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote, unquote
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from memagent.engines.json_schema import resolve_refs
+from memagent.serve.protocol import APIError
+
+OPEN_PATHS = frozenset({"/health"})  # answered without a key
+MAX_SCHEMA_DEPTH = 64  # schemas nested deeper than this are refused (no real schema is)
+MASK = "***"
+
+
+class AccessLogRedactor(logging.Filter):
+    """Masks keys in uvicorn's access log lines: every query-string value (a key sent as
+    ``?api_key=...`` is refused, but the line would still be written) and the configured key,
+    raw or percent-encoded, wherever it stands."""
+
+    def __init__(self, key: str | None = None):
+        super().__init__()
+        self._secrets = sorted({s for s in (key, quote(key or "", safe=""), quote(key or "")) if s}, key=len,
+                               reverse=True)
+
+    def redact(self, text: str) -> str:
+        path, sep, query = text.partition("?")
+        if sep:
+            query = "&".join(f"{p.partition('=')[0]}={MASK}" if "=" in p else MASK for p in query.split("&"))
+            text = f"{path}?{query}"
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.msg, str):
+            record.msg = self.redact(record.msg)
+        return True
+
+
+class Guard:
+    """ASGI middleware in front of the app: the key, then the body size, before anything is parsed.
+
+    The body is read here (at most ``max_body_bytes``) and replayed to the app; a client that
+    announces or sends more gets a 413 at once, without the server holding the rest.
+    """
+
+    def __init__(self, app: ASGIApp, *, key: str | None, max_body_bytes: int):
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self._key = key.encode() if key is not None else None
+
+    def _authorized(self, scope: Scope) -> bool:
+        header = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        # compare_digest: the time taken says nothing about how much of the key was right.
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self._key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            return await send_error(send, APIError(401, "missing or incorrect API key: send `Authorization: Bearer "
+                                                   "KEY`", code="invalid_api_key"), {b"www-authenticate": b"Bearer"})
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return await send_error(send, self._too_large(length.decode("latin-1")))
+        body = await self._read(receive, send)
+        if body is None:
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # the disconnect, when the client goes away
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None (a disconnect, or a 413 already sent)."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await send_error(send, self._too_large(f"more than {size}"))
+                return None
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self, size: str) -> APIError:
+        return APIError(413, f"request body of {size} bytes is over this server's limit of {self.max_body_bytes} "
+                        "bytes (--max-body-bytes)", code="request_too_large")
+
+
+async def send_error(send: Send, error: APIError, headers: dict[bytes, bytes] | None = None) -> None:
+    body = error.body()
+    head = {b"content-type": b"application/json", b"content-length": str(len(body)).encode(), **(headers or {})}
+    await send({"type": "http.response.start", "status": error.status, "headers": list(head.items())})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _walk(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """Every (path, value) of a JSON value, iteratively (a deeply nested one cannot overflow the stack)."""
+    stack = [(path, value)]
+    while stack:
+        path, value = stack.pop()
+        yield path, value
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield f"{path}.{k}", k  # keys are text too
+                stack.append((f"{path}.{k}", v))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}", v) for i, v in enumerate(value))
+
+
+def check_unicode(body: dict[str, Any]) -> None:
+    """400 for text that is not valid Unicode: JSON's ``\\ud800`` escape (or raw surrogate bytes,
+    which Python's JSON decoder lets through) is a lone surrogate that no tokenizer can encode."""
+    for path, value in _walk(body, "body"):
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                where = path.removeprefix("body.")
+                raise APIError(400, f"{where}: not valid Unicode text: a lone surrogate (\\u{ord(value[exc.start]):04x})"
+                               f" at character {exc.start}; send UTF-8 text", param=where.split(".")[0],
+                               code="invalid_unicode") from None
+
+
+def check_schema(schema: Any, where: str, param: str = "response_format") -> dict[str, Any]:
+    """The schema with every ``$ref`` a local pointer (:func:`resolve_refs`); 400 for one nested
+    deeper than MAX_SCHEMA_DEPTH, with a ``$ref`` outside it, or with a recursive ``$ref`` (a
+    definition that reaches itself through references: the grammar of its replies would be
+    infinite, and an unsatisfiable one makes the grammar parser fail mid-reply)."""
+    _local_refs(schema, where, param)  # the depth first: resolve_refs walks the whole schema
+    try:
+        schema = resolve_refs(schema)
+    except ValueError as exc:
+        raise APIError(400, f"{where}: {exc}", param=param, code="invalid_schema") from None
+    refs = _local_refs(schema, where, param)
+    # Definition T leads to U when a $ref to U stands inside T; a cycle is a recursive $ref.
+    edges = {t: sorted({u for at, u in refs if at == t or at.startswith(t + "/")}) for _, t in refs}
+    cycle = _cycle(edges)
+    if cycle:
+        shown = " -> ".join("#" + n for n in cycle)
+        raise APIError(400, f"{where}: recursive $ref ({shown}) is not supported: constrained decoding needs a "
+                       "schema of finite depth", param=param, code="invalid_schema")
+    return schema
+
+
+def _local_refs(schema: Any, where: str, param: str) -> list[tuple[str, str]]:
+    """(where each local ``$ref`` stands, the pointer it names), as JSON pointers with ``~0``/``~1``
+    kept escaped; 400 for nesting deeper than MAX_SCHEMA_DEPTH."""
+    refs: list[tuple[str, str]] = []
+    stack = [("", schema, 0)]
+    while stack:
+        at, node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise APIError(400, f"{where}: nested deeper than {MAX_SCHEMA_DEPTH} levels", param=param,
+                           code="invalid_schema")
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                refs.append((at, unquote(ref[1:])))
+            stack.extend((f"{at}/{str(k).replace('~', '~0').replace('/', '~1')}", v, depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{at}/{i}", v, depth + 1) for i, v in enumerate(node))
+    return refs
+
+
+def _cycle(edges: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of the graph ``edges`` (node -> successors) as [a, b, ..., a], or None (iterative DFS)."""
+    done: set[str] = set()
+    for start in edges:
+        if start in done:
+            continue
+        path, nexts = [start], [iter(edges[start])]
+        while path:
+            nxt = next(nexts[-1], None)
+            if nxt is None:
+                done.add(path.pop())
+                nexts.pop()
+            elif nxt in path:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in done:
+                path.append(nxt)
+                nexts.append(iter(edges.get(nxt, ())))
+    return None

@@ -1,0 +1,78 @@
+"""Server-sent events in OpenAI's ``chat.completion.chunk`` format.
+
+The first chunk carries the role; reasoning events (the memagent model's memory updates) follow
+as ``delta.reasoning_content`` and ``delta.reasoning`` (both names clients read); then the
+content (pieces as the engine decodes them, then whatever the final reply adds), or the tool calls as OpenAI sends them (the id, type and name first, then the arguments
+in pieces); then a chunk with ``finish_reason``; with ``stream_options.include_usage`` a last
+chunk with empty ``choices`` and the usage; then ``data: [DONE]``. An error once the stream has
+begun is an ``{"error": ...}`` event (as vLLM sends it). When the client goes away Starlette
+cancels this generator, and with it the decode it awaits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from memagent.serve.chat import Event, Reply
+from memagent.serve.protocol import APIError, chunk, completion_id
+
+log = logging.getLogger(__name__)
+
+PIECE_CHARS = 16  # content and arguments are sent in pieces of about this many characters
+
+
+def _sse(body: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)] or [""]
+
+
+def reply_deltas(reply: Reply, streamed: str = "") -> list[dict[str, Any]]:
+    """The deltas that spell ``reply`` after the role chunk and the content ``streamed`` so far."""
+    if reply.tool_calls:
+        deltas = []
+        for i, call in enumerate(reply.tool_calls):
+            head = {"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            deltas.append({"tool_calls": [head]})
+            deltas += [{"tool_calls": [{"index": i, "function": {"arguments": p}}]}
+                       for p in _pieces(call["function"]["arguments"])]
+        return deltas
+    content = reply.content or ""
+    rest = content[len(streamed):] if content.startswith(streamed) else content
+    return [{"content": p} for p in _pieces(rest)] if rest or not streamed else []
+
+
+async def sse(events: AsyncIterator[Event], model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    """The event stream of one request, as SSE bytes."""
+    cid, created = completion_id(), int(time.time())
+    yield _sse(chunk(cid, model, created, {"role": "assistant", "content": ""}))
+    streamed = ""
+    try:
+        async for kind, value in events:
+            if kind == "reasoning":
+                yield _sse(chunk(cid, model, created, {"reasoning_content": value, "reasoning": value}))
+                continue
+            if kind == "content":
+                streamed += value
+                yield _sse(chunk(cid, model, created, {"content": value}))
+                continue
+            for delta in reply_deltas(value, streamed):
+                yield _sse(chunk(cid, model, created, delta))
+            last = chunk(cid, model, created, {}, value.finish_reason)
+            last.update(value.extra)
+            yield _sse(last)
+            if include_usage:
+                yield _sse(chunk(cid, model, created, None, use=value.usage()))
+    except APIError as exc:
+        yield _sse(exc.payload())
+    except Exception:
+        log.exception("streamed chat completion failed")
+        yield _sse(APIError(500, "the engine failed; details are in the server log", type="server_error").payload())
+    yield b"data: [DONE]\n\n"
