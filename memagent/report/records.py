@@ -8,6 +8,15 @@ the compact data the page embeds under ``records``: the columns (item leaves, do
 objects) and per record its values as text and its snippets: windows of the document around its
 spans (close spans share one window), each span marked with the field it grounds. The page
 (``assets/report.js``) sorts, filters and shows them; every value is escaped there.
+
+The page is bounded whatever the records hold: a value is cut at :data:`VALUE_CHARS` and a
+snippet at :data:`SNIPPET_MAX_CHARS`, each with a visible ``…(N more characters)`` mark, and a
+type embeds records until :data:`MAX_RECORDS_PER_TYPE` or :data:`MAX_RECORD_DATA_CHARS` of
+values and snippets (the page shows the type's total beside what it embeds).
+
+Snippets need the documents' texts, which the caller reads after the records (a text is read,
+never kept): :func:`records_view` leaves ``sn`` empty without ``contexts``, and
+:func:`snippets_wanted` / :func:`add_snippets` fill it one document at a time.
 """
 
 from __future__ import annotations
@@ -16,12 +25,14 @@ import datetime as dt
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from memagent.report.fields import is_int
+from memagent.report.fields import VALUE_CHARS, cap, is_int
 from memagent.result_schema import RECORD_COLUMNS
 
 RECORD_SNIPPET_CHARS = 80  # document text kept either side of a record's span (or group of close spans)
 MAX_RECORD_SNIPPETS = 6  # windows per record; further spans are listed, not shown
 MAX_RECORDS_PER_TYPE = 20_000  # records embedded per type (the page says when there are more)
+SNIPPET_MAX_CHARS = 2 * RECORD_SNIPPET_CHARS + VALUE_CHARS  # one window's text (a long span is cut)
+MAX_RECORD_DATA_CHARS = 8_000_000  # values' characters embedded per type (about 8 MB of page)
 
 
 def _leaves(value: Any, prefix: str) -> Iterable[tuple[str, Any]]:
@@ -43,8 +54,8 @@ def _text(value: Any) -> str | int | float | None:
     if isinstance(value, (dt.date, dt.datetime)):
         return value.isoformat()
     if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value)
-    return str(value)
+        return cap(", ".join(str(v) for v in value))
+    return cap(str(value))
 
 
 def _int(x: Any) -> int | None:
@@ -70,35 +81,69 @@ def record_snippets(context: str | None, evidence: Sequence[Mapping[str, Any]] |
     for group in groups[:MAX_RECORD_SNIPPETS]:
         lo = max(0, group[0][0] - pad)
         hi = min(len(context), max(e for _, e, _ in group) + pad)
-        out.append([lo, context[lo:hi], [[s - lo, e - lo, f] for s, e, f in group]])
+        text = context[lo:hi]
+        if len(text) > SNIPPET_MAX_CHARS:
+            text = cap(text, SNIPPET_MAX_CHARS)
+        out.append([lo, text, [[s - lo, min(e - lo, SNIPPET_MAX_CHARS), f] for s, e, f in group
+                               if s - lo < SNIPPET_MAX_CHARS]])
     return out
 
 
-def records_view(name: str, rows: Sequence[Mapping[str, Any]], contexts: Mapping[str, str],
-                 limit: int = MAX_RECORDS_PER_TYPE) -> dict[str, Any]:
+def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's leaves by dotted path (the first of two leaves with one path wins; the schema refuses such names)."""
+    values: dict[str, Any] = {}
+    for key, value in row.items():
+        if key not in RECORD_COLUMNS:
+            for path, leaf in _leaves(value, key):
+                values.setdefault(path, leaf)
+    return values
+
+
+def _size(values: Iterable[Any]) -> int:
+    return sum(len(v) if isinstance(v, str) else 8 for v in values)
+
+
+def records_view(name: str, rows: Sequence[Mapping[str, Any]], contexts: Mapping[str, str] | None = None,
+                 limit: int = MAX_RECORDS_PER_TYPE, budget: int = MAX_RECORD_DATA_CHARS) -> dict[str, Any]:
     """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
-    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``."""
+    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``.
+    Rows are embedded up to ``limit`` records and ``budget`` characters of values; ``sn`` is empty
+    without ``contexts`` (see :func:`add_snippets`)."""
     cols: list[str] = []
     flat: list[dict[str, Any]] = []
     for row in rows[:limit]:
-        values: dict[str, Any] = {}
-        for key, value in row.items():
-            if key in RECORD_COLUMNS:
-                continue
-            for path, leaf in _leaves(value, key):
-                if path not in values:
-                    values[path] = leaf
-                    if path not in cols:
-                        cols.append(path)
+        values = {path: _text(leaf) for path, leaf in _flat(row).items()}
+        budget -= _size(values.values())
+        if budget < 0 and flat:
+            break
+        cols.extend(p for p in values if p not in cols)
         flat.append(values)
     out_rows = []
     for row, values in zip(rows, flat):
         doc = str(row.get("id"))
-        out_rows.append({"d": doc, "i": _int(row.get("record_index")), "v": [_text(values.get(c)) for c in cols],
+        out_rows.append({"d": doc, "i": _int(row.get("record_index")), "v": [values.get(c) for c in cols],
                          "m": _int(row.get("mentions")), "fc": _int(row.get("first_chunk")),
                          "lc": _int(row.get("last_chunk")),
-                         "sn": record_snippets(contexts.get(doc), row.get("record_evidence"))})
+                         "sn": record_snippets((contexts or {}).get(doc), row.get("record_evidence"))})
     return {"name": name, "cols": cols, "rows": out_rows, "total": len(rows)}
+
+
+Wanted = dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]
+
+
+def snippets_wanted(view: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], wanted: Wanted) -> None:
+    """Add to ``wanted`` (document id -> its embedded rows with their spans) the rows of ``view``,
+    which :func:`records_view` made from ``rows``: all that is kept of a record to cut its snippets."""
+    for out, row in zip(view["rows"], rows):
+        spans = [{k: ev.get(k) for k in ("field", "char_start", "char_end")}
+                 for ev in row.get("record_evidence") or () if isinstance(ev, Mapping)]
+        wanted.setdefault(out["d"], []).append((out, spans))
+
+
+def add_snippets(wanted: Wanted, doc: str, context: Any) -> None:
+    """Cut the snippets of document ``doc``'s records (taken out of ``wanted``) from its text."""
+    for out, spans in wanted.pop(doc, ()):
+        out["sn"] = record_snippets(context if isinstance(context, str) else None, spans)
 
 
 def schema_record_types(config: str | Mapping[str, Any] | None) -> list[str]:
