@@ -28,6 +28,7 @@ import uuid
 from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -128,6 +129,24 @@ def read_records(output: str, record_type: str, s3: S3Options | None = None,
                     if unified is not None else table.schema
     if not tables:
         return pa.table({})
+    return _sorted_concat(tables)
+
+
+def _one_document(table: pa.Table) -> str | None:
+    """The id of a table holding one document's records in ``record_index`` order (else None)."""
+    ids, index = table.column("id"), table.column("record_index")
+    if len(table) == 0 or len(ids.unique()) != 1 or index.null_count:
+        return None
+    return ids[0].as_py() if len(table) == 1 or pc.all(pc.less(index[:-1], index[1:])).as_py() else None
+
+
+def _sorted_concat(tables: list[pa.Table]) -> pa.Table:
+    """The tables as one, sorted by ``(id, record_index)``: each file holds one document's records in
+    order, so ordering the files is enough (concatenation copies nothing); a sort only otherwise."""
+    ids = [_one_document(t) for t in tables]
+    if None not in ids and len(set(ids)) == len(ids):
+        return pa.concat_tables([t for _, t in sorted(zip(ids, tables), key=lambda p: p[0])],
+                                promote_options="permissive")
     table = pa.concat_tables(tables, promote_options="permissive")
     return table.sort_by([("id", "ascending"), ("record_index", "ascending")]) if len(table) else table
 

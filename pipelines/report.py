@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from memagent.report import html as rh
 from memagent.report.fields import fields_html, is_number, schema_fields
-from memagent.report.records import Wanted, add_snippets, records_view, schema_record_types, snippets_wanted
+from memagent.report.records import Wanted, add_snippets, records_view, schema_record_types
 from memagent.result_schema import RECORDS_FILE_COLUMN
 from pipelines import records_output, storage
 from pipelines.storage import S3Options
@@ -91,22 +91,24 @@ def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None =
     return views, meta
 
 
-def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options, config: Any,
-                      errors: list[str]) -> list[dict]:
+def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options,
+                      config: Any) -> tuple[list[dict], list[str]]:
     """The records view's data (:func:`memagent.report.records.records_view`) per record type of the
     schema in ``config``, from the committed records of the output, with the snippets of the records
-    shown; a records file that cannot be read is named in ``errors``."""
+    shown; and the records files that could not be read, one line each (printed as ``error:`` lines)."""
     types = schema_record_types(config)
     if not types:
-        return []
+        return [], []
     stems = records_output.committed_stems(fs, path)
-    views, wanted = [], {}
+    views, wanted, errors = [], {}, []
     for name in types:
-        rows = records_output.read_records(run, name, s3, stems, errors).to_pylist()
-        views.append(records_view(name, rows))
-        snippets_wanted(views[-1], rows, wanted)
+        table = records_output.read_records(run, name, s3, stems, errors)
+        rows = (row for batch in table.to_batches(max_chunksize=256) for row in batch.to_pylist())
+        views.append(records_view(name, rows, wanted=wanted))  # a batch of rows at a time as Python objects
     _cut_snippets(fs, path, wanted)
-    return views
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    return views, errors
 
 
 def _cut_snippets(fs: pafs.FileSystem, path: str, wanted: Wanted, batch_rows: int = 64) -> None:
@@ -212,10 +214,7 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
         if not views:
             raise ValueError(f"run {run!r}: no output rows (no readable Parquet files)")
         tps = [("tokens/s", _tokens_per_second(views, None, job_summary))]
-        errors: list[str] = []
-        record_views = read_record_views(fs, path, run, s3, meta.get("config"), errors)
-        for line in errors:
-            print(f"error: {line}", file=sys.stderr)
+        record_views, errors = read_record_views(fs, path, run, s3, meta.get("config"))
         extra += [("error", line) for line in errors]
     groups = rh.group_errors(views)
     items = _summary_items(run, kind, views, meta, tps, extra)

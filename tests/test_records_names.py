@@ -180,3 +180,17 @@ def test_a_type_reads_only_files_directly_in_its_folder(tmp_path):
     table = pq.read_table(own)
     pq.write_table(table.set_column(table.column_names.index("a"), "a", pa.array(["y"])), below / own.name)
     assert read_records(str(tmp_path), "payments", stems={stem}).column("a").to_pylist() == ["x"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(docs=st.lists(st.tuples(st.sampled_from(["b", "a", "中", "B", "a1"]), st.integers(1, 3)), min_size=1, max_size=6))
+def test_records_read_back_sorted_by_document_and_index(docs, tmp_path_factory):
+    """However files and documents are written (one id may own two committed files), a type's records
+    read back sorted by (id, record_index), each written record once."""
+    root = tmp_path_factory.mktemp("out")
+    parsed = schema_from({"type": "object", "properties": {"p": {"type": "array", "items": item({"a": STRING})}}})
+    writer = RecordsWriter(str(root), None, parsed)
+    stems = {writer.write(doc, {"p": [Record("p", {"a": f"{doc}{i}"}, {}, 1, 0, 0) for i in range(n)]})
+             for doc, n in docs}
+    got = [(r["id"], r["record_index"], r["a"]) for r in read_records(str(root), "p", stems=stems).to_pylist()]
+    assert got == sorted((doc, i, f"{doc}{i}") for doc, n in docs for i in range(n))

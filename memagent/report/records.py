@@ -16,7 +16,7 @@ values and snippets (the page shows the type's total beside what it embeds).
 
 Snippets need the documents' texts, which the caller reads after the records (a text is read,
 never kept): :func:`records_view` leaves ``sn`` empty without ``contexts``, and
-:func:`snippets_wanted` / :func:`add_snippets` fill it one document at a time.
+``wanted`` and :func:`add_snippets` fill it one document at a time.
 """
 
 from __future__ import annotations
@@ -103,41 +103,48 @@ def _size(values: Iterable[Any]) -> int:
     return sum(len(v) if isinstance(v, str) else 8 for v in values)
 
 
-def records_view(name: str, rows: Sequence[Mapping[str, Any]], contexts: Mapping[str, str] | None = None,
-                 limit: int = MAX_RECORDS_PER_TYPE, budget: int = MAX_RECORD_DATA_CHARS) -> dict[str, Any]:
-    """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
-    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``.
-    Rows are embedded up to ``limit`` records and ``budget`` characters of values; ``sn`` is empty
-    without ``contexts`` (see :func:`add_snippets`)."""
-    cols: list[str] = []
-    flat: list[dict[str, Any]] = []
-    for row in rows[:limit]:
-        values = {path: _text(leaf) for path, leaf in _flat(row).items()}
-        budget -= _size(values.values())
-        if budget < 0 and flat:
-            break
-        cols.extend(p for p in values if p not in cols)
-        flat.append(values)
-    out_rows = []
-    for row, values in zip(rows, flat):
-        doc = str(row.get("id"))
-        out_rows.append({"d": doc, "i": _int(row.get("record_index")), "v": [values.get(c) for c in cols],
-                         "m": _int(row.get("mentions")), "fc": _int(row.get("first_chunk")),
-                         "lc": _int(row.get("last_chunk")),
-                         "sn": record_snippets((contexts or {}).get(doc), row.get("record_evidence"))})
-    return {"name": name, "cols": cols, "rows": out_rows, "total": len(rows)}
+def _spans(evidence: Any) -> list[dict[str, Any]]:
+    """What a record's snippets need of its evidence: each entry's field and char span."""
+    return [{k: ev.get(k) for k in ("field", "char_start", "char_end")}
+            for ev in evidence or () if isinstance(ev, Mapping)]
 
 
 Wanted = dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]
 
 
-def snippets_wanted(view: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], wanted: Wanted) -> None:
-    """Add to ``wanted`` (document id -> its embedded rows with their spans) the rows of ``view``,
-    which :func:`records_view` made from ``rows``: all that is kept of a record to cut its snippets."""
-    for out, row in zip(view["rows"], rows):
-        spans = [{k: ev.get(k) for k in ("field", "char_start", "char_end")}
-                 for ev in row.get("record_evidence") or () if isinstance(ev, Mapping)]
-        wanted.setdefault(out["d"], []).append((out, spans))
+def records_view(name: str, rows: Iterable[Mapping[str, Any]], contexts: Mapping[str, str] | None = None,
+                 limit: int = MAX_RECORDS_PER_TYPE, budget: int = MAX_RECORD_DATA_CHARS,
+                 wanted: Wanted | None = None) -> dict[str, Any]:
+    """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
+    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``.
+
+    ``rows`` are read once; up to ``limit`` records and ``budget`` characters of values are embedded.
+    ``sn`` is empty without ``contexts``: with ``wanted`` given, each embedded row is added there
+    (document id -> rows with their spans) for :func:`add_snippets` to fill in."""
+    cols: list[str] = []
+    out_rows: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []
+    total = 0
+    for row in rows:
+        total += 1
+        if len(out_rows) >= limit or budget < 0:
+            continue
+        values = {path: _text(leaf) for path, leaf in _flat(row).items()}
+        budget -= _size(values.values())
+        if budget < 0 and out_rows:
+            continue
+        cols.extend(p for p in values if p not in cols)
+        doc, spans = str(row.get("id")), _spans(row.get("record_evidence"))
+        out = {"d": doc, "i": _int(row.get("record_index")), "m": _int(row.get("mentions")),
+               "fc": _int(row.get("first_chunk")), "lc": _int(row.get("last_chunk")),
+               "sn": record_snippets((contexts or {}).get(doc), spans)}
+        if wanted is not None:
+            wanted.setdefault(doc, []).append((out, spans))
+        out_rows.append(out)
+        shown.append(values)
+    for out, values in zip(out_rows, shown):
+        out["v"] = [values.get(c) for c in cols]
+    return {"name": name, "cols": cols, "rows": out_rows, "total": total}
 
 
 def add_snippets(wanted: Wanted, doc: str, context: Any) -> None:
