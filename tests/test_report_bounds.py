@@ -106,3 +106,19 @@ def test_records_load_without_keeping_every_document_text(tmp_path):
     [view] = page_data(page)["records"]
     assert len(view["rows"]) == 3 and all(r["sn"] for r in view["rows"])  # the shown records' snippets are cut
     assert peak < 30_000_000, f"peak {peak / 1e6:.1f} MB"
+
+
+def test_a_type_embeds_records_within_its_character_budget():
+    """However long and many a type's values and spans, the embedded values and snippets stay within
+    the budget (the first record is always shown), and the view still counts every record."""
+    from memagent.report.records import records_view
+
+    text = "y" * 300_000
+    rows = [{"id": "d", "record_index": i, "payer": "x" * 100_000, "note": "n" * 5,
+             "record_evidence": [{"field": "payer", "char_start": 1000 * k, "char_end": 1000 * k + 90_000}
+                                 for k in range(8)]} for i in range(200)]
+    budget = 50_000
+    view = records_view("payments", rows, {"d": text}, budget=budget)
+    shown = sum(len(v) for r in view["rows"] for v in r["v"] if isinstance(v, str))
+    shown += sum(len(s[1]) for r in view["rows"] for s in r["sn"])
+    assert view["total"] == 200 and 1 <= len(view["rows"]) < 200 and shown <= budget, (len(view["rows"]), shown)

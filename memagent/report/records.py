@@ -32,7 +32,7 @@ RECORD_SNIPPET_CHARS = 80  # document text kept either side of a record's span (
 MAX_RECORD_SNIPPETS = 6  # windows per record; further spans are listed, not shown
 MAX_RECORDS_PER_TYPE = 20_000  # records embedded per type (the page says when there are more)
 SNIPPET_MAX_CHARS = 2 * RECORD_SNIPPET_CHARS + VALUE_CHARS  # one window's text (a long span is cut)
-MAX_RECORD_DATA_CHARS = 8_000_000  # values' characters embedded per type (about 8 MB of page)
+MAX_RECORD_DATA_CHARS = 8_000_000  # characters of values and snippets embedded per type (~8 MB of page)
 
 
 def _leaves(value: Any, prefix: str) -> Iterable[tuple[str, Any]]:
@@ -103,6 +103,13 @@ def _size(values: Iterable[Any]) -> int:
     return sum(len(v) if isinstance(v, str) else 8 for v in values)
 
 
+def _snippet_chars(spans: list[dict[str, Any]]) -> int:
+    """At most how many characters of text a record's snippets take (close spans share a window)."""
+    sizes = sorted((min(2 * RECORD_SNIPPET_CHARS + e - s, SNIPPET_MAX_CHARS) for ev in spans
+                    if is_int(s := ev.get("char_start")) and is_int(e := ev.get("char_end")) and e > s), reverse=True)
+    return sum(sizes[:MAX_RECORD_SNIPPETS])
+
+
 def _spans(evidence: Any) -> list[dict[str, Any]]:
     """What a record's snippets need of its evidence: each entry's field and char span."""
     return [{k: ev.get(k) for k in ("field", "char_start", "char_end")}
@@ -118,7 +125,8 @@ def records_view(name: str, rows: Iterable[Mapping[str, Any]], contexts: Mapping
     """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
     ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``.
 
-    ``rows`` are read once; up to ``limit`` records and ``budget`` characters of values are embedded.
+    ``rows`` are read once; up to ``limit`` records and ``budget`` characters of values and
+    snippets are embedded.
     ``sn`` is empty without ``contexts``: with ``wanted`` given, each embedded row is added there
     (document id -> rows with their spans) for :func:`add_snippets` to fill in."""
     cols: list[str] = []
@@ -130,11 +138,11 @@ def records_view(name: str, rows: Iterable[Mapping[str, Any]], contexts: Mapping
         if len(out_rows) >= limit or budget < 0:
             continue
         values = {path: _text(leaf) for path, leaf in _flat(row).items()}
-        budget -= _size(values.values())
+        doc, spans = str(row.get("id")), _spans(row.get("record_evidence"))
+        budget -= _size(values.values()) + _snippet_chars(spans)
         if budget < 0 and out_rows:
             continue
         cols.extend(p for p in values if p not in cols)
-        doc, spans = str(row.get("id")), _spans(row.get("record_evidence"))
         out = {"d": doc, "i": _int(row.get("record_index")), "m": _int(row.get("mentions")),
                "fc": _int(row.get("first_chunk")), "lc": _int(row.get("last_chunk")),
                "sn": record_snippets((contexts or {}).get(doc), spans)}
