@@ -28,6 +28,7 @@ import uuid
 from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -99,23 +100,76 @@ def _record_files(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
             if f.type == pafs.FileType.File]
 
 
+def _type_files(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
+    """The files directly in one record type's folder (not below: a folder is one type's alone)."""
+    return [f for f in fs.get_file_info(pafs.FileSelector(directory, recursive=False, allow_not_found=True))
+            if f.type == pafs.FileType.File]
+
+
 def read_records(output: str, record_type: str, s3: S3Options | None = None,
-                 stems: set[str] | None = None) -> pa.Table:
+                 stems: set[str] | None = None, errors: list[str] | None = None) -> pa.Table:
     """The committed records of ``record_type`` in ``output`` (orphans of unfinished attempts left out);
-    ``stems``: :func:`committed_stems` of the output, when the caller has them already."""
+    ``stems``: :func:`committed_stems` of the output, when the caller has them already.
+
+    ``errors``: when given, a committed file that cannot be read as records (not Parquet, or
+    columns of another type) is named there, one line each, and left out; without it, it raises.
+    """
     fs, path = storage.filesystem(output, s3)
     stems = committed_stems(fs, path) if stems is None else stems
     directory = type_dir(f"{path.rstrip('/')}/{RECORDS_DIR}", record_type)
-    tables = []
-    for info in sorted(_record_files(fs, directory), key=lambda f: f.path):
+    tables: list[pa.Table] = []
+    unified: pa.Schema | None = None
+    for info in sorted(_type_files(fs, directory), key=lambda f: f.path):
         name = info.base_name
         if name.endswith(".parquet") and not name.startswith(".") and name.removesuffix(".parquet") in stems:
-            with fs.open_input_file(info.path) as f:
-                tables.append(pq.read_table(f))
+            table = _read_one(fs, info.path, unified, record_type, errors)
+            if table is not None:
+                tables.append(table)
+                unified = pa.unify_schemas([unified, table.schema], promote_options="permissive") \
+                    if unified is not None else table.schema
     if not tables:
         return pa.table({})
+    return _sorted_concat(tables)
+
+
+def _one_document(table: pa.Table) -> str | None:
+    """The id of a table holding one document's records in ``record_index`` order (else None)."""
+    ids, index = table.column("id"), table.column("record_index")
+    if len(table) == 0 or len(ids.unique()) != 1 or index.null_count:
+        return None
+    return ids[0].as_py() if len(table) == 1 or pc.all(pc.less(index[:-1], index[1:])).as_py() else None
+
+
+def _sorted_concat(tables: list[pa.Table]) -> pa.Table:
+    """The tables as one, sorted by ``(id, record_index)``: each file holds one document's records in
+    order, so ordering the files is enough (concatenation copies nothing); a sort only otherwise."""
+    ids = [_one_document(t) for t in tables]
+    if None not in ids and len(set(ids)) == len(ids):
+        return pa.concat_tables([t for _, t in sorted(zip(ids, tables), key=lambda p: p[0])],
+                                promote_options="permissive")
     table = pa.concat_tables(tables, promote_options="permissive")
     return table.sort_by([("id", "ascending"), ("record_index", "ascending")]) if len(table) else table
+
+
+def _read_one(fs: pafs.FileSystem, file: str, unified: pa.Schema | None, record_type: str,
+              errors: list[str] | None) -> pa.Table | None:
+    """``file``'s table if it is readable and fits the ``unified`` schema of the others, else None
+    (and a line in ``errors``)."""
+    try:
+        with fs.open_input_file(file) as f:
+            table = pq.read_table(f)
+        if not {"id", "record_index"} <= set(table.column_names):
+            raise ValueError("it has no id and record_index columns")
+        if unified is not None:
+            pa.unify_schemas([unified, table.schema], promote_options="permissive")
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        if errors is None:
+            raise
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        errors.append(f"records file {file} of type {record_type!r} is not a records file of this output "
+                      f"({why[:200]}); left out")
+        return None
+    return table
 
 
 def remove_orphans(output: str, s3: S3Options | None = None) -> int:

@@ -6,6 +6,9 @@
 
 Rows are read file by file (local or S3 via pyarrow); each row's context is read only to
 measure it and cut short snippets around its spans, so the page stays small at 10,000 rows.
+Records are read before any text: then one more pass reads ``id`` and ``context`` alone and cuts
+each shown record's snippets as its document goes by (a text is read, never kept). A records
+file that cannot be read is named in an ``error:`` line (stderr and the page) and left out.
 Outputs written before the attribution columns existed still load (attribution is computed).
 """
 
@@ -16,6 +19,7 @@ import csv
 import io
 import json
 import logging
+import sys
 import time
 from typing import Any, Iterator
 
@@ -25,7 +29,7 @@ import pyarrow.parquet as pq
 
 from memagent.report import html as rh
 from memagent.report.fields import fields_html, is_number, schema_fields
-from memagent.report.records import records_view, schema_record_types
+from memagent.report.records import Wanted, add_snippets, records_view, schema_record_types
 from memagent.result_schema import RECORDS_FILE_COLUMN
 from pipelines import records_output, storage
 from pipelines.storage import S3Options
@@ -73,15 +77,10 @@ def iter_rows(fs: pafs.FileSystem, files: list[str], batch_rows: int = 256) -> I
             log.warning("skipping unreadable output file %s: %s", file, exc)
 
 
-def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None = None,
-               contexts: dict[str, str] | None = None) -> tuple[list[dict], dict]:
-    """Row views of one batch output directory, and its first row's model/config; ``contexts`` gets
-    the text of each row that has records (for the records view), in the same pass."""
+def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None = None) -> tuple[list[dict], dict]:
+    """Row views of one batch output directory, and its first row's model/config."""
     views, meta = [], {}
     for row in iter_rows(fs, storage.parquet_files(fs, path)):
-        if contexts is not None and isinstance(row.get(RECORDS_FILE_COLUMN), str) \
-                and isinstance(row.get("context"), str):
-            contexts[str(row.get("id"))] = row["context"]
         if method and not row.get("method"):
             row["method"] = method
         if not meta and row.get("config"):
@@ -92,14 +91,42 @@ def read_views(fs: pafs.FileSystem, path: str, metric: str, method: str | None =
     return views, meta
 
 
-def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options, config: Any,
-                      contexts: dict[str, str]) -> list[dict]:
+def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options,
+                      config: Any) -> tuple[list[dict], list[str]]:
     """The records view's data (:func:`memagent.report.records.records_view`) per record type of the
-    schema in ``config``, from the committed records of the output (``contexts``: their documents' texts)."""
+    schema in ``config``, from the committed records of the output, with the snippets of the records
+    shown; and the records files that could not be read, one line each (printed as ``error:`` lines)."""
     types = schema_record_types(config)
-    stems = records_output.committed_stems(fs, path) if types else set()
-    return [records_view(name, records_output.read_records(run, name, s3, stems).to_pylist(), contexts)
-            for name in types]
+    if not types:
+        return [], []
+    stems = records_output.committed_stems(fs, path)
+    views, wanted, errors = [], {}, []
+    for name in types:
+        table = records_output.read_records(run, name, s3, stems, errors)
+        rows = (row for batch in table.to_batches(max_chunksize=256) for row in batch.to_pylist())
+        views.append(records_view(name, rows, wanted=wanted))  # a batch of rows at a time as Python objects
+    _cut_snippets(fs, path, wanted)
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    return views, errors
+
+
+def _cut_snippets(fs: pafs.FileSystem, path: str, wanted: Wanted, batch_rows: int = 64) -> None:
+    """Read ``id`` and ``context`` of the output's rows and cut the snippets of the wanted documents."""
+    for file in storage.parquet_files(fs, path):
+        if not wanted:
+            return
+        try:
+            with fs.open_input_file(file) as f:
+                pf = pq.ParquetFile(f)
+                if "context" not in pf.schema_arrow.names:
+                    continue
+                for batch in pf.iter_batches(batch_size=batch_rows, columns=["id", "context"]):
+                    ids = batch.column("id").to_pylist()
+                    for i in (i for i, doc in enumerate(ids) if str(doc) in wanted):
+                        add_snippets(wanted, str(ids[i]), batch.column("context")[i].as_py())
+        except (OSError, pa.ArrowInvalid) as exc:  # as iter_rows: a partial file's rows are redone by the job
+            log.warning("skipping unreadable output file %s: %s", file, exc)
 
 
 def _number(x: Any) -> float:
@@ -183,12 +210,12 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
             eval_table = rh.eval_table_html(list(csv.DictReader(io.StringIO(results.decode()))))
     else:
         kind = "batch output"
-        contexts: dict[str, str] = {}
-        views, meta = read_views(fs, path, metric, contexts=contexts)
+        views, meta = read_views(fs, path, metric)
         if not views:
             raise ValueError(f"run {run!r}: no output rows (no readable Parquet files)")
         tps = [("tokens/s", _tokens_per_second(views, None, job_summary))]
-        record_views = read_record_views(fs, path, run, s3, meta.get("config"), contexts)
+        record_views, errors = read_record_views(fs, path, run, s3, meta.get("config"))
+        extra += [("error", line) for line in errors]
     groups = rh.group_errors(views)
     items = _summary_items(run, kind, views, meta, tps, extra)
     summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"),

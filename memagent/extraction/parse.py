@@ -20,7 +20,13 @@ e.g. ``properties.payments.items.properties.amount: property 'amount' uses the u
 **Limits** (a schema past them is refused at load with one line, never a traceback):
 :data:`MAX_SCHEMA_CHARS` of JSON, :data:`MAX_DEPTH` levels of JSON nesting,
 :data:`MAX_LEAVES` fields in all, :data:`MAX_ENUM_VALUES` values in one enum,
-:data:`MAX_NAME_CHARS` characters in a property name. Every field is in the prompt of every
+:data:`MAX_NAME_CHARS` characters in a property name. Names that could break the records dataset
+are refused too (:func:`check_names`): a name of dots only (a record type's folder would be the
+output root or the records root), a record type's name over :data:`MAX_TYPE_NAME_BYTES` bytes of
+UTF-8 (its percent-quoted folder name stays under the 255-byte limit of file systems), two names
+of one object that are equal after Unicode NFKC normalisation and case folding (one folder, or one
+column for a case-insensitive reader), and a dot in a record's property name (the dotted leaf path
+of a nested object, ``bank.name``, would name two leaves). Every field is in the prompt of every
 call, so a schema near them does not fit a model's budgets anyway (the budget checks say so).
 """
 
@@ -39,6 +45,9 @@ MAX_DEPTH = 32
 MAX_LEAVES = 300
 MAX_ENUM_VALUES = 500
 MAX_NAME_CHARS = 64
+# A record type's folder is its name percent-quoted (3 characters per UTF-8 byte at most): 64 bytes
+# make at most 192 of the 255 bytes a file system allows in one name.
+MAX_TYPE_NAME_BYTES = 64
 MAX_OBJECT_DEPTH = 3  # objects inside an item's objects inside an item's ...
 
 TOP_KEYWORDS = {"type", "properties", "required", "description", "title", "$schema", "$id", "additionalProperties"}
@@ -161,6 +170,40 @@ def _name(path: str, name: Any, reserved: tuple[str, ...], what: str) -> None:
         raise ValueError(f"{path}: a property name has at most {MAX_NAME_CHARS} characters")
     if name in reserved:
         raise ValueError(f"{path}: property {name!r} clashes with a column of {what} ({name}); rename it")
+    if not name.strip("."):
+        raise ValueError(f"{path}: a property name of dots only ({name!r}) would name a folder of the output; "
+                         "rename it")
+
+
+def fold(name: str) -> str:
+    """The form two names must not share: NFKC, case folded (twice: folding can undo NFKC)."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
+
+
+def check_names(path: str, names: Iterator[str] | list[str]) -> None:
+    """Refuse two names of one ``properties`` that differ only in case or Unicode form: they would
+    land in one folder (a record type on a case-insensitive file system) or one column (Spark, pandas
+    ``str.lower`` users) — ``path`` is the ``properties`` object's."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(fold(name), name)
+        if other != name:
+            raise ValueError(f"{join(path, name)}: property {name!r} is the same name as {other!r} after case "
+                             "folding and Unicode normalisation (one folder or column); rename one")
+
+
+def _record_property_name(path: str, name: str) -> None:
+    if "." in name:
+        raise ValueError(f"{path}: a record's property name may not contain '.' ({name!r}: dotted paths name "
+                         f"nested objects); use a nested object, e.g. "
+                         f"{{{json.dumps(name.split('.', 1)[0])}: {{\"type\": \"object\", \"properties\": ...}}}}")
+
+
+def _type_name(path: str, name: str) -> None:
+    size = len(name.encode("utf-8"))
+    if size > MAX_TYPE_NAME_BYTES:
+        raise ValueError(f"{path}: a record type's name is its folder's name: at most {MAX_TYPE_NAME_BYTES} bytes "
+                         f"of UTF-8, {name[:16]!r}... has {size}; shorten it")
 
 
 def _description(path: str, node: Mapping[str, Any]) -> str | None:
@@ -236,10 +279,12 @@ def parse_object(path: str, node: Any, reserved: tuple[str, ...], depth: int) ->
     if not isinstance(props, dict) or not props:
         raise ValueError(f"{join(path, 'properties')}: an object needs at least one property")
     required = _required(path, node, props)
+    check_names(join(path, "properties"), list(props))
     out: list[FieldSpec | ObjectSpec] = []
     for name, prop in props.items():
         where = join(join(path, "properties"), name)
         _name(where, name, reserved, "the records output")
+        _record_property_name(where, name)
         if isinstance(prop, dict) and prop.get("type") == "object":
             if depth >= MAX_OBJECT_DEPTH:
                 raise ValueError(f"{where}: objects nest at most {MAX_OBJECT_DEPTH} levels inside a record")
@@ -316,6 +361,7 @@ def parse_schema(schema: Any, reserved: tuple[str, ...] = (),
     if not isinstance(props, dict) or not props:
         raise ValueError("the schema has no properties: declare at least one field under \"properties\"")
     required = _required("", schema, props)
+    check_names("properties", list(props))
     fields: list[FieldSpec] = []
     records: list[RecordType] = []
     for name, prop in props.items():
@@ -324,6 +370,7 @@ def parse_schema(schema: Any, reserved: tuple[str, ...] = (),
         items = prop.get("items") if isinstance(prop, dict) else None
         if isinstance(prop, dict) and prop.get("type") == "array" and isinstance(items, dict) \
                 and items.get("type") == "object":
+            _type_name(where, name)
             records.append(parse_record_type(where, name, prop, record_reserved))
         else:
             fields.append(parse_leaf(where, name, prop, name in required))

@@ -19,6 +19,12 @@ from urllib.parse import quote
 FIELD_SNIPPET_CHARS = 60  # source text kept either side of a field's evidence span
 DISTRIBUTION_KINDS = ("enum", "boolean")
 MAX_DISTINCT_SHOWN = 12  # an enum's values beyond this are summed as "other"
+VALUE_CHARS = 500  # characters of one value the report shows; the rest is counted in a visible mark
+
+
+def cap(text: str, limit: int = VALUE_CHARS) -> str:
+    """``text`` cut at ``limit`` characters, with a visible mark of how many more there were."""
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text) - limit:,} more characters)"
 
 
 def is_int(x: Any) -> bool:
@@ -47,6 +53,17 @@ def schema_fields(config: str | Mapping[str, Any] | None) -> list[dict[str, Any]
         props = schema.get("properties") or {}
         return [{"name": k, "kind": "enum" if "enum" in p else str(p.get("type", "string")),
                  "enum": list(p.get("enum") or [])} for k, p in props.items() if isinstance(p, dict)]
+
+
+def _capped_json(value: str) -> str:
+    """A value's JSON text with a long string cut by :func:`cap` (still JSON, so the page shows it as text)."""
+    if len(value) <= VALUE_CHARS:
+        return value
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return cap(value)
+    return json.dumps(cap(decoded), ensure_ascii=False) if isinstance(decoded, str) else cap(value)
 
 
 def _evidence(row: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -79,12 +96,14 @@ def field_view(row: Mapping[str, Any], context: str | None) -> dict[str, Any]:
             value = json.dumps(values[name], ensure_ascii=False)
         if value == "null":
             value = None
+        value = _capped_json(value) if isinstance(value, str) else value
         step, a, b = e.get("step"), e.get("char_start"), e.get("char_end")
         x.append([name, value, step, a, b])
         # A hand-edited output may hold anything there: only whole numbers within the text cut a snippet.
         if context and all(is_int(v) for v in (a, b)) and 0 <= a <= b <= len(context):
             lo, hi = max(0, a - FIELD_SNIPPET_CHARS), min(len(context), b + FIELD_SNIPPET_CHARS)
-            snips.append([name, lo, context[lo:hi], [[a - lo, b - lo, "fld"]]])
+            limit = 2 * FIELD_SNIPPET_CHARS + VALUE_CHARS  # a long span is cut like a long value
+            snips.append([name, lo, cap(context[lo:hi], limit), [[a - lo, min(b - lo, limit), "fld"]]])
     if not x:
         return {}
     return {"x": x, "xs": snips or None}

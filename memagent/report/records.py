@@ -8,6 +8,15 @@ the compact data the page embeds under ``records``: the columns (item leaves, do
 objects) and per record its values as text and its snippets: windows of the document around its
 spans (close spans share one window), each span marked with the field it grounds. The page
 (``assets/report.js``) sorts, filters and shows them; every value is escaped there.
+
+The page is bounded whatever the records hold: a value is cut at :data:`VALUE_CHARS` and a
+snippet at :data:`SNIPPET_MAX_CHARS`, each with a visible ``…(N more characters)`` mark, and a
+type embeds records until :data:`MAX_RECORDS_PER_TYPE` or :data:`MAX_RECORD_DATA_CHARS` of
+values and snippets (the page shows the type's total beside what it embeds).
+
+Snippets need the documents' texts, which the caller reads after the records (a text is read,
+never kept): :func:`records_view` leaves ``sn`` empty without ``contexts``, and
+``wanted`` and :func:`add_snippets` fill it one document at a time.
 """
 
 from __future__ import annotations
@@ -16,12 +25,14 @@ import datetime as dt
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from memagent.report.fields import is_int
+from memagent.report.fields import VALUE_CHARS, cap, is_int
 from memagent.result_schema import RECORD_COLUMNS
 
 RECORD_SNIPPET_CHARS = 80  # document text kept either side of a record's span (or group of close spans)
 MAX_RECORD_SNIPPETS = 6  # windows per record; further spans are listed, not shown
 MAX_RECORDS_PER_TYPE = 20_000  # records embedded per type (the page says when there are more)
+SNIPPET_MAX_CHARS = 2 * RECORD_SNIPPET_CHARS + VALUE_CHARS  # one window's text (a long span is cut)
+MAX_RECORD_DATA_CHARS = 8_000_000  # characters of values and snippets embedded per type (~8 MB of page)
 
 
 def _leaves(value: Any, prefix: str) -> Iterable[tuple[str, Any]]:
@@ -43,8 +54,8 @@ def _text(value: Any) -> str | int | float | None:
     if isinstance(value, (dt.date, dt.datetime)):
         return value.isoformat()
     if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value)
-    return str(value)
+        return cap(", ".join(str(v) for v in value))
+    return cap(str(value))
 
 
 def _int(x: Any) -> int | None:
@@ -70,35 +81,84 @@ def record_snippets(context: str | None, evidence: Sequence[Mapping[str, Any]] |
     for group in groups[:MAX_RECORD_SNIPPETS]:
         lo = max(0, group[0][0] - pad)
         hi = min(len(context), max(e for _, e, _ in group) + pad)
-        out.append([lo, context[lo:hi], [[s - lo, e - lo, f] for s, e, f in group]])
+        text = context[lo:hi]
+        if len(text) > SNIPPET_MAX_CHARS:
+            text = cap(text, SNIPPET_MAX_CHARS)
+        out.append([lo, text, [[s - lo, min(e - lo, SNIPPET_MAX_CHARS), f] for s, e, f in group
+                               if s - lo < SNIPPET_MAX_CHARS]])
     return out
 
 
-def records_view(name: str, rows: Sequence[Mapping[str, Any]], contexts: Mapping[str, str],
-                 limit: int = MAX_RECORDS_PER_TYPE) -> dict[str, Any]:
-    """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
-    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``."""
-    cols: list[str] = []
-    flat: list[dict[str, Any]] = []
-    for row in rows[:limit]:
-        values: dict[str, Any] = {}
-        for key, value in row.items():
-            if key in RECORD_COLUMNS:
-                continue
+def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's leaves by dotted path (the first of two leaves with one path wins; the schema refuses such names)."""
+    values: dict[str, Any] = {}
+    for key, value in row.items():
+        if key not in RECORD_COLUMNS:
             for path, leaf in _leaves(value, key):
-                if path not in values:
-                    values[path] = leaf
-                    if path not in cols:
-                        cols.append(path)
-        flat.append(values)
-    out_rows = []
-    for row, values in zip(rows, flat):
-        doc = str(row.get("id"))
-        out_rows.append({"d": doc, "i": _int(row.get("record_index")), "v": [_text(values.get(c)) for c in cols],
-                         "m": _int(row.get("mentions")), "fc": _int(row.get("first_chunk")),
-                         "lc": _int(row.get("last_chunk")),
-                         "sn": record_snippets(contexts.get(doc), row.get("record_evidence"))})
-    return {"name": name, "cols": cols, "rows": out_rows, "total": len(rows)}
+                values.setdefault(path, leaf)
+    return values
+
+
+def _size(values: Iterable[Any]) -> int:
+    return sum(len(v) if isinstance(v, str) else 8 for v in values)
+
+
+def _snippet_chars(spans: list[dict[str, Any]]) -> int:
+    """At most how many characters of text a record's snippets take (close spans share a window)."""
+    sizes = sorted((min(2 * RECORD_SNIPPET_CHARS + e - s, SNIPPET_MAX_CHARS) for ev in spans
+                    if is_int(s := ev.get("char_start")) and is_int(e := ev.get("char_end")) and e > s), reverse=True)
+    return sum(sizes[:MAX_RECORD_SNIPPETS])
+
+
+def _spans(evidence: Any) -> list[dict[str, Any]]:
+    """What a record's snippets need of its evidence: each entry's field and char span."""
+    return [{k: ev.get(k) for k in ("field", "char_start", "char_end")}
+            for ev in evidence or () if isinstance(ev, Mapping)]
+
+
+Wanted = dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]
+
+
+def records_view(name: str, rows: Iterable[Mapping[str, Any]], contexts: Mapping[str, str] | None = None,
+                 limit: int = MAX_RECORDS_PER_TYPE, budget: int = MAX_RECORD_DATA_CHARS,
+                 wanted: Wanted | None = None) -> dict[str, Any]:
+    """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
+    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``.
+
+    ``rows`` are read once; up to ``limit`` records and ``budget`` characters of values and
+    snippets are embedded.
+    ``sn`` is empty without ``contexts``: with ``wanted`` given, each embedded row is added there
+    (document id -> rows with their spans) for :func:`add_snippets` to fill in."""
+    cols: list[str] = []
+    out_rows: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []
+    total = 0
+    for row in rows:
+        total += 1
+        if len(out_rows) >= limit or budget < 0:
+            continue
+        values = {path: _text(leaf) for path, leaf in _flat(row).items()}
+        doc, spans = str(row.get("id")), _spans(row.get("record_evidence"))
+        budget -= _size(values.values()) + _snippet_chars(spans)
+        if budget < 0 and out_rows:
+            continue
+        cols.extend(p for p in values if p not in cols)
+        out = {"d": doc, "i": _int(row.get("record_index")), "m": _int(row.get("mentions")),
+               "fc": _int(row.get("first_chunk")), "lc": _int(row.get("last_chunk")),
+               "sn": record_snippets((contexts or {}).get(doc), spans)}
+        if wanted is not None:
+            wanted.setdefault(doc, []).append((out, spans))
+        out_rows.append(out)
+        shown.append(values)
+    for out, values in zip(out_rows, shown):
+        out["v"] = [values.get(c) for c in cols]
+    return {"name": name, "cols": cols, "rows": out_rows, "total": total}
+
+
+def add_snippets(wanted: Wanted, doc: str, context: Any) -> None:
+    """Cut the snippets of document ``doc``'s records (taken out of ``wanted``) from its text."""
+    for out, spans in wanted.pop(doc, ()):
+        out["sn"] = record_snippets(context if isinstance(context, str) else None, spans)
 
 
 def schema_record_types(config: str | Mapping[str, Any] | None) -> list[str]:
