@@ -68,7 +68,7 @@ def record_snippets(context: str | None, evidence: Sequence[Mapping[str, Any]] |
     (offsets into the document; span bounds relative to the window's text), close spans merged."""
     if not isinstance(context, str):
         return []
-    spans = sorted((s, e, str(ev.get("field"))) for ev in evidence or ()
+    spans = sorted((s, e, _label(ev)) for ev in evidence or ()
                    if isinstance(ev, Mapping) and (s := _int(ev.get("char_start"))) is not None
                    and (e := _int(ev.get("char_end"))) is not None and 0 <= s < e <= len(context))
     groups: list[list[tuple[int, int, str]]] = []
@@ -87,6 +87,17 @@ def record_snippets(context: str | None, evidence: Sequence[Mapping[str, Any]] |
         out.append([lo, text, [[s - lo, min(e - lo, SNIPPET_MAX_CHARS), f] for s, e, f in group
                                if s - lo < SNIPPET_MAX_CHARS]])
     return out
+
+
+def _label(ev: Mapping[str, Any]) -> str:
+    """A span's mark: its field and how it was grounded (``amount (exact)``, ``payer (memory)``)."""
+    return f"{ev.get('field')} ({ev['grounding']})" if ev.get("grounding") else str(ev.get("field"))
+
+
+def conflicts(row: Mapping[str, Any]) -> list[list[Any]]:
+    """``[[field, value, step], ...]``: the values other mentions stated that the record does not keep."""
+    return [[str(c.get("field")), cap(str(c.get("value")), VALUE_CHARS), _int(c.get("step"))]
+            for c in row.get("record_conflicts") or () if isinstance(c, Mapping)]
 
 
 def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,7 +123,7 @@ def _snippet_chars(spans: list[dict[str, Any]]) -> int:
 
 def _spans(evidence: Any) -> list[dict[str, Any]]:
     """What a record's snippets need of its evidence: each entry's field and char span."""
-    return [{k: ev.get(k) for k in ("field", "char_start", "char_end")}
+    return [{k: ev.get(k) for k in ("field", "char_start", "char_end", "grounding")}
             for ev in evidence or () if isinstance(ev, Mapping)]
 
 
@@ -123,7 +134,8 @@ def records_view(name: str, rows: Iterable[Mapping[str, Any]], contexts: Mapping
                  limit: int = MAX_RECORDS_PER_TYPE, budget: int = MAX_RECORD_DATA_CHARS,
                  wanted: Wanted | None = None) -> dict[str, Any]:
     """One record type's part of the page data: ``{"name", "cols", "rows", "total"}``; each row is
-    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets}``.
+    ``{"d": doc id, "i": record index, "v": [values in cols order], "m", "fc", "lc", "sn": snippets,
+    "cf": conflicts}`` (:func:`conflicts`; a snippet's marks name the field and its grounding).
 
     ``rows`` are read once; up to ``limit`` records and ``budget`` characters of values and
     snippets are embedded.
@@ -145,7 +157,7 @@ def records_view(name: str, rows: Iterable[Mapping[str, Any]], contexts: Mapping
         cols.extend(p for p in values if p not in cols)
         out = {"d": doc, "i": _int(row.get("record_index")), "m": _int(row.get("mentions")),
                "fc": _int(row.get("first_chunk")), "lc": _int(row.get("last_chunk")),
-               "sn": record_snippets((contexts or {}).get(doc), spans)}
+               "sn": record_snippets((contexts or {}).get(doc), spans), "cf": conflicts(row)}
         if wanted is not None:
             wanted.setdefault(doc, []).append((out, spans))
         out_rows.append(out)

@@ -277,7 +277,8 @@ function route() {
 // shows its snippets with its spans marked. State lives in the hash: #records=type=..&q=..&sort=..&dir=..&doc=..&i=..
 const RT = D.records || [], rs = {type: 0, q: "", sort: "", dir: 1, doc: null, i: null};
 const RCOLS = (t) => [["id", (r) => r.d], ["#", (r) => r.i]].concat(t.cols.map((c, j) => [c, (r) => r.v[j]]),
-  [["mentions", (r) => r.m], ["first chunk", (r) => r.fc], ["last chunk", (r) => r.lc]]);
+  [["mentions", (r) => r.m], ["conflicts", (r) => (r.cf || []).length], ["first chunk", (r) => r.fc],
+   ["last chunk", (r) => r.lc]]);
 function recHash(ch) {
   const p = new URLSearchParams(), t = RT[rs.type], n = Object.assign({}, rs, ch);
   p.set("type", t ? t.name : "");
@@ -325,7 +326,9 @@ function recDraw() {
     cols.map((c) => "<td>" + esc(c[1](r)) + "</td>").join("") + "</tr>").join("");
   const cur = t.rows.find((r) => r.d === rs.doc && String(r.i) === String(rs.i));
   $("#rec-detail").innerHTML = !cur ? "" : "<h3>" + esc(t.name) + " " + esc(cur.i) + " of document " + esc(cur.d) +
-    "</h3>" + (cur.sn.length ? cur.sn.map(recSnippet).join("") : '<p class="mut">no span of this record was found in the document</p>');
+    "</h3>" + (cur.sn.length ? cur.sn.map(recSnippet).join("") : '<p class="mut">no span of this record was found in the document</p>') +
+    ((cur.cf || []).length ? '<p class="mut">conflicts: other mentions stated</p><ul>' + cur.cf.map((c) => "<li>" + esc(c[0]) +
+      " = " + esc(c[1]) + (c[2] == null ? "" : " (step " + esc(c[2]) + ")") + "</li>").join("") + "</ul>" : "");
   const q = $("#rq");
   q.addEventListener("change", (e) => recHash({q: e.target.value}));
 }
