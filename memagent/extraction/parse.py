@@ -36,7 +36,7 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from memagent.extraction.kinds import KINDS, SCALAR_KINDS, FieldKind, kind_of
 
@@ -263,17 +263,22 @@ def _required(path: str, node: Mapping[str, Any], props: Mapping[str, Any]) -> l
     return required
 
 
+def _check_object(node: Mapping[str, Any], allowed: set[str], unknown: Callable[[str], str], closed: str) -> None:
+    """Refuse a keyword outside ``allowed`` (``unknown(keyword)`` says so) and an open ``additionalProperties``."""
+    extra = sorted(set(node) - allowed)
+    if extra:
+        raise ValueError(unknown(extra[0]))
+    if node.get("additionalProperties", False) is not False:
+        raise ValueError(closed)
+
+
 def parse_object(path: str, node: Any, reserved: tuple[str, ...], depth: int) -> tuple[FieldSpec | ObjectSpec, ...]:
     """The properties of an item or nested object at ``path``."""
     if not isinstance(node, dict) or node.get("type") != "object":
         raise ValueError(f"{path}: must be an object schema {{\"type\": \"object\", \"properties\": ...}}, "
                          f"got {show(node)}")
-    unknown = sorted(set(node) - OBJECT_KEYWORDS)
-    if unknown:
-        raise ValueError(f"{join(path, unknown[0])}: unknown keyword {unknown[0]!r}; an object may have "
-                         f"{', '.join(sorted(OBJECT_KEYWORDS))}")
-    if node.get("additionalProperties", False) is not False:
-        raise ValueError(f"{join(path, 'additionalProperties')}: must be false or absent")
+    _check_object(node, OBJECT_KEYWORDS, lambda k: f"{join(path, k)}: unknown keyword {k!r}; an object may have "
+                  f"{', '.join(sorted(OBJECT_KEYWORDS))}", f"{join(path, 'additionalProperties')}: must be false or absent")
     _description(path, node)
     props = node.get("properties")
     if not isinstance(props, dict) or not props:
@@ -351,12 +356,9 @@ def parse_schema(schema: Any, reserved: tuple[str, ...] = (),
     if schema.get("type") != "object":
         raise ValueError(f"the schema must have \"type\": \"object\" (one object per document), "
                          f"got type {show(schema.get('type'))}")
-    unknown = sorted(set(schema) - TOP_KEYWORDS)
-    if unknown:
-        raise ValueError(f"the schema uses the unsupported keyword {unknown[0]!r} at the top; "
-                         f"supported: {', '.join(sorted(TOP_KEYWORDS))}")
-    if schema.get("additionalProperties", False) is not False:
-        raise ValueError("additionalProperties must be false or absent: every extracted field needs a declared type")
+    _check_object(schema, TOP_KEYWORDS, lambda k: f"the schema uses the unsupported keyword {k!r} at the top; "
+                  f"supported: {', '.join(sorted(TOP_KEYWORDS))}",
+                  "additionalProperties must be false or absent: every extracted field needs a declared type")
     props = schema.get("properties")
     if not isinstance(props, dict) or not props:
         raise ValueError("the schema has no properties: declare at least one field under \"properties\"")
