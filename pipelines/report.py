@@ -163,6 +163,34 @@ def _summary_items(run: str, kind: str, views: list[dict], meta: dict, tps: list
     return items + [(k, rh._e(v)) for k, v in extra]
 
 
+def _eval_parts(fs: pafs.FileSystem, path: str, metric: str) -> tuple[list, dict, list, list, list, str]:
+    """An evaluation run's ``(views, meta, tokens/s items, extra items, images, results table)``."""
+    pred_dir = _join(path, "predictions")
+    views: list[dict] = []
+    meta: dict[str, Any] = {}
+    summary = json.loads(_read_bytes(fs, _join(path, "summary.json")) or b"{}")
+    methods = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(pred_dir))
+                     if i.type == pafs.FileType.Directory and not i.base_name.startswith(("_", ".")))
+    for m in methods:
+        v, mt = read_views(fs, _join(pred_dir, m), metric, method=m)
+        views += v
+        meta = meta or mt
+    seconds = summary.get("seconds_per_method") or {}
+    tps = [(f"tokens/s · {m}", _tokens_per_second([v for v in views if v.get("m") == m], seconds.get(m)))
+           for m in methods]
+    if summary.get("config"):
+        meta["config"] = json.dumps(summary["config"])
+    extra: list[tuple[str, Any]] = []
+    if summary.get("full_context_window"):
+        extra.append(("full-context window", f"{summary['full_context_window']} tokens"))
+    extra += [("note", n) for n in summary.get("notes", [])]
+    images = [(caption, "data:image/png;base64," + base64.b64encode(data).decode())
+              for name, caption in EVAL_IMAGES if (data := _read_bytes(fs, _join(path, name)))]
+    results = _read_bytes(fs, _join(path, "results.csv"))
+    table = rh.eval_table_html(list(csv.DictReader(io.StringIO(results.decode())))) if results else ""
+    return views, meta, tps, extra, images, table
+
+
 def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), *,
                  job_summary: dict[str, Any] | None = None, metric: str = "sub_em") -> str:
     """Write the HTML report of ``run`` (batch output or eval run dir, local or s3://) and return its path.
@@ -179,43 +207,17 @@ def build_report(run: str, out: str | None = None, s3: S3Options = S3Options(), 
     fs, path = storage.filesystem(run, s3)
     if not _exists(fs, path, pafs.FileType.Directory) and not _exists(fs, path):
         raise FileNotFoundError(f"run {run!r} does not exist")
-    images: list[tuple[str, str]] = []
-    eval_table = ""
-    extra: list[tuple[str, Any]] = []
-    record_views: list[dict] = []
     pred_dir = _join(path, "predictions")
     if _exists(fs, pred_dir, pafs.FileType.Directory):
-        kind, views, meta = "eval", [], {}
-        summary = json.loads(_read_bytes(fs, _join(path, "summary.json")) or b"{}")
-        methods = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(pred_dir))
-                         if i.type == pafs.FileType.Directory and not i.base_name.startswith(("_", ".")))
-        for m in methods:
-            v, mt = read_views(fs, _join(pred_dir, m), metric, method=m)
-            views += v
-            meta = meta or mt
-        seconds = summary.get("seconds_per_method") or {}
-        tps = [(f"tokens/s · {m}", _tokens_per_second([v for v in views if v.get("m") == m], seconds.get(m)))
-               for m in methods]
-        if summary.get("config"):
-            meta["config"] = json.dumps(summary["config"])
-        if summary.get("full_context_window"):
-            extra.append(("full-context window", f"{summary['full_context_window']} tokens"))
-        extra += [("note", n) for n in summary.get("notes", [])]
-        for name, caption in EVAL_IMAGES:
-            data = _read_bytes(fs, _join(path, name))
-            if data:
-                images.append((caption, "data:image/png;base64," + base64.b64encode(data).decode()))
-        results = _read_bytes(fs, _join(path, "results.csv"))
-        if results:
-            eval_table = rh.eval_table_html(list(csv.DictReader(io.StringIO(results.decode()))))
+        kind, (views, meta, tps, extra, images, eval_table), record_views = "eval", _eval_parts(fs, path, metric), []
     else:
-        kind = "batch output"
+        kind, images, eval_table = "batch output", [], ""
         views, meta = read_views(fs, path, metric)
         if not views:
             raise ValueError(f"run {run!r}: no output rows (no readable Parquet files)")
         tps = [("tokens/s", _tokens_per_second(views, None, job_summary))]
         record_views, errors = read_record_views(fs, path, run, s3, meta.get("config"))
-        extra += [("error", line) for line in errors]
+        extra = [("error", line) for line in errors]
     groups = rh.group_errors(views)
     items = _summary_items(run, kind, views, meta, tps, extra)
     summary_html = rh.summary_html(items, groups, rh.attribution_counts(views), meta.get("config"),
