@@ -32,6 +32,7 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable
 
 import pyarrow as pa
@@ -39,7 +40,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from memagent.agent import ChainState
-from memagent.checkpoint import BadSegment, Segment, new_segment, parse_segment, replay
+from memagent.checkpoint import BadSegment, Segment, new_segment, one_chain, parse_segment, replay
 from pipelines import storage
 from pipelines.storage import S3Options
 
@@ -66,42 +67,59 @@ class ChainLog:
         self.every_steps, self.every_s = every_steps, every_s
         self.bytes_written = 0
         self.segments_written = 0
+        self.segments_dropped = 0  # another attempt's segments (a zombie task of the same row)
+        self.tips: dict[str, str] = {}  # row id -> the attempt that wrote the last segment its last load used
 
     def _dir(self, row_id: str) -> str:
         return f"{self.root}/{log_key(row_id)}"
 
     def load(self, row_id: str, key: str) -> tuple[ChainState | None, str | None]:
         """The state the row's log ends in (None: no usable log) and why a log was not (fully) used."""
+        found = self.load_chain(row_id, key)
+        return found.state, found.reason
+
+    def load_chain(self, row_id: str, key: str) -> Loaded:
+        """The row's log read back: one writer's chain (:func:`memagent.checkpoint.one_chain`), the rest removed."""
         directory = self._dir(row_id)
         files = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
         names = sorted((f.base_name for f in files if _SEGMENT.match(f.base_name)), key=lambda n: int(n[:8]))
         if not names:
-            return None, None
-        segments: list[Segment] = []
+            return Loaded(None, None)
+        read: dict[str, Segment] = {}
         reason = None
         for name in names:
             try:
                 with self.fs.open_input_stream(f"{directory}/{name}") as f:
-                    segments.append(parse_segment(f.read()))
+                    read[name] = parse_segment(f.read())
             except (BadSegment, OSError, UnicodeDecodeError) as exc:
                 reason = f"checkpoint {directory}/{name} is unreadable ({exc}); using the steps before it"
                 log.warning("row %s: %s", row_id, reason)
                 break
-        state, why = replay(segments, row_id, key)
+        chain, rest = one_chain(list(read.values()))
+        state, why = replay(chain, row_id, key)
+        if any(s.id != row_id or s.key != key for s in read.values()):
+            state, why = None, "written for another input or config (stale)"
         reason = why or reason
         if state is None:  # stale or unreadable from the first segment: start over, and never read it again
             self.remove(row_id)
-            return None, reason or "unreadable"
-        # Segments past the state used (after a gap or a bad one) would be misread next time.
+            return Loaded(None, reason or "unreadable")
+        if rest:
+            self.segments_dropped += len(rest)
+            log.warning("row %s: %d checkpoint segment(s) off the chain used dropped (another attempt's, "
+                        "or past a gap)", row_id, len(rest))
+        # Segments off the chain used (another attempt's, past a gap or a bad one) would be misread next time.
         for name in names:
-            if int(name[:8]) >= len(state.steps):
+            if all(read.get(name) is not c for c in chain):
                 self.fs.delete_file(f"{directory}/{name}")
-        return state, reason
+        self.tips[row_id] = chain[-1].attempt
+        return Loaded(state, reason, tip=chain[-1].attempt, dropped=len(rest))
 
-    def write(self, row_id: str, key: str, state: ChainState, first_step: int) -> int:
+    def write(self, row_id: str, key: str, state: ChainState, first_step: int, *, attempt: str = "",
+              parent: str | None = None) -> int:
         """Append the segment taking the log from ``first_step`` steps to ``state``; bytes written."""
         directory = self._dir(row_id)
-        data = json.dumps(new_segment(row_id, key, state, first_step), ensure_ascii=False).encode()
+        segment = new_segment(row_id, key, state, first_step, attempt=attempt, parent=parent)
+        data = json.dumps(segment, ensure_ascii=False).encode()
         name = f"{directory}/{first_step:08d}-{len(state.steps):08d}.json"
         if self.local:  # atomic: a reader sees the whole segment or none of it
             self.fs.create_dir(directory, recursive=True)
@@ -124,24 +142,68 @@ class ChainLog:
             except (FileNotFoundError, OSError):
                 pass
 
-    def writer(self, row_id: str, key: str, resumed: ChainState | None) -> OnState:
-        """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds."""
-        written = len(resumed.steps) if resumed else 0
-        last = time.monotonic()
+    def writer(self, row_id: str, key: str, resumed: ChainState | None, parent: str | None = None) -> ChainWriter:
+        """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds.
 
-        async def on_state(state: ChainState) -> None:
-            nonlocal written, last
-            due = len(state.steps) - written >= self.every_steps or time.monotonic() - last >= self.every_s
-            if not due or len(state.steps) == written:
-                return
-            try:
-                await asyncio.to_thread(self.write, row_id, key, state, written)
-            except OSError as exc:  # a lost checkpoint costs re-reading, never the row
-                log.warning("row %s: could not write a checkpoint at step %d (%s)", row_id, len(state.steps), exc)
-                return
-            written, last = len(state.steps), time.monotonic()
+        ``parent``: the attempt whose segment ``resumed`` ends with (:attr:`Loaded.tip`; by default, the
+        tip this log's last load of the row found)."""
+        return ChainWriter(self, row_id, key, resumed, parent if parent is not None else self.tips.get(row_id))
 
-        return on_state
+
+@dataclass(frozen=True)
+class Loaded:
+    """A row's log read back: the state, why (part of) it was not used, its last writer, segments dropped."""
+
+    state: ChainState | None
+    reason: str | None
+    tip: str | None = None
+    dropped: int = 0
+
+
+class ChainWriter:
+    """``on_state`` of one read (one attempt): appends its segments after the state it resumed from.
+
+    A state that does not extend the previous one is a new chain (``answer_row`` refused the resumed
+    state and reads from chunk 0): the log is removed and the writer starts again at step 0 under a new
+    attempt, so a refused log is refused whole and never mixed with the fresh chain.
+    """
+
+    def __init__(self, chains: ChainLog, row_id: str, key: str, resumed: ChainState | None, parent: str | None):
+        self.chains, self.row_id, self.key = chains, row_id, key
+        self.attempt = uuid.uuid4().hex[:12]
+        self.written = len(resumed.steps) if resumed else 0
+        self.parent = parent if self.written else None
+        self.seen: tuple = resumed.steps if resumed else ()
+        self.last = time.monotonic()
+        self.off = False  # the refused log could not be removed: no checkpoints for this read
+
+    def _restarted(self, state: ChainState) -> bool:
+        n = len(self.seen)
+        return n > 0 and (len(state.steps) <= n or state.steps[n - 1] != self.seen[-1])
+
+    async def _restart(self) -> None:
+        self.attempt, self.written, self.parent = uuid.uuid4().hex[:12], 0, None
+        try:
+            await asyncio.to_thread(self.chains.remove, self.row_id)
+        except OSError as exc:  # appending to the refused log would mix two chains: write none
+            log.warning("row %s: could not remove a refused checkpoint (%s); no checkpoints this read", self.row_id, exc)
+            self.off = True
+
+    async def __call__(self, state: ChainState) -> None:
+        if self._restarted(state):
+            await self._restart()
+        self.seen = state.steps
+        every = self.chains
+        due = len(state.steps) - self.written >= every.every_steps or time.monotonic() - self.last >= every.every_s
+        if self.off or not due or len(state.steps) == self.written:
+            return
+        try:
+            await asyncio.to_thread(every.write, self.row_id, self.key, state, self.written, attempt=self.attempt,
+                                    parent=self.parent)
+        except OSError as exc:  # a lost checkpoint costs re-reading, never the row
+            log.warning("row %s: could not write a checkpoint at step %d (%s)", self.row_id, len(state.steps), exc)
+            return
+        self.written, self.last, self.parent = len(state.steps), time.monotonic(), None
 
 
 def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:

@@ -16,7 +16,7 @@ from pipelines.breaker import InfraBreaker
 from pipelines import fingerprint
 from pipelines.admission import AdmissionPlan, Gate, is_long_document
 from pipelines.batch_config import BatchQAConfig
-from pipelines.checkpoints import ChainLog
+from pipelines.checkpoints import ChainLog, Loaded
 from pipelines.records_output import RecordsWriter
 
 if TYPE_CHECKING:
@@ -95,11 +95,12 @@ class AgentWorker:
         if self.chains is None or not isinstance(row_id, str) or not isinstance(key, str):
             return {}
         try:
-            state, ignored = await asyncio.to_thread(self.chains.load, row_id, key)
+            found = await asyncio.to_thread(self.chains.load_chain, row_id, key)
         except OSError as exc:  # an unreadable _progress/ costs a re-read, never the row
             log.warning("row %s: could not read its checkpoints (%s); reading it from the start", row_id, exc)
-            state, ignored = None, f"unreadable: {exc}"
-        return dict(resume=state, on_state=self.chains.writer(row_id, key, state), checkpoint_ignored=ignored)
+            found = Loaded(None, f"unreadable: {exc}")
+        return dict(resume=found.state, on_state=self.chains.writer(row_id, key, found.state, found.tip),
+                    checkpoint_ignored=found.reason)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         from memagent.batch import answer_row
