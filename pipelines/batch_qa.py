@@ -75,7 +75,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
-        records_output.remove_orphans(cfg.output, cfg.s3)  # records of rows never committed (records_output)
+        records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records of rows never committed
         run = _start(cfg, admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
                                                      rows_per_call=ROWS_PER_CALL), held.holder.run_id)
         if plan.skipped >= plan.total_rows:
@@ -89,7 +89,8 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
                                                      scheduling_strategy=here).remote()
         try:
             _write(cfg, plan, run, _dataset(cfg, plan, run, build_engine), t0)
-            records_output.remove_orphans(cfg.output, cfg.s3)  # retried calls' records: no actor writes now
+            # Retried calls' records: no actor of this run writes now (of a forced lease's old run, one may).
+            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
             summary = summarise(cfg, plan, time.perf_counter() - t0)
             summary.add_actor_snapshots(ray.get(ledger.read.remote()), run.admission.max_in_flight)
         finally:

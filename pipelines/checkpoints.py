@@ -186,7 +186,8 @@ class ChainWriter:
         try:
             await asyncio.to_thread(self.chains.remove, self.row_id)
         except OSError as exc:  # appending to the refused log would mix two chains: write none
-            log.warning("row %s: could not remove a refused checkpoint (%s); no checkpoints this read", self.row_id, exc)
+            log.warning("row %s: could not remove a refused checkpoint (%s); no checkpoints this read",
+                        self.row_id, exc)
             self.off = True
 
     async def __call__(self, state: ChainState) -> None:
