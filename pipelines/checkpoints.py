@@ -97,8 +97,11 @@ class ChainLog:
                 break
         chain, rest = one_chain(list(read.values()))
         state, why = replay(chain, row_id, key)
-        if any(s.id != row_id or s.key != key for s in read.values()):
-            state, why = None, "written for another input or config (stale)"
+        other = next((s for s in read.values() if s.id != row_id or s.key != key), None)
+        if other is not None:
+            from pipelines.fingerprint import key_difference
+
+            state, why = None, f"written for another input or config (stale: {key_difference(other.key, key)} differed)"
         reason = why or reason
         if state is None:  # stale or unreadable from the first segment: start over, and never read it again
             self.remove(row_id)
