@@ -76,11 +76,11 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
         records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records of rows never committed
-        run = _start(cfg, admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
-                                                     rows_per_call=ROWS_PER_CALL), held.holder.run_id)
-        if plan.skipped >= plan.total_rows:
+        if plan.skipped >= plan.total_rows:  # nothing to read (no rows, or all done): no Ray, no model
             log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
             return summarise(cfg, plan, time.perf_counter() - t0)
+        run = _start(cfg, admission or AdmissionPlan(resolve_max_in_flight(cfg.job.max_in_flight, cfg.engine),
+                                                     rows_per_call=ROWS_PER_CALL), held.holder.run_id)
         # An actor no node can hold is refused now, not after the no-progress timeout.
         resources.check_job_fits(cfg.job, shutdown_on_refusal=run.started_ray)
         # The ledger lives on the driver's node: a lost worker node must not take it (and the job) along.
@@ -91,6 +91,7 @@ def run_batch_qa(cfg: BatchQAConfig, *, admission: AdmissionPlan | None = None,
             _write(cfg, plan, run, _dataset(cfg, plan, run, build_engine), t0)
             # Retried calls' records: no actor of this run writes now (of a forced lease's old run, one may).
             records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
+            _remove_stray_logs(cfg)
             summary = summarise(cfg, plan, time.perf_counter() - t0)
             summary.add_actor_snapshots(ray.get(ledger.read.remote()), run.admission.max_in_flight)
         finally:
@@ -206,6 +207,14 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
     written = summarise(cfg, plan, time.perf_counter() - t0)
     raise InfrastructureFailure(f"{stopped} ({written.rows_out} row(s) written this run, "
                                 f"{written.infra_errors} of them infrastructure errors)")
+
+
+def _remove_stray_logs(cfg: BatchQAConfig) -> None:
+    """The run ended: only the logs of rows a rerun redoes (``infra:`` errors) stay under ``_progress``."""
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    with storage.output_errors(cfg.output, cfg.s3):
+        _, retry = storage.output_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
+    checkpoints.remove_stray(cfg.output, cfg.s3, retry.to_pylist())
 
 
 def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSummary:

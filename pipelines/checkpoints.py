@@ -230,6 +230,30 @@ def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:
     return removed
 
 
+def remove_stray(output: str, s3: S3Options | None, keep_ids: Iterable[str]) -> int:
+    """At a run's end: remove every log but those of ``keep_ids`` (rows a rerun redoes), and the
+    hidden files of torn local writes; how many logs went. What is left is what resumes."""
+    fs, path = storage.filesystem(output, s3)
+    root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
+    keep = {log_key(i) for i in keep_ids}
+    gone: set[str] = set()
+    with storage.output_errors(output, s3):
+        for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True)):
+            key = info.path[len(root) + 1:].split("/", 1)[0]
+            if info.type == pafs.FileType.File and (key not in keep or info.base_name.startswith(".")):
+                fs.delete_file(info.path)
+                if key not in keep:
+                    gone.add(key)
+        if isinstance(fs, pafs.LocalFileSystem):  # the directories left empty (S3 has none)
+            for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+                if info.type == pafs.FileType.Directory and info.base_name not in keep:
+                    fs.delete_dir(info.path)
+            if fs.get_file_info(root).type == pafs.FileType.Directory and not fs.get_file_info(
+                    pafs.FileSelector(root)):
+                fs.delete_dir(root)
+    return len(gone)
+
+
 def committed_done_ids(fs: pafs.FileSystem, file: str) -> list[str]:
     """Ids of a written output file's rows that are done (not infrastructure errors); [] while it is written."""
     from memagent.error_kinds import INFRA_PREFIX

@@ -14,8 +14,10 @@ both write every other id: duplicates that a rerun keeps. So a run first creates
 The lease holds the run id, host, pid (and the pid's start time, against reuse), the start time
 and a heartbeat renewed every :data:`HEARTBEAT_S`. A second run refuses with one line naming
 the holder. A lease is stale, and taken over (conditionally: of two takers one wins), when its
-holder is gone: same host and that process is not running, or, from another host, no heartbeat
-for :data:`STALE_AFTER_S`. ``force`` (``--force-unlock RUN_ID``) takes a lease that still looks
+holder is gone: same host, boot and PID namespace and that process is not running, or, from
+anywhere else, no heartbeat for :data:`STALE_AFTER_S` (or one stamped further in the future than
+:data:`MAX_CLOCK_SKEW_S`). A renewal answered 412 reads the lease back: if it names this run, its
+own write landed (a retried request) and the lease is kept. Guarantees and assumptions: docs/batch.md. ``force`` (``--force-unlock RUN_ID``) takes a lease that still looks
 alive only from another host and only when it names the holder's run id (the manual case: a host
 known to be dead, 5 minutes too long to wait); a holder alive on this host is never forced, since
 two live runs writing one output duplicate rows. Release deletes it on any exit of the ``with``
