@@ -91,7 +91,7 @@ class ChainLog:
             try:
                 with self.fs.open_input_stream(f"{directory}/{name}") as f:
                     read[name] = parse_segment(f.read())
-            except (BadSegment, OSError, UnicodeDecodeError) as exc:
+            except (BadSegment, UnicodeDecodeError) as exc:  # an OSError is the store's, not the segment's: raised
                 reason = f"checkpoint {directory}/{name} is unreadable ({exc}); using the steps before it"
                 log.warning("row %s: %s", row_id, reason)
                 break
@@ -113,7 +113,10 @@ class ChainLog:
         # Segments off the chain used (another attempt's, past a gap or a bad one) would be misread next time.
         for name in names:
             if all(read.get(name) is not c for c in chain):
-                self.fs.delete_file(f"{directory}/{name}")
+                try:
+                    self.fs.delete_file(f"{directory}/{name}")
+                except OSError as exc:  # left, it is off the chain next time too: never worth a re-read
+                    log.warning("row %s: could not remove checkpoint %s (%s)", row_id, name, exc)
         self.tips[row_id] = chain[-1].attempt
         return Loaded(state, reason, tip=chain[-1].attempt, dropped=len(rest))
 
@@ -144,6 +147,19 @@ class ChainLog:
                 self.fs.delete_dir(self._dir(row_id))
             except (FileNotFoundError, OSError):
                 pass
+
+    def resume_args(self, row_id: str, key: str) -> dict:
+        """``answer_row``'s checkpoint arguments for one read: the state to resume, a writer, why a log was not used."""
+        for tries in (1, 2):  # a failed listing or read is the store's hiccup: once more, then from the start
+            try:
+                found = self.load_chain(row_id, key)
+                break
+            except OSError as exc:  # an unreadable _progress/ costs a re-read, never the row
+                log.warning("row %s: could not read its checkpoints (%s)%s", row_id, exc,
+                            "; reading it from the start" if tries == 2 else "; trying again")
+                found = Loaded(None, f"unreadable: {exc}")
+        return dict(resume=found.state, on_state=self.writer(row_id, key, found.state, found.tip),
+                    checkpoint_ignored=found.reason)
 
     def writer(self, row_id: str, key: str, resumed: ChainState | None, parent: str | None = None) -> ChainWriter:
         """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds.

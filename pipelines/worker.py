@@ -16,7 +16,7 @@ from pipelines.breaker import InfraBreaker
 from pipelines import fingerprint
 from pipelines.admission import AdmissionPlan, Gate, is_long_document
 from pipelines.batch_config import BatchQAConfig
-from pipelines.checkpoints import ChainLog, Loaded
+from pipelines.checkpoints import ChainLog
 from pipelines.records_output import RecordsWriter
 
 if TYPE_CHECKING:
@@ -97,13 +97,7 @@ class AgentWorker:
         if self.chains is None or not isinstance(row_id, str) or not isinstance(fp, str):
             return {}
         key = fingerprint.checkpoint_key(fp, self.decode_parts)
-        try:
-            found = await asyncio.to_thread(self.chains.load_chain, row_id, key)
-        except OSError as exc:  # an unreadable _progress/ costs a re-read, never the row
-            log.warning("row %s: could not read its checkpoints (%s); reading it from the start", row_id, exc)
-            found = Loaded(None, f"unreadable: {exc}")
-        return dict(resume=found.state, on_state=self.chains.writer(row_id, key, found.state, found.tip),
-                    checkpoint_ignored=found.reason)
+        return await asyncio.to_thread(self.chains.resume_args, row_id, key)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         from memagent.batch import answer_row
