@@ -120,21 +120,25 @@ class Outcome:
     injected: list[tuple[str, int, str]]
 
 
-def run_job(rows: list[dict], output: str, s3: Any, tokenizer: Any, plan: dict[tuple[str, int], str],
-            every_steps: int = 2, max_runs: int = 4, calls: dict[str, int] | None = None) -> Outcome:
-    """Run the job with ``plan``'s faults, then plain reruns until every id is done (or ``max_runs``);
-    ``calls`` counts the first run's storage calls by name."""
+Plan = dict[tuple[int, str, int], str]  # (run, call name, n-th call of that name in that run) -> fault
+
+
+def run_job(rows: list[dict], output: str, s3: Any, tokenizer: Any, plan: Plan, every_steps: int = 2,
+            max_runs: int = 6, calls: dict[tuple[int, str], int] | None = None) -> Outcome:
+    """Run the job, then plain reruns until every id is done (or ``max_runs``), each run with its part
+    of ``plan``; ``calls`` counts each run's storage calls by name."""
     engine = HashEngine(tokenizer)
     committed: dict[str, list[dict]] = {}
     injected: list = []
     runs = 0
     for runs in range(1, max_runs + 1):
-        chains = ChainLog(output, s3, every_steps=every_steps, every_s=3600)
-        if runs == 1:
-            chains.fs = FaultyFS(chains.fs, plan, calls if calls is not None else {})
-        todo = [r for r in rows if not any(rec["error"] is None for rec in committed.get(r["id"], []))]
+        todo = [r for r in rows if r["id"] not in committed]
         if not todo:
             break
+        chains = ChainLog(output, s3, every_steps=every_steps, every_s=3600)
+        mine = {(name, n): f for (run, name, n), f in plan.items() if run == runs}
+        counted: dict[str, int] = {}
+        chains.fs = fs = FaultyFS(chains.fs, mine, counted)
         try:
             for row in todo:
                 args = chains.resume_args(row["id"], "key")
@@ -144,10 +148,10 @@ def run_job(rows: list[dict], output: str, s3: Any, tokenizer: Any, plan: dict[t
                 committed.setdefault(row["id"], []).append(record)
         except Killed:
             pass  # the run died: what it committed stays, the rest is the rerun's
-        finally:
-            if isinstance(chains.fs, FaultyFS):
-                injected = chains.fs.injected
-        remove_logs(output, s3, list(committed))  # the driver's sweep (rerun's plan)
+        injected += [(runs, *i) for i in fs.injected]
+        if calls is not None:
+            calls.update({(runs, k): v for k, v in counted.items()})
+        remove_logs(output, s3, list(committed))  # the driver's sweep (and the rerun's plan)
     return Outcome(committed, engine.updates, runs, injected)
 
 

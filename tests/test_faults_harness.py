@@ -10,6 +10,9 @@ from memagent.data.demo import niah_row
 from tests.faults import FAULTS, LISTS, WRITES, FaultyFS, run_job, steps_without_times
 
 EVERY = 2  # checkpoint interval (memory updates)
+# The scenario every fault lands in: run 1 is killed at its third segment (mid-document), so run 2
+# resumes (reads, replays, removes) and run 3 is a plain rerun.
+BASE = {(1, "open_output_stream", 2): "kill_before"}
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +57,18 @@ def where(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def baseline(where, rows, tokenizer):
-    """The fault-free run: its records, the engine's updates, and how often each storage call ran."""
+    """The fault-free read (the oracle), and how often each storage call ran in each run of the base scenario."""
     new_output, s3 = where
-    calls: dict[str, int] = {}
-    outcome = run_job(rows, new_output(), s3, tokenizer, {}, every_steps=EVERY, calls=calls)
-    assert outcome.runs == 1 + 1 and all(len(v) == 1 for v in outcome.committed.values())
-    return outcome, calls
+    clean = run_job(rows, new_output(), s3, tokenizer, {}, every_steps=EVERY)
+    assert clean.runs == 2 and all(len(v) == 1 for v in clean.committed.values())
+    calls: dict = {}
+    base = run_job(rows, new_output(), s3, tokenizer, BASE, every_steps=EVERY, calls=calls)
+    check(base, clean, rows)
+    assert calls.get((2, "open_input_stream"))  # run 2 resumed from the log
+    return clean, calls
+
+
+RECOMPUTED: list[tuple[int, int]] = []  # (chunks re-read, faults injected) per random sequence
 
 
 def check(outcome, baseline_outcome, rows) -> int:
@@ -78,25 +87,27 @@ def check(outcome, baseline_outcome, rows) -> int:
     return reread
 
 
-def sites(calls: dict[str, int]) -> list[tuple[str, int, str]]:
-    """Every write site (and the listing) once, first call and last, with every fault that applies to it."""
+def sites(calls: dict[tuple[int, str], int]) -> list[tuple[int, str, int, str]]:
+    """Every storage call site of runs 1 and 2 once (its first call and its last), with each fault that applies."""
     out = []
-    for name, n in sorted(calls.items()):
+    for (run, name), n in sorted(calls.items()):
+        if run > 2:
+            continue
         faults = [f for f in FAULTS if (f == "reorder") == (name in LISTS)] if name in WRITES + LISTS else [
             "fail", "kill_before", "delay"]
-        out += [(name, i, f) for i in sorted({0, n - 1}) for f in faults]
+        out += [(run, name, i, f) for i in sorted({0, n - 1}) for f in faults]
     return out
 
 
 def test_a_fault_at_every_write_site_is_healed_by_reruns(where, rows, tokenizer, baseline):
-    """A fault (fail, lost response, kill, delay, reordered listing) at each storage call site leaves every id done once,
-    each trace the fault-free chain, and at most one checkpoint interval re-read."""
+    """A fault (fail, lost response, kill, delay, reordered listing) at each storage call site leaves every id done
+    once, each trace the fault-free chain, and at most one checkpoint interval re-read per fault."""
     new_output, s3 = where
-    base, calls = baseline
-    assert {"open_output_stream", "get_file_info"} <= set(calls)
-    for name, n, fault in sites(calls):
-        outcome = run_job(rows, new_output(), s3, tokenizer, {(name, n): fault}, every_steps=EVERY)
-        check(outcome, base, rows)
+    clean, calls = baseline
+    assert {(1, "open_output_stream"), (2, "get_file_info"), (2, "open_input_stream")} <= set(calls)
+    for run, name, n, fault in sites(calls):
+        plan = {**BASE, (run, name, n): fault}
+        check(run_job(rows, new_output(), s3, tokenizer, plan, every_steps=EVERY), clean, rows)
 
 
 @pytest.mark.slow
@@ -106,10 +117,11 @@ def test_random_fault_sequences_are_healed_by_reruns(where, rows, tokenizer, bas
     """Any sequence of up to 4 faults at any storage calls leaves every id done once, one chain per trace,
     and at most one checkpoint interval re-read per fault (100 sequences on each of local disk and S3)."""
     new_output, s3 = where
-    base, calls = baseline
-    names = sorted(calls)
+    clean, calls = baseline
+    names = sorted({name for _, name in calls})
     plan = data.draw(st.dictionaries(
-        st.tuples(st.sampled_from(names), st.integers(0, max(calls.values()) - 1)),
+        st.tuples(st.integers(1, 3), st.sampled_from(names), st.integers(0, max(calls.values()) - 1)),
         st.sampled_from(FAULTS), max_size=4))
     outcome = run_job(rows, new_output(), s3, tokenizer, plan, every_steps=EVERY)
-    check(outcome, base, rows)
+    reread = check(outcome, clean, rows)
+    RECOMPUTED.append((reread, len(outcome.injected)))
