@@ -88,7 +88,7 @@ def test_a_create_whose_response_was_lost_takes_the_lease(tmp_path, monkeypatch)
 
 
 def test_a_live_lease_of_another_pid_namespace_with_this_hostname_is_refused(tmp_path):
-    """A holder with this hostname but another PID namespace and a fresh heartbeat is alive, whatever its pid does here."""
+    """A holder with this hostname, another PID namespace and a fresh heartbeat is alive, whatever its pid is here."""
     output = str(tmp_path / "out")
     put_raw(output, holder_fields(host=socket.gethostname(), pid=dead_pid(), boot_id="b", pid_ns="4026531836x"))
     with pytest.raises(lease.OutputBusy, match="in use by run feed0000000a"):
@@ -97,7 +97,7 @@ def test_a_live_lease_of_another_pid_namespace_with_this_hostname_is_refused(tmp
 
 @pytest.mark.parametrize("ahead_s, taken", [(30.0, False), (86400.0, True)])
 def test_a_heartbeat_from_the_future_is_judged_against_the_skew_bound(tmp_path, ahead_s, taken):
-    """A heartbeat ahead by less than the skew bound is live; one a day ahead is no heartbeat, and the lease is taken."""
+    """A heartbeat ahead by less than the skew bound is live; one a day ahead is none: the lease is taken."""
     output = str(tmp_path / "out")
     put_raw(output, holder_fields(heartbeat=time.time() + ahead_s))
     if not taken:
