@@ -11,15 +11,22 @@ Each segment holds only its own steps (a few KB whatever the document's length) 
 atomically: local disk writes a hidden file and renames it, S3 puts one object. When a task is
 retried (actor or node death) or the job is rerun, the actor replays the row's log and the read
 goes on from its next chunk (:func:`memagent.agent.read_document` ``resume=``). A log is keyed
-by the row's input fingerprint (question, context, model, agent config): a log written for
-another input or config is stale, counted in the row (``checkpoint_ignored``) and removed,
+by the row's input fingerprint (question, context, model, agent config) and the decoding stack
+(:func:`pipelines.fingerprint.decode_parts`): a log written for another input, config or stack is
+stale, counted in the row (``checkpoint_ignored``, naming the part that differed) and removed,
 never used. A malformed segment is named in a warning; the segments before it are used.
+
+Each segment names its writer (an *attempt*: one read of the row) and the attempt it continued.
+Two attempts at one row (a zombie task) may write from the same step: :func:`memagent.checkpoint.one_chain`
+follows one chain, and the others' segments are dropped and counted. A read that refuses its
+resumed state (``ResumeMismatch``) starts a new chain, and its writer removes the refused log first
+(:class:`ChainWriter`), so two cuts never mix.
 
 A log is removed once its row is committed as done: the driver sweeps the output's new files
 while the job writes (:class:`Sweeper`) and once at its end, and a rerun's plan removes the logs
 of ids already done (a driver killed between commit and sweep). Rows written as infrastructure
-errors keep their logs: the rerun that redoes them resumes. ``memagent repair-output`` removes
-what is left of ids that are done.
+errors keep their logs: the rerun that redoes them resumes; a run's end removes every other log
+(:func:`remove_stray`). ``memagent repair-output`` removes what is left of ids that are done.
 """
 
 from __future__ import annotations

@@ -53,10 +53,25 @@ def holder_fields(**over) -> dict:
             "heartbeat": now, **over}
 
 
-def test_a_renewal_whose_response_was_lost_keeps_the_lease(tmp_path, monkeypatch):
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+def output(request, tmp_path, monkeypatch):
+    """(output uri, S3Options or None) on local disk or a moto server on loopback."""
+    if request.param == "local":
+        yield str(tmp_path / "out"), None
+        return
+    from infra.local_s3 import CREDENTIALS, s3_server
+    from pipelines.storage import S3Options
+
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    with s3_server(buckets=("lake",)) as endpoint:
+        yield "s3://lake/out", S3Options(endpoint_url=endpoint)
+
+
+def test_a_renewal_whose_response_was_lost_keeps_the_lease(output):
     """A renewal that landed but was answered 412 leaves the lease held (not lost) and renewing."""
-    output = str(tmp_path / "out")
-    held = lease.acquire(output)
+    output, s3 = output
+    held = lease.acquire(output, s3)
     try:
         flaky = LostResponse(held.store)
         held.store, flaky.lose = flaky, 1
@@ -68,7 +83,7 @@ def test_a_renewal_whose_response_was_lost_keeps_the_lease(tmp_path, monkeypatch
         assert json.loads(flaky.read()[0])["run_id"] == held.holder.run_id
     finally:
         held.release()
-    assert lease._store(output, None).read() is None  # released: the version it holds is the stored one
+    assert lease._store(output, s3).read() is None  # released: the version it holds is the stored one
 
 
 def test_a_create_whose_response_was_lost_takes_the_lease(tmp_path, monkeypatch):
