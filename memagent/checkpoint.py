@@ -69,6 +69,10 @@ class Segment(BaseModel):
     format: int
     id: str
     key: str
+    # The writer: one read of the row (a retried task, a zombie attempt or a rerun each take a new one),
+    # and the attempt whose segment this one continues (None: its own, or the log's start).
+    attempt: str = ""
+    parent: str | None = None
     first_step: int = Field(ge=0)
     steps: list[SegmentStep]
     next_chunk: int = Field(ge=0)
@@ -83,11 +87,13 @@ class BadSegment(ValueError):
     """A segment that is not one (torn, hand-edited, another format); the message says what is wrong."""
 
 
-def new_segment(row_id: str, key: str, state: ChainState, first_step: int) -> dict[str, Any]:
-    """The segment (JSON-able) that takes a log holding ``first_step`` steps to ``state``."""
+def new_segment(row_id: str, key: str, state: ChainState, first_step: int, *, attempt: str = "",
+                parent: str | None = None) -> dict[str, Any]:
+    """The segment (JSON-able) that takes a log holding ``first_step`` steps to ``state``, written by
+    ``attempt`` after a segment of ``parent`` (None: after its own, or at the start)."""
     if not 0 <= first_step <= len(state.steps):
         raise ValueError(f"first_step {first_step} outside the state's {len(state.steps)} steps")
-    return dict(format=FORMAT, id=row_id, key=key, first_step=first_step,
+    return dict(format=FORMAT, id=row_id, key=key, attempt=attempt, parent=parent, first_step=first_step,
                 steps=[asdict(s) for s in state.steps[first_step:]], next_chunk=state.next_chunk,
                 char_offset=state.char_offset, memory=state.memory,
                 records=[e.to_json() for e in state.records if e.mention.step >= first_step],
@@ -114,6 +120,38 @@ def parse_segment(data: bytes | str) -> Segment:
         if not seg.first_step <= r.step < seg.first_step + len(seg.steps):
             raise BadSegment(f"records.{i}: step {r.step} is not a step of the segment")
     return seg
+
+
+def _follows(seg: Segment, prev: Segment) -> bool:
+    """Whether ``seg`` continues the chain that ``prev`` ends: its next steps, by the writer that wrote them."""
+    parent = seg.parent if seg.parent is not None else seg.attempt
+    return seg.first_step == prev.first_step + len(prev.steps) and parent == prev.attempt
+
+
+def one_chain(segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
+    """The longest chain of segments from step 0 that one writer after another wrote, and the rest.
+
+    Two attempts at one row (a retried task while the first still runs) may both write from the same
+    step; each segment names its writer and the writer it continued, so the log is a tree and a chain
+    is one path down it. Ties go to the path whose attempts sort first (every reader picks the same).
+    """
+    best: list[Segment] = []
+
+    def walk(path: list[Segment]) -> None:
+        nonlocal best
+        end = path[-1].first_step + len(path[-1].steps)
+        best_end = best[-1].first_step + len(best[-1].steps) if best else -1
+        if end > best_end or (end == best_end and [s.attempt for s in path] < [s.attempt for s in best]):
+            best = list(path)
+        for seg in segments:
+            if _follows(seg, path[-1]) and all(seg is not p for p in path):
+                walk([*path, seg])
+
+    for seg in segments:
+        if seg.first_step == 0:
+            walk([seg])
+    rest = [s for s in segments if all(s is not b for b in best)]
+    return best, rest
 
 
 def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainState | None, str | None]:

@@ -69,11 +69,11 @@ def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = Non
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
-        records_output.remove_orphans(cfg.output, cfg.s3)  # records of rows never committed (records_output)
-        run = _start(cfg, AdmissionPlan.for_job(cfg.job, cfg.engine), held.holder.run_id)
-        if plan.skipped >= plan.total_rows:
+        records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records of rows never committed
+        if plan.skipped >= plan.total_rows:  # nothing to read (no rows, or all done): no Ray, no model
             log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
             return summarise(cfg, plan, time.perf_counter() - t0)
+        run = _start(cfg, AdmissionPlan.for_job(cfg.job, cfg.engine), held.holder.run_id)
         # An actor no node can hold is refused now, not after the no-progress timeout.
         resources.check_job_fits(cfg.job, shutdown_on_refusal=run.started_ray)
         # The ledger lives on the driver's node: a lost worker node must not take it (and the job) along.
@@ -82,7 +82,9 @@ def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = Non
                                                      scheduling_strategy=here).remote()
         try:
             _write(cfg, plan, run, _dataset(cfg, plan, run, build_engine), t0)
-            records_output.remove_orphans(cfg.output, cfg.s3)  # retried calls' records: no actor writes now
+            # Retried calls' records: no actor of this run writes now (of a forced lease's old run, one may).
+            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
+            _remove_stray_logs(cfg)
             summary = summarise(cfg, plan, time.perf_counter() - t0)
             summary.add_actor_snapshots(ray.get(ledger.read.remote()), run.admission.max_in_flight)
         finally:
@@ -198,6 +200,14 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
     written = summarise(cfg, plan, time.perf_counter() - t0)
     raise InfrastructureFailure(f"{stopped} ({written.rows_out} row(s) written this run, "
                                 f"{written.infra_errors} of them infrastructure errors)")
+
+
+def _remove_stray_logs(cfg: BatchQAConfig) -> None:
+    """The run ended: only the logs of rows a rerun redoes (``infra:`` errors) stay under ``_progress``."""
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    with storage.output_errors(cfg.output, cfg.s3):
+        _, retry = storage.output_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
+    checkpoints.remove_stray(cfg.output, cfg.s3, retry.to_pylist())
 
 
 def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSummary:

@@ -13,15 +13,22 @@ a hidden file and renames it; on S3 pyarrow completes the upload even when a wri
 it out (the segments before it are used). When a task is
 retried (actor or node death) or the job is rerun, the actor replays the row's log and the read
 goes on from its next chunk (:func:`memagent.agent.read_document` ``resume=``). A log is keyed
-by the row's input fingerprint (question, context, model, agent config): a log written for
-another input or config is stale, counted in the row (``checkpoint_ignored``) and removed,
+by the row's input fingerprint (question, context, model, agent config) and the decoding stack
+(:func:`pipelines.fingerprint.decode_parts`): a log written for another input, config or stack is
+stale, counted in the row (``checkpoint_ignored``, naming the part that differed) and removed,
 never used. A malformed segment is named in a warning; the segments before it are used.
+
+Each segment names its writer (an *attempt*: one read of the row) and the attempt it continued.
+Two attempts at one row (a zombie task) may write from the same step: :func:`memagent.checkpoint.one_chain`
+follows one chain, and the others' segments are dropped and counted. A read that refuses its
+resumed state (``ResumeMismatch``) starts a new chain, and its writer removes the refused log first
+(:class:`ChainWriter`), so two cuts never mix.
 
 A log is removed once its row is committed as done: the driver sweeps the output's new files
 while the job writes (:class:`Sweeper`) and once at its end, and a rerun's plan removes the logs
 of ids already done (a driver killed between commit and sweep). Rows written as infrastructure
-errors keep their logs: the rerun that redoes them resumes. ``memagent repair-output`` removes
-what is left of ids that are done.
+errors keep their logs: the rerun that redoes them resumes; a run's end removes every other log
+(:func:`remove_stray`). ``memagent repair-output`` removes what is left of ids that are done.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable
 
 import pyarrow as pa
@@ -41,7 +49,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from memagent.agent import ChainState
-from memagent.checkpoint import BadSegment, Segment, new_segment, parse_segment, replay
+from memagent.checkpoint import BadSegment, Segment, new_segment, one_chain, parse_segment, replay
 from pipelines import storage
 from pipelines.storage import S3Options
 
@@ -68,42 +76,65 @@ class ChainLog:
         self.every_steps, self.every_s = every_steps, every_s
         self.bytes_written = 0
         self.segments_written = 0
+        self.segments_dropped = 0  # another attempt's segments (a zombie task of the same row)
+        self.tips: dict[str, str] = {}  # row id -> the attempt that wrote the last segment its last load used
 
     def _dir(self, row_id: str) -> str:
         return f"{self.root}/{log_key(row_id)}"
 
     def load(self, row_id: str, key: str) -> tuple[ChainState | None, str | None]:
         """The state the row's log ends in (None: no usable log) and why a log was not (fully) used."""
+        found = self.load_chain(row_id, key)
+        return found.state, found.reason
+
+    def load_chain(self, row_id: str, key: str) -> Loaded:
+        """The row's log read back: one writer's chain (:func:`memagent.checkpoint.one_chain`), the rest removed."""
         directory = self._dir(row_id)
         files = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
         names = sorted((f.base_name for f in files if _SEGMENT.match(f.base_name)), key=lambda n: int(n[:8]))
         if not names:
-            return None, None
-        segments: list[Segment] = []
+            return Loaded(None, None)
+        read: dict[str, Segment] = {}
         reason = None
         for name in names:
             try:
                 with self.fs.open_input_stream(f"{directory}/{name}") as f:
-                    segments.append(parse_segment(f.read()))
-            except (BadSegment, OSError, UnicodeDecodeError) as exc:
+                    read[name] = parse_segment(f.read())
+            except (BadSegment, UnicodeDecodeError) as exc:  # an OSError is the store's, not the segment's: raised
                 reason = f"checkpoint {directory}/{name} is unreadable ({exc}); using the steps before it"
                 log.warning("row %s: %s", row_id, reason)
                 break
-        state, why = replay(segments, row_id, key)
+        chain, rest = one_chain(list(read.values()))
+        state, why = replay(chain, row_id, key)
+        other = next((s for s in read.values() if s.id != row_id or s.key != key), None)
+        if other is not None:
+            from pipelines.fingerprint import key_difference
+
+            state, why = None, f"written for another input or config (stale: {key_difference(other.key, key)} differed)"
         reason = why or reason
         if state is None:  # stale or unreadable from the first segment: start over, and never read it again
             self.remove(row_id)
-            return None, reason or "unreadable"
-        # Segments past the state used (after a gap or a bad one) would be misread next time.
+            return Loaded(None, reason or "unreadable")
+        if rest:
+            self.segments_dropped += len(rest)
+            log.warning("row %s: %d checkpoint segment(s) off the chain used dropped (another attempt's, "
+                        "or past a gap)", row_id, len(rest))
+        # Segments off the chain used (another attempt's, past a gap or a bad one) would be misread next time.
         for name in names:
-            if int(name[:8]) >= len(state.steps):
-                self.fs.delete_file(f"{directory}/{name}")
-        return state, reason
+            if all(read.get(name) is not c for c in chain):
+                try:
+                    self.fs.delete_file(f"{directory}/{name}")
+                except OSError as exc:  # left, it is off the chain next time too: never worth a re-read
+                    log.warning("row %s: could not remove checkpoint %s (%s)", row_id, name, exc)
+        self.tips[row_id] = chain[-1].attempt
+        return Loaded(state, reason, tip=chain[-1].attempt, dropped=len(rest))
 
-    def write(self, row_id: str, key: str, state: ChainState, first_step: int) -> int:
+    def write(self, row_id: str, key: str, state: ChainState, first_step: int, *, attempt: str = "",
+              parent: str | None = None) -> int:
         """Append the segment taking the log from ``first_step`` steps to ``state``; bytes written."""
         directory = self._dir(row_id)
-        data = json.dumps(new_segment(row_id, key, state, first_step), ensure_ascii=False).encode()
+        segment = new_segment(row_id, key, state, first_step, attempt=attempt, parent=parent)
+        data = json.dumps(segment, ensure_ascii=False).encode()
         name = f"{directory}/{first_step:08d}-{len(state.steps):08d}.json"
         if self.local:  # atomic: a reader sees the whole segment or none of it
             self.fs.create_dir(directory, recursive=True)
@@ -126,24 +157,82 @@ class ChainLog:
             except (FileNotFoundError, OSError):
                 pass
 
-    def writer(self, row_id: str, key: str, resumed: ChainState | None) -> OnState:
-        """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds."""
-        written = len(resumed.steps) if resumed else 0
-        last = time.monotonic()
-
-        async def on_state(state: ChainState) -> None:
-            nonlocal written, last
-            due = len(state.steps) - written >= self.every_steps or time.monotonic() - last >= self.every_s
-            if not due or len(state.steps) == written:
-                return
+    def resume_args(self, row_id: str, key: str) -> dict:
+        """``answer_row``'s checkpoint arguments for one read: the state to resume, a writer, why a log was not used."""
+        for tries in (1, 2):  # a failed listing or read is the store's hiccup: once more, then from the start
             try:
-                await asyncio.to_thread(self.write, row_id, key, state, written)
-            except OSError as exc:  # a lost checkpoint costs re-reading, never the row
-                log.warning("row %s: could not write a checkpoint at step %d (%s)", row_id, len(state.steps), exc)
-                return
-            written, last = len(state.steps), time.monotonic()
+                found = self.load_chain(row_id, key)
+                break
+            except OSError as exc:  # an unreadable _progress/ costs a re-read, never the row
+                log.warning("row %s: could not read its checkpoints (%s)%s", row_id, exc,
+                            "; reading it from the start" if tries == 2 else "; trying again")
+                found = Loaded(None, f"unreadable: {exc}")
+        return dict(resume=found.state, on_state=self.writer(row_id, key, found.state, found.tip),
+                    checkpoint_ignored=found.reason)
 
-        return on_state
+    def writer(self, row_id: str, key: str, resumed: ChainState | None, parent: str | None = None) -> ChainWriter:
+        """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds.
+
+        ``parent``: the attempt whose segment ``resumed`` ends with (:attr:`Loaded.tip`; by default, the
+        tip this log's last load of the row found)."""
+        return ChainWriter(self, row_id, key, resumed, parent if parent is not None else self.tips.get(row_id))
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A row's log read back: the state, why (part of) it was not used, its last writer, segments dropped."""
+
+    state: ChainState | None
+    reason: str | None
+    tip: str | None = None
+    dropped: int = 0
+
+
+class ChainWriter:
+    """``on_state`` of one read (one attempt): appends its segments after the state it resumed from.
+
+    A state that does not extend the previous one is a new chain (``answer_row`` refused the resumed
+    state and reads from chunk 0): the log is removed and the writer starts again at step 0 under a new
+    attempt, so a refused log is refused whole and never mixed with the fresh chain.
+    """
+
+    def __init__(self, chains: ChainLog, row_id: str, key: str, resumed: ChainState | None, parent: str | None):
+        self.chains, self.row_id, self.key = chains, row_id, key
+        self.attempt = uuid.uuid4().hex[:12]
+        self.written = len(resumed.steps) if resumed else 0
+        self.parent = parent if self.written else None
+        self.seen: tuple = resumed.steps if resumed else ()
+        self.last = time.monotonic()
+        self.off = False  # the refused log could not be removed: no checkpoints for this read
+
+    def _restarted(self, state: ChainState) -> bool:
+        n = len(self.seen)
+        return n > 0 and (len(state.steps) <= n or state.steps[n - 1] != self.seen[-1])
+
+    async def _restart(self) -> None:
+        self.attempt, self.written, self.parent = uuid.uuid4().hex[:12], 0, None
+        try:
+            await asyncio.to_thread(self.chains.remove, self.row_id)
+        except OSError as exc:  # appending to the refused log would mix two chains: write none
+            log.warning("row %s: could not remove a refused checkpoint (%s); no checkpoints this read",
+                        self.row_id, exc)
+            self.off = True
+
+    async def __call__(self, state: ChainState) -> None:
+        if self._restarted(state):
+            await self._restart()
+        self.seen = state.steps
+        every = self.chains
+        due = len(state.steps) - self.written >= every.every_steps or time.monotonic() - self.last >= every.every_s
+        if self.off or not due or len(state.steps) == self.written:
+            return
+        try:
+            await asyncio.to_thread(every.write, self.row_id, self.key, state, self.written, attempt=self.attempt,
+                                    parent=self.parent)
+        except OSError as exc:  # a lost checkpoint costs re-reading, never the row
+            log.warning("row %s: could not write a checkpoint at step %d (%s)", self.row_id, len(state.steps), exc)
+            return
+        self.written, self.last, self.parent = len(state.steps), time.monotonic(), None
 
 
 def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:
@@ -164,6 +253,30 @@ def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:
                 pass  # S3 has no directories: nothing left to delete
             removed += 1
     return removed
+
+
+def remove_stray(output: str, s3: S3Options | None, keep_ids: Iterable[str]) -> int:
+    """At a run's end: remove every log but those of ``keep_ids`` (rows a rerun redoes), and the
+    hidden files of torn local writes; how many logs went. What is left is what resumes."""
+    fs, path = storage.filesystem(output, s3)
+    root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
+    keep = {log_key(i) for i in keep_ids}
+    gone: set[str] = set()
+    with storage.output_errors(output, s3):
+        for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True)):
+            key = info.path[len(root) + 1:].split("/", 1)[0]
+            if info.type == pafs.FileType.File and (key not in keep or info.base_name.startswith(".")):
+                fs.delete_file(info.path)
+                if key not in keep:
+                    gone.add(key)
+        if isinstance(fs, pafs.LocalFileSystem):  # the directories left empty (S3 has none)
+            for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+                if info.type == pafs.FileType.Directory and info.base_name not in keep:
+                    fs.delete_dir(info.path)
+            if fs.get_file_info(root).type == pafs.FileType.Directory and not fs.get_file_info(
+                    pafs.FileSelector(root)):
+                fs.delete_dir(root)
+    return len(gone)
 
 
 def committed_done_ids(fs: pafs.FileSystem, file: str) -> list[str]:

@@ -8,12 +8,20 @@ fingerprints of the ids it would skip with its own input: if any differ, it refu
 many and one example, unless ``redo_changed`` (``--redo-changed``), which takes those rows out
 of the output and answers them again (still exactly once). Outputs written before this column
 existed are not checked.
+
+A chain checkpoint is keyed by more: the row's fingerprint plus what changes the tokens or the
+arithmetic of a read without changing its answer's meaning (:func:`decode_parts`: dtype and
+device, the model files, the tokenizer files, the versions of the libraries that decode). A rerun
+after a library upgrade keeps its done rows, but never resumes a chain written by the old stack;
+the row's ``checkpoint_ignored`` names the part that differed (:func:`key_difference`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +38,67 @@ def answer_key(cfg: BatchQAConfig) -> str:
     e = cfg.engine
     return json.dumps({"method": cfg.method, "engine": e.engine, "model": e.served_model or e.model,
                        "agent": cfg.agent.model_dump(mode="json", exclude={"preset"})}, sort_keys=True)  # a label
+
+
+DECODING_LIBRARIES = ("memagent", "torch", "transformers", "tokenizers", "vllm", "llama-cpp-python", "gguf")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                    "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def _files_hash(directory: Path, tokenizer: bool) -> str:
+    """A hash of a model directory's tokenizer files or its other files: small files by content,
+    large ones (weights) by name and size."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in directory.iterdir() if p.is_file() and (p.name in _TOKENIZER_FILES) == tokenizer):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}:".encode())
+        if size <= 1 << 20:
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _model_dir(name: str | None) -> Path | None:
+    if not name:
+        return None
+    try:
+        from memagent.models import resolve_model
+
+        return resolve_model(name)
+    except Exception:  # noqa: BLE001 - a remote model (openai) or none on disk: its name stands for it
+        return None
+
+
+def decode_parts(engine_cfg: Any, engine: Any = None) -> dict[str, str]:
+    """What a chain's tokens and arithmetic depend on beyond the row's input fingerprint (see the module doc)."""
+    model = _model_dir(engine_cfg.model) if engine_cfg.engine != "openai" else None
+    tokenizer = _model_dir(engine_cfg.tokenizer) or model
+    versions = {}
+    for lib in DECODING_LIBRARIES:
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"dtype": f"{getattr(engine, 'dtype', None) or engine_cfg.dtype}@{getattr(engine, 'device', None) or ''}",
+            "model": _files_hash(model, tokenizer=False) if model else str(engine_cfg.served_model or engine_cfg.model),
+            "tokenizer": _files_hash(tokenizer, tokenizer=True) if tokenizer else str(engine_cfg.tokenizer),
+            "versions": json.dumps(versions, sort_keys=True)}
+
+
+def checkpoint_key(input_fingerprint: str, parts: dict[str, str]) -> str:
+    """The key a row's chain checkpoints are written and read under."""
+    return json.dumps({"input": input_fingerprint, **parts}, sort_keys=True)
+
+
+def key_difference(stored: str, wanted: str) -> str:
+    """Which parts of two checkpoint keys differ, in words ("dtype, versions"); "the input or config" when unknown."""
+    try:
+        a, b = json.loads(stored), json.loads(wanted)
+    except ValueError:
+        return "the input or config"
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return "the input or config"
+    names = {"input": "the input or config"}
+    return ", ".join(names.get(k, k) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)) or "nothing"
 
 
 def job_question(cfg: BatchQAConfig) -> str | None:

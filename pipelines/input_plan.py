@@ -61,7 +61,7 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
     """Every file readable (a corrupt one is named), the required columns in *every* file (a file
     lacking one is named), the files' schemas unified (columns of every file kept, nulls where a
     file lacks an optional one; compatible types widened; incompatible types name the column and
-    both files), no column named like an output column, ids strings, non-null, unique."""
+    both files), no column named like an output column, ids strings, non-null, not blank, unique."""
     endpoint = storage.s3_endpoint(cfg.s3)
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
     with storage.io_errors("input", cfg.input, endpoint):
@@ -90,6 +90,11 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
         ids = storage.read_column(in_fs, files, "id")
     if ids.null_count:
         raise ValueError(f"input column id has {ids.null_count} null value(s); every row needs an id")
+    blank = pc.equal(pc.utf8_trim_whitespace(ids), "")
+    if pc.any(blank).as_py():
+        row = pc.index(blank, True).as_py()
+        raise ValueError(f"input column id: row {row} has the blank id {ids[row].as_py()!r}; every row needs an id "
+                         "with a visible character")
     dup = storage.duplicates(ids)
     if dup:
         raise ValueError(f"input column id has duplicates, e.g. {', '.join(dup)}; ids must be unique")

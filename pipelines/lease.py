@@ -14,11 +14,15 @@ both write every other id: duplicates that a rerun keeps. So a run first creates
 The lease holds the run id, host, pid (and the pid's start time, against reuse), the start time
 and a heartbeat renewed every :data:`HEARTBEAT_S`. A second run refuses with one line naming
 the holder. A lease is stale, and taken over (conditionally: of two takers one wins), when its
-holder is gone: same host and that process is not running, or, from another host, no heartbeat
-for :data:`STALE_AFTER_S`. ``force`` (``--force-unlock RUN_ID``) takes a lease that still looks
-alive only from another host and only when it names the holder's run id (the manual case: a host
-known to be dead, 5 minutes too long to wait); a holder alive on this host is never forced, since
-two live runs writing one output duplicate rows. Release deletes it on any exit of the ``with``
+holder is gone: same host, boot and PID namespace and that process is not running, or, from
+anywhere else, no heartbeat for :data:`STALE_AFTER_S` (or one stamped further in the future than
+:data:`MAX_CLOCK_SKEW_S`). A renewal answered 412 reads the lease back: if it names this run, its
+own write landed (a retried request) and the lease is kept. Guarantees and assumptions: docs/batch.md.
+``force`` (``--force-unlock RUN_ID``) takes a lease that still looks
+alive only from another host (or PID namespace) and only when it names the holder's run id (the
+manual case: a host known to be dead, 5 minutes too long to wait); a holder alive on this host is
+never forced, since two live runs writing one output duplicate rows. A forced lease says so
+(:attr:`Lease.forced`): its run sweeps no records files the old run may still commit. Release deletes it on any exit of the ``with``
 block, error and Ctrl-C included; a killed process leaves it, and the next run takes it over.
 
 The writer checks the lease itself before each output file (:func:`check_held`, read from the
@@ -49,7 +53,10 @@ log = logging.getLogger(__name__)
 
 LEASE_NAME = "_memagent.lease"  # "_": never read as input or as output rows
 HEARTBEAT_S = 30.0
-STALE_AFTER_S = 300.0  # another host's lease without a heartbeat this long is taken over
+STALE_AFTER_S = 300.0  # a lease of another PID namespace without a heartbeat this long is taken over
+# Assumption: hosts' clocks agree within this (NTP keeps them within milliseconds). A heartbeat further
+# in the future than this is not one a live holder with a sane clock wrote: the lease is taken as stale.
+MAX_CLOCK_SKEW_S = 60.0
 _MAX_TIME = 2.0**36  # a timestamp past year 4000 is not one (time.gmtime overflows further on)
 FORCE_UNLOCK_HELP = ("The run id of a run on another host that still seems to hold the output's lease (as the "
                      "'in use by run ...' error names it): take its lease anyway, only when that run is known to be "
@@ -75,11 +82,26 @@ class Holder:
     pid_start: str | None  # the process's start time (Linux /proc), so a reused pid is not taken for it
     started: float
     heartbeat: float
+    # Where ``pid`` means something: the kernel's boot id and the PID namespace (its inode). Two
+    # containers with one hostname (``--network host``) differ in the namespace; leases written
+    # before these fields existed have None and are judged by their heartbeat.
+    boot_id: str | None = None
+    pid_ns: str | None = None
 
     @classmethod
     def me(cls) -> Holder:
         now = time.time()
-        return cls(uuid.uuid4().hex[:12], socket.gethostname(), os.getpid(), _pid_start(os.getpid()), now, now)
+        return cls(uuid.uuid4().hex[:12], socket.gethostname(), os.getpid(), _pid_start(os.getpid()), now, now,
+                   *_namespace())
+
+    def local(self) -> bool:
+        """Whether ``pid`` names a process this one can see: same host, boot and PID namespace (a lease
+        written without them, by an older version, is judged by its hostname as it was then)."""
+        if self.host != socket.gethostname():
+            return False
+        if self.boot_id is None and self.pid_ns is None:
+            return True
+        return (self.boot_id, self.pid_ns) == _namespace()
 
     def describe(self) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
@@ -88,9 +110,10 @@ class Holder:
 
     def stale(self, now: float | None = None) -> bool:
         """Whether the holder is gone (see the module doc)."""
-        if self.host == socket.gethostname():
+        if self.local():
             return not _alive(self.pid, self.pid_start)
-        return (now or time.time()) - self.heartbeat > STALE_AFTER_S
+        age = (now or time.time()) - self.heartbeat
+        return age > STALE_AFTER_S or age < -MAX_CLOCK_SKEW_S  # silent, or stamped past the skew bound
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -106,9 +129,23 @@ class Holder:
             return None
         ok = (isinstance(holder.run_id, str) and isinstance(holder.host, str)
               and type(holder.pid) is int and 0 < holder.pid < 2**31
-              and (holder.pid_start is None or isinstance(holder.pid_start, str))
+              and all(v is None or isinstance(v, str) for v in (holder.pid_start, holder.boot_id, holder.pid_ns))
               and all(type(t) in (int, float) and 0 <= t < _MAX_TIME for t in (holder.started, holder.heartbeat)))
         return holder if ok else None
+
+
+@functools.lru_cache(maxsize=1)
+def _namespace() -> tuple[str | None, str | None]:
+    """This process's (boot id, PID namespace inode); None where /proc does not say (not Linux)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = None
+    try:
+        ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        ns = None
+    return boot, ns
 
 
 def _pid_start(pid: int) -> str | None:
@@ -235,8 +272,12 @@ def _store(output: str, s3: S3Options | None) -> _LocalStore | _S3Store:
 class Lease:
     """A held lease; renewed by a daemon thread until :meth:`release`."""
 
-    def __init__(self, output: str, store: _LocalStore | _S3Store, holder: Holder, version: str):
+    def __init__(self, output: str, store: _LocalStore | _S3Store, holder: Holder, version: str,
+                 forced: bool = False):
         self.output, self.store, self.holder, self.version = output, store, holder, version
+        # Taken from a holder that looked alive (--force-unlock): it may still commit what it wrote, so
+        # nothing it may name is swept (records_output.remove_orphans) by this run.
+        self.forced = forced
         self.lost: str | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -257,9 +298,16 @@ class Lease:
             except Exception as exc:  # noqa: BLE001 - a missed beat is not fatal; STALE_AFTER_S is 10 beats
                 log.warning("output %s: could not renew the lease (%s)", self.output, exc)
                 return
-            if version is None:
-                now = self.store.read()
+            if version is None:  # a 412: taken over, or our own write whose response was lost and retried
+                try:
+                    now = self.store.read()
+                except Exception as exc:  # noqa: BLE001 - proves nothing either way: the next beat reads again
+                    log.warning("output %s: could not read the lease back (%s)", self.output, exc)
+                    return
                 other = Holder.decode(now[0]) if now else None
+                if other is not None and other.run_id == self.holder.run_id:
+                    self.holder, self.version = other, now[1]  # still ours: our write landed
+                    return
                 self.lost = other.describe() if other else "nobody (the lease was removed)"
                 log.error("output %s: this run's lease was taken over by %s", self.output, self.lost)
             else:
@@ -293,7 +341,7 @@ def acquire(output: str, s3: S3Options | None = None, *, force: str | None = Non
 def _refusal(output: str, other: Holder, force: str | None) -> str | None:
     """Why a lease that looks alive is not taken (None: ``force`` names its holder on another host)."""
     busy = f"output {output} is in use by {other.describe()}"
-    if other.host == socket.gethostname():  # alive here (else it would be stale): forcing would duplicate rows
+    if other.local():  # alive here (else it would be stale): forcing would duplicate rows
         return (f"{busy}, which is running on this host; wait for it to finish or stop it (kill {other.pid}): "
                 "--force-unlock never takes the lease of a live run")
     if force == other.run_id:
@@ -307,13 +355,17 @@ def _refusal(output: str, other: Holder, force: str | None) -> str | None:
 def _acquire(output: str, s3: S3Options | None, force: str | None) -> Lease:
     store = _store(output, s3)
     me = Holder.me()
+    forced = False
     for _ in range(5):  # a few rounds: the lease may change between our read and our write
         now = store.read()
         if now is None:
             version = store.put(me.encode(), expect=None)
         else:
             other = Holder.decode(now[0])
+            if other is not None and other.run_id == me.run_id:  # our create landed; its retry got the 412
+                return Lease(output, store, me, now[1], forced)
             live = other is not None and not other.stale()
+            forced = forced or live
             refused = _refusal(output, other, force) if live else None
             if refused:
                 raise OutputBusy(refused)
@@ -323,7 +375,7 @@ def _acquire(output: str, s3: S3Options | None, force: str | None) -> Lease:
         # Read back: a store whose conditional write is not atomic (moto checks, then writes)
         # can let two creators through; the one whose write landed last keeps the lease.
         if version is not None and (store.read() or (b"", ""))[1] == version:
-            return Lease(output, store, me, version)
+            return Lease(output, store, me, version, forced)
     raise OutputBusy(f"output {output}: its lease keeps changing hands; another run is starting on it")
 
 

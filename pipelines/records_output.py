@@ -172,8 +172,15 @@ def _read_one(fs: pafs.FileSystem, file: str, unified: pa.Schema | None, record_
     return table
 
 
-def remove_orphans(output: str, s3: S3Options | None = None) -> int:
-    """Remove records files no committed row names (run only while no actor writes: under the lease)."""
+def remove_orphans(output: str, s3: S3Options | None = None, *, forced: bool = False) -> int:
+    """Remove records files no committed row names (run only while no actor writes: under the lease).
+
+    ``forced``: the lease was taken with ``--force-unlock`` from a run that looked alive; it may still
+    commit a documents file naming its records, so none is removed (a later run's sweep does it)."""
+    if forced:
+        log.warning("output %s: the lease was forced; records files of rows not committed are kept, since the "
+                    "run it was taken from may still commit them (the next run removes those it never did)", output)
+        return 0
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{RECORDS_DIR}"
     with storage.output_errors(output, s3):

@@ -84,10 +84,10 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
     with storage.output_errors(cfg.output, cfg.s3):
         if fs.get_file_info(path).type != pafs.FileType.Directory and not storage.is_s3(cfg.output):
             raise ValueError(f"output {cfg.output}: no such directory")
-        with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock):
+        with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:
             files = storage.complete_parquet_files(fs, path)
             storage.output_ids(fs, files)  # refuses a directory that is not a batch output
-            records_output.remove_orphans(cfg.output, cfg.s3)  # records files no committed row names
+            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records no committed row names
             infos = fs.get_file_info(files)
             parts, newness, sizes = [], [], []
             for i, (file, info) in enumerate(zip(files, infos)):
@@ -115,7 +115,7 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
                 _rewrite_without(fs, path, file, mine)
                 summary.rows_removed += len(mine)
                 summary.files_rewritten += 1
-            records_output.remove_orphans(cfg.output, cfg.s3)  # the records of the duplicates taken out
+            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # the duplicates' records
     log.info(summary.line())
     return summary
 

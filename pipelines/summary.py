@@ -128,6 +128,8 @@ class BatchSummary:
         return self.context_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def lines(self) -> list[str]:
+        if self.rows_in == 0:  # one line: nothing was read, nothing started
+            return [f"rows in:        0 (the input has no rows; nothing to do; output {self.output})"]
         acc = "n/a (no answers)" if self.accuracy is None else (
             f"{self.accuracy:.3f} over {self.scored_rows} rows, error rows counted wrong"
             + (f" ({self.accuracy_answered:.3f} over the rows without error)"

@@ -71,6 +71,8 @@ class AgentWorker:
         # Chain checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
         every = job.checkpoint_every_steps
         self.chains = ChainLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
+        # A chain resumes only on the stack that wrote it: dtype, model and tokenizer files, library versions.
+        self.decode_parts = fingerprint.decode_parts(cfg.engine, inner) if self.chains else {}
         schema = cfg.agent.extraction  # record types: each row's records go beside the output first
         self.records = RecordsWriter(cfg.output, cfg.s3, schema) if schema and schema.record_types else None
 
@@ -91,15 +93,11 @@ class AgentWorker:
 
     async def _chain(self, row: dict) -> dict:
         """answer_row's checkpoint arguments for ``row``: its checkpointed state, if any, and a writer."""
-        row_id, key = row.get("id"), row.get(fingerprint.COLUMN)
-        if self.chains is None or not isinstance(row_id, str) or not isinstance(key, str):
+        row_id, fp = row.get("id"), row.get(fingerprint.COLUMN)
+        if self.chains is None or not isinstance(row_id, str) or not isinstance(fp, str):
             return {}
-        try:
-            state, ignored = await asyncio.to_thread(self.chains.load, row_id, key)
-        except OSError as exc:  # an unreadable _progress/ costs a re-read, never the row
-            log.warning("row %s: could not read its checkpoints (%s); reading it from the start", row_id, exc)
-            state, ignored = None, f"unreadable: {exc}"
-        return dict(resume=state, on_state=self.chains.writer(row_id, key, state), checkpoint_ignored=ignored)
+        key = fingerprint.checkpoint_key(fp, self.decode_parts)
+        return await asyncio.to_thread(self.chains.resume_args, row_id, key)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         from memagent.batch import answer_row
