@@ -91,7 +91,7 @@ def test_hf_engine_with_its_grammar_over_a_perfect_model(hf_engine, spec, seed, 
 
 
 @pytest.mark.slow
-def test_batch_job_writes_every_record_of_a_dense_page(tmp_path, smollm2_dir, tokenizer):
+def test_batch_job_writes_every_record_of_a_dense_page(ray_local, tmp_path, smollm2_dir, tokenizer):
     """The batch job over the OpenAI engine writes all 130 records of a page that states 130 payments in one
     chunk (over the 50 a records call may return), and nothing an inventing model made up."""
     from memagent_cli.main import main

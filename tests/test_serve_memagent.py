@@ -99,7 +99,7 @@ def test_response_format_runs_the_extraction_chain(url):
 
 def test_concurrent_requests_share_the_engine(url, engine):
     """Four concurrent memagent requests all answer, and some engine forward held more than one of their rows."""
-    before = len(engine.stats.batch_sizes)
+    before = engine.stats.batch_sizes.copy()  # batch size -> forwards of that size
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=url, timeout=300) as c:
@@ -107,7 +107,7 @@ def test_concurrent_requests_share_the_engine(url, engine):
 
     replies = asyncio.run(run())
     assert all(r.status_code == 200 for r in replies)
-    assert max(engine.stats.batch_sizes[before:]) > 1
+    assert any(size > 1 for size in engine.stats.batch_sizes - before)  # some forward held two requests
 
 
 def test_memagent_input_errors(url):
