@@ -149,6 +149,16 @@ def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, mode
     return record
 
 
+def _row_question(row: Mapping[str, Any], config: AgentConfig, question: str | None, method: Method) -> str | None:
+    """The question a row is read with: the job's, else the row's; none with an extraction schema."""
+    if config.extraction is None:
+        return question if question is not None else row.get("question")
+    if question is not None or method != "memagent":
+        raise ValueError("an extraction schema is the question and is read by method 'memagent': "
+                         "give no job-level question and no other method with it")
+    return None
+
+
 async def answer_row(
     engine: Engine,
     row: Mapping[str, Any],
@@ -180,12 +190,7 @@ async def answer_row(
     done: a rerun reads it again), so no row is ever committed without its records.
     """
     t0 = time.perf_counter()
-    q = question if question is not None else row.get("question")
-    if config.extraction is not None:
-        if question is not None or method != "memagent":
-            raise ValueError("an extraction schema is the question and is read by method 'memagent': "
-                             "give no job-level question and no other method with it")
-        q = None
+    q = _row_question(row, config, question, method)
     row_metric = row.get("metric") or metric
     if row_metric not in METRICS:
         return error_record(row, f"input: metric {row_metric!r} is not one of {', '.join(METRICS)}",
@@ -210,13 +215,19 @@ async def answer_row(
     else:
         record = result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
         if on_records is not None and result.records is not None:
-            try:
-                record[RECORDS_FILE_COLUMN] = await on_records(str(row.get("id")), result.records)
-            except OSError as exc:
-                log.warning("row %s: could not write its records (%s)", row.get("id"), exc)
-                record = error_record(row, f"infra: records not written: {type(exc).__name__}: {exc}", config,
-                                      engine.name, method)
+            record = await _with_records(record, row, result, config, engine.name, method, on_records)
     record["checkpoint_ignored"] = checkpoint_ignored
+    return record
+
+
+async def _with_records(record: dict[str, Any], row: Mapping[str, Any], result: Result, config: AgentConfig,
+                        model: str, method: Method, on_records: OnRecords) -> dict[str, Any]:
+    """The record with its records written (``records_file``), or an ``infra:`` error row when they were not."""
+    try:
+        record[RECORDS_FILE_COLUMN] = await on_records(str(row.get("id")), result.records or {})
+    except OSError as exc:
+        log.warning("row %s: could not write its records (%s)", row.get("id"), exc)
+        return error_record(row, f"infra: records not written: {type(exc).__name__}: {exc}", config, model, method)
     return record
 
 
