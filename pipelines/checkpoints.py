@@ -34,7 +34,6 @@ errors keep their logs: the rerun that redoes them resumes; a run's end removes 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import re
@@ -44,9 +43,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable
 
-import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from memagent.agent import ChainState
 from memagent.checkpoint import BadSegment, Segment, new_segment, one_chain, parse_segment, replay
@@ -62,8 +59,8 @@ OnState = Callable[[ChainState], Awaitable[None]]
 
 
 def log_key(row_id: str) -> str:
-    """The directory name of a row's log: ids may hold any character, hashes only hex."""
-    return hashlib.sha256(row_id.encode()).hexdigest()[:32]
+    """The directory name of a row's log (:func:`pipelines.storage.row_key`)."""
+    return storage.row_key(row_id)
 
 
 class ChainLog:
@@ -136,15 +133,11 @@ class ChainLog:
         segment = new_segment(row_id, key, state, first_step, attempt=attempt, parent=parent)
         data = json.dumps(segment, ensure_ascii=False).encode()
         name = f"{directory}/{first_step:08d}-{len(state.steps):08d}.json"
-        if self.local:  # atomic: a reader sees the whole segment or none of it
-            self.fs.create_dir(directory, recursive=True)
-            tmp = f"{directory}/.{uuid.uuid4().hex[:8]}.tmp"
-            with self.fs.open_output_stream(tmp) as f:
+
+        def put(target: str) -> None:
+            with self.fs.open_output_stream(target) as f:
                 f.write(data)
-            self.fs.move(tmp, name)
-        else:  # one object: S3 makes it visible whole, on close
-            with self.fs.open_output_stream(name) as f:
-                f.write(data)
+        storage.atomic_put(self.fs, name, put, uuid.uuid4().hex[:8])
         self.bytes_written += len(data)
         self.segments_written += 1
         return len(data)
@@ -281,15 +274,7 @@ def remove_stray(output: str, s3: S3Options | None, keep_ids: Iterable[str]) -> 
 
 def committed_done_ids(fs: pafs.FileSystem, file: str) -> list[str]:
     """Ids of a written output file's rows that are done (not infrastructure errors); [] while it is written."""
-    from memagent.error_kinds import INFRA_PREFIX
-
-    try:
-        with fs.open_input_file(file) as f:
-            t = pq.read_table(f, columns=["id", "error"])
-    except (OSError, pa.ArrowInvalid):
-        return []  # no footer yet: the writer is still at it
-    return [i for i, e in zip(t.column("id").to_pylist(), t.column("error").to_pylist())
-            if not (isinstance(e, str) and e.startswith(INFRA_PREFIX))]
+    return storage.committed_rows(fs, file, ["id"]).column("id").to_pylist()
 
 
 class Sweeper:

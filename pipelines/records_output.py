@@ -8,8 +8,10 @@ out of the documents dataset for every reader (pyarrow, pandas, Spark and Ray sk
 so does this project's listing rule), so ``pd.read_parquet(OUTPUT)`` still reads documents only.
 
 **Exactly once.** The actor writes a document's records files first, under a stem new to this
-attempt (``<sha256(id)[:32]>-<random>``), each atomically (local: a hidden file, then rename; S3:
-one object), and only then returns the document's row, which names the stem (``records_file``).
+attempt (``<sha256(id)[:32]>-<random>``), each with :func:`pipelines.storage.atomic_put` (local: a
+hidden file, then rename; S3: one object, which pyarrow completes even when a write fails half way:
+only the committed-stem rule below keeps such a file out), and only then returns the document's
+row, which names the stem (``records_file``).
 The row is committed when its documents file lands, so the committed rows name exactly the
 records that count: :func:`read_records` reads only the files whose stem a committed (not
 ``infra:``) row names. Files of an attempt whose row never landed (a killed task, a retried
@@ -22,7 +24,6 @@ committed; a redone id writes new files under a new stem and the old ones become
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import uuid
 from urllib.parse import quote
@@ -59,7 +60,7 @@ class RecordsWriter:
         """Write one document's records; the stem its files are named by (None: it has none)."""
         if not any(records.values()):
             return None
-        stem = f"{hashlib.sha256(row_id.encode()).hexdigest()[:32]}-{uuid.uuid4().hex[:12]}"
+        stem = f"{storage.row_key(row_id)}-{uuid.uuid4().hex[:12]}"
         for record in self.schema.record_types:
             found = records.get(record.name) or []
             if found:
@@ -67,14 +68,8 @@ class RecordsWriter:
         return stem
 
     def _put(self, directory: str, stem: str, table: pa.Table) -> None:
-        name = f"{directory}/{stem}.parquet"
-        if self.local:  # atomic: a reader sees the whole file or none of it
-            self.fs.create_dir(directory, recursive=True)
-            tmp = f"{directory}/.{stem}.tmp"
-            pq.write_table(table, tmp, filesystem=self.fs)
-            self.fs.move(tmp, name)
-        else:  # one object: S3 makes it visible whole, on close
-            pq.write_table(table, name, filesystem=self.fs)
+        storage.atomic_put(self.fs, f"{directory}/{stem}.parquet",
+                           lambda target: pq.write_table(table, target, filesystem=self.fs), stem)
 
     async def __call__(self, row_id: str, records: dict[str, list[Record]]) -> str | None:
         return await asyncio.to_thread(self.write, row_id, records)
@@ -82,16 +77,10 @@ class RecordsWriter:
 
 def committed_stems(fs: pafs.FileSystem, path: str) -> set[str]:
     """The ``records_file`` stems the committed, done rows of the documents dataset name."""
-    from memagent.error_kinds import is_infra_error
-
     stems: set[str] = set()
-    for file in storage.parquet_files(fs, path):
-        try:  # one read per file: a file without a footer yet (its writer is at it) commits nothing
-            table = storage.read_columns(fs, [file], ["error", RECORDS_FILE_COLUMN])
-        except (OSError, pa.ArrowInvalid):
-            continue
-        stems.update(s for s, e in zip(table.column(RECORDS_FILE_COLUMN).to_pylist(), table.column("error").to_pylist())
-                     if isinstance(s, str) and not (isinstance(e, str) and is_infra_error(e)))
+    for file in storage.parquet_files(fs, path):  # a file without a footer yet (its writer is at it) commits nothing
+        stems.update(s for s in storage.committed_rows(fs, file, [RECORDS_FILE_COLUMN]).column(RECORDS_FILE_COLUMN)
+                     .to_pylist() if isinstance(s, str))
     return stems
 
 

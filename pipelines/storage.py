@@ -8,11 +8,12 @@ are options so a loopback or on-prem S3 works the same as AWS.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import re
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -117,10 +118,45 @@ def duplicates(ids: pa.ChunkedArray, limit: int = 5) -> list[str]:
 REPLACED_DIR = "_replaced"
 
 
-def output_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Array]:
-    """(ids done for good, ids written as retryable infrastructure errors) of complete output files."""
+def row_key(row_id: str) -> str:
+    """A row's name in file and directory names: ids may hold any character, hashes only hex."""
+    return hashlib.sha256(row_id.encode()).hexdigest()[:32]
+
+
+def atomic_put(fs: pafs.FileSystem, path: str, write: Callable[[str], None], tmp_name: str) -> None:
+    """Write ``path`` with ``write(target)`` so a reader sees it whole or not at all: locally a hidden
+    ``.{tmp_name}.tmp`` beside it, renamed over it; on S3 one object. pyarrow completes an S3 upload even
+    when the write fails half way (apache/arrow#40502): readers validate what they read back."""
+    if fs.type_name != "local":  # type_name: a wrapper of a local filesystem is local too
+        write(path)
+        return
+    directory = path.rsplit("/", 1)[0]
+    fs.create_dir(directory, recursive=True)
+    tmp = f"{directory}/.{tmp_name}.tmp"
+    write(tmp)
+    fs.move(tmp, path)
+
+
+def done_mask(error: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Rows done for good: no error, or one that is not an infrastructure error (those a rerun redoes)."""
     from memagent.error_kinds import INFRA_PREFIX
 
+    if pa.types.is_null(error.type):
+        return pa.array([True] * len(error))
+    return pc.invert(pc.fill_null(pc.starts_with(error, INFRA_PREFIX), False))
+
+
+def committed_rows(fs: pafs.FileSystem, file: str, columns: list[str]) -> pa.Table:
+    """``columns`` of the done rows of one written output file; none while its writer is at it (no footer)."""
+    try:
+        table = read_columns(fs, [file], [*columns, "error"])
+    except (OSError, pa.ArrowInvalid):
+        return pa.table({c: pa.array([], pa.null()) for c in columns})
+    return table.filter(done_mask(table.column("error"))).select(columns)
+
+
+def output_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Array]:
+    """(ids done for good, ids written as retryable infrastructure errors) of complete output files."""
     if not files:
         empty = pa.array([], pa.string())
         return empty, empty
@@ -132,11 +168,8 @@ def output_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Arra
             raise ValueError(f"output holds {file}, which is not a batch output (no {lacking[0]!r} column); give "
                              "a new output directory")
     table = read_columns(fs, files, ["id", "error"])
-    ids, error = table.column("id").combine_chunks(), table.column("error").combine_chunks()
-    if pa.types.is_null(error.type):
-        return ids.cast(pa.string()), pa.array([], pa.string())
-    retry = pc.fill_null(pc.starts_with(error, INFRA_PREFIX), False)
-    return ids.filter(pc.invert(retry)), ids.filter(retry)
+    ids, done = table.column("id").combine_chunks().cast(pa.string()), done_mask(table.column("error").combine_chunks())
+    return ids.filter(done), ids.filter(pc.invert(done))
 
 
 def remove_rows(fs: pafs.FileSystem, path: str, files: list[str], ids: pa.Array) -> int:
