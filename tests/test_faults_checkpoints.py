@@ -4,37 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pytest
 
-from memagent.agent import ChainState, read_document
+from memagent.agent import ChainState
 from memagent.batch import answer_row
 from memagent.checkpoint import new_segment, parse_segment, replay
-from memagent.config import AgentConfig
-from memagent.data.demo import niah_row
 from pipelines.checkpoints import ChainLog
-
-FAST = AgentConfig(chunk_tokens=48, memory_tokens=10, answer_tokens=6, query_tokens=64, temperature=0.0)
-
-
-def without_times(steps) -> list[dict]:
-    return [{k: v for k, v in asdict(s).items() if k not in ("seconds", "draft_tokens", "accepted_tokens")}
-            for s in steps]
-
-
-@pytest.fixture(scope="module")
-def chain(tiny_engine):
-    """A document of several chunks read once, with every state it passed through."""
-    row = niah_row(3, 500, depth=0.6, seed=2)
-    states: list[ChainState] = []
-
-    async def keep(state: ChainState) -> None:
-        states.append(state)
-
-    result = asyncio.run(read_document(tiny_engine, row["question"], row["context"], FAST, on_state=keep))
-    assert result.n_chunks >= 6
-    return row, result, states
+from tests.checkpoint_helpers import FAST, chain, without_times  # noqa: F401 (fixture)
 
 
 @pytest.mark.parametrize("every_steps, every_s", [(1, 3600.0), (50, 0.0)])

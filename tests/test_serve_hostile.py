@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.test_serve_guard import KEY, bound_socket, error_of, running, served_process  # noqa: F401 (fixture)
+from tests.serve_helpers import engine, url  # noqa: F401 (fixtures)
 
 CHAT = "/v1/chat/completions"
 JSON = {"content-type": "application/json"}
@@ -31,20 +32,6 @@ def schema_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama_dir):
-    from memagent.engines import EngineConfig
-    from memagent.engines.hf import TransformersEngine
-
-    return TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)), batch_wait_s=0.02, name="tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    from memagent.serve import create_app
-
-    with running(create_app(engine, close_engine=False)) as url:
-        yield url
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from tests.test_serve_guard import running
+from tests.serve_helpers import engine, url  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # real servers (tests/conftest.py's rule)
 
@@ -40,20 +40,6 @@ class City(BaseModel):
     population: int
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama_dir):
-    from memagent.engines import EngineConfig
-    from memagent.engines.hf import TransformersEngine
-
-    return TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)), batch_wait_s=0.02, name="tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    from memagent.serve import create_app
-
-    with running(create_app(engine, close_engine=False)) as url:
-        yield url
 
 
 @pytest.fixture
