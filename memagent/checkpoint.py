@@ -171,6 +171,6 @@ def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainSta
             return state, f"a gap: a segment starts at step {seg.first_step}, the log holds {len(steps)} step(s)"
         steps.extend(Step(**s.model_dump()) for s in seg.steps)
         records.extend(Emitted.from_json(r.model_dump()) for r in seg.records)
-        state = ChainState(seg.next_chunk, seg.char_offset, seg.memory, tuple(steps), tuple(records),
-                           RecordsTally(**seg.records_tally))
+        state = ChainState(next_chunk=seg.next_chunk, char_offset=seg.char_offset, memory=seg.memory,
+                           steps=tuple(steps), records=tuple(records), records_tally=RecordsTally(**seg.records_tally))
     return state, None

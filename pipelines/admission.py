@@ -52,8 +52,8 @@ def resolve_max_in_flight(max_in_flight: int | None, engine: EngineConfig) -> in
 
 def is_long_document(tokenizer: object, context: object, min_tokens: int | None) -> bool:
     """Whether ``context`` has at least ``min_tokens`` tokens (a long document reserves its actor's gate)."""
-    # Counting costs a tokenisation on the actor's loop: only texts of min_tokens characters or more
-    # are counted (a token spans at least one character in the scripts BPE vocabularies cover well).
+    # Counting costs a tokenisation (the worker runs it off its loop): only texts of min_tokens characters
+    # or more are counted (a token spans at least one character in the scripts BPE vocabularies cover well).
     if min_tokens is None or not isinstance(context, str) or len(context) < min_tokens:
         return False
     from memagent.chunking import document_offsets

@@ -106,7 +106,9 @@ class AgentWorker:
         self.meter.start()
 
         async def one(row: dict) -> dict:
-            long = is_long_document(self.engine.tokenizer, row.get("context"), cfg.job.long_document_tokens)
+            # Counting a long document's tokens is CPU work: off the loop the documents in flight share.
+            long = await asyncio.to_thread(is_long_document, self.engine.tokenizer, row.get("context"),
+                                           cfg.job.long_document_tokens)
             async with self.gate.slot(long=long):
                 chain = await self._chain(row)
                 return self.breaker.check(await answer_row(self.engine, row, cfg.agent, question=cfg.question,
