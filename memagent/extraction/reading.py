@@ -113,7 +113,7 @@ class RecordsTally:
     segments, result, output row, job summary), summed with :meth:`add`."""
 
     splits: int = 0  # pieces split in two: the reply was cut, filled the call's limit, or did not parse
-    failed: int = 0  # pieces left (partly) unread: still overflowing at the size or depth limit, or looping
+    failed: int = 0  # pieces left (partly) unread: still overflowing at the size or depth limit, or running away
     runaway: int = 0  # of ``failed``: the reply looped or listed records the piece does not state (never split)
     invalid_items: int = 0  # records dropped because they did not validate against the item schema
     dropped_values: int = 0  # require_grounding: values not found where the record was read, removed
