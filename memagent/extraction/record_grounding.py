@@ -49,7 +49,7 @@ def _sentence(text: str, pos: int, lo: int, hi: int) -> tuple[int, int]:
     return start, (m.end() if m else hi)
 
 
-def anchored(record: RecordType, values: Mapping[str, Any], spans: dict[str, Span | None], text: str,
+def anchored(leaf: Mapping[str, tuple[FieldKind, Any]], spans: dict[str, Span | None], text: str,
              window: tuple[int, int], chain: MemoryChain | None = None) -> dict[str, Span | None]:
     """A record's window spans moved into one sentence when the first occurrences do not share one (a
     payer named on many lines of a table): the sentence holding the most of its values wins (the
@@ -59,7 +59,6 @@ def anchored(record: RecordType, values: Mapping[str, Any], spans: dict[str, Spa
     here = {p: s for p, s in spans.items() if s is not None and s.where == "window" and s.method != "fuzzy"}
     if len(here) < 2 or one_sentence(text, list(here.values())):
         return spans
-    leaf = _leaf_values(record, values)
     occ = {path: occurrences(*leaf[path], text, window) or [here[path]] for path in here}
     held: dict[tuple[int, int], set[str]] = {}
     for path, os in occ.items():
@@ -163,19 +162,12 @@ def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text:
     out = GroundedChunk()
     for rec in records:
         values = _copy(rec)
-        spans: dict[str, Span | None] = {}
-        ungrounded: list[tuple[str, FieldKind]] = []
-        for path, spec, value in record.leaves(values):
-            if value is None or not KINDS[ITEM_KIND.get(spec.kind, spec.kind)].grounded:
-                continue
-            array = spec.kind == "string_array" and isinstance(value, list)
-            for i, item in (list(enumerate(value)) if array else [(None, value)]):
-                where = path if i is None else f"{path}.{i}"
-                spans[where] = ground_value(spec.kind, item, text, window, chain, elsewhere=not require_grounding,
-                                            threshold=threshold)
-                if not _grounded(spans[where]):
-                    ungrounded.append((where, spec.kind))
-        spans = anchored(record, values, spans, text, window, chain)
+        leaves = {path: kv for path, kv in _leaf_values(record, values).items()
+                  if kv[1] is not None and KINDS[ITEM_KIND.get(kv[0], kv[0])].grounded}
+        spans = {path: ground_value(kind, value, text, window, chain, elsewhere=not require_grounding,
+                                    threshold=threshold) for path, (kind, value) in leaves.items()}
+        spans = anchored(leaves, spans, text, window, chain)
+        ungrounded = [(path, leaves[path][0]) for path, span in spans.items() if not _grounded(span)]
         if require_grounding:
             keys = set(record.key)
             if any(w in keys for w, _ in ungrounded) or not any(s and s.where == "window" for s in spans.values()):
