@@ -69,7 +69,7 @@ class ChainLog:
     def __init__(self, output: str, s3: S3Options | None, every_steps: int, every_s: float):
         self.fs, path = storage.filesystem(output, s3)
         self.root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.local = storage.is_local(self.fs)
         self.every_steps, self.every_s = every_steps, every_s
         self.bytes_written = 0
         self.segments_written = 0
@@ -262,7 +262,7 @@ def remove_stray(output: str, s3: S3Options | None, keep_ids: Iterable[str]) -> 
                 fs.delete_file(info.path)
                 if key not in keep:
                     gone.add(key)
-        if isinstance(fs, pafs.LocalFileSystem):  # the directories left empty (S3 has none)
+        if storage.is_local(fs):  # the directories left empty (S3 has none)
             for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
                 if info.type == pafs.FileType.Directory and info.base_name not in keep:
                     fs.delete_dir(info.path)
@@ -312,7 +312,12 @@ class Sweeper:
             for file in storage.parquet_files(self.fs, self.path):
                 if file in self.seen:
                     continue
-                done = committed_done_ids(self.fs, file)
+                try:
+                    done = committed_done_ids(self.fs, file)
+                except OSError as exc:  # its logs stay until a later sweep (or the next run's plan) reads it
+                    log.warning("output %s: could not read %s to sweep its rows' checkpoints (%s)", self.output,
+                                file, exc)
+                    continue
                 if done or storage.has_footer(self.fs, file):
                     self.seen.add(file)
                     ids.extend(done)

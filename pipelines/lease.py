@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -57,6 +58,8 @@ STALE_AFTER_S = 300.0  # a lease of another PID namespace without a heartbeat th
 # Assumption: hosts' clocks agree within this (NTP keeps them within milliseconds). A heartbeat further
 # in the future than this is not one a live holder with a sane clock wrote: the lease is taken as stale.
 MAX_CLOCK_SKEW_S = 60.0
+# ``host`` as :meth:`Holder.encode` writes it (a host name holds no space or parenthesis).
+_WHERE = re.compile(r"(?P<host>[^ ()]+) \(boot (?P<boot>[^ ,()]+), pid namespace (?P<ns>[^ ,()]+)\)")
 _MAX_TIME = 2.0**36  # a timestamp past year 4000 is not one (time.gmtime overflows further on)
 FORCE_UNLOCK_HELP = ("The run id of a run on another host that still seems to hold the output's lease (as the "
                      "'in use by run ...' error names it): take its lease anyway, only when that run is known to be "
@@ -116,7 +119,14 @@ class Holder:
         return age > STALE_AFTER_S or age < -MAX_CLOCK_SKEW_S  # silent, or stamped past the skew bound
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        """The lease's bytes: the six fields every version reads, the boot and PID namespace inside ``host``
+        (``vm (boot …, pid namespace …)``). A version before them decodes it and, the host not being its own,
+        judges the holder by its heartbeat: never takes a live lease from this version."""
+        fields = asdict(self)
+        boot, ns = fields.pop("boot_id"), fields.pop("pid_ns")
+        if boot is not None or ns is not None:
+            fields["host"] = f"{self.host} (boot {boot}, pid namespace {ns})"
+        return json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Holder | None:
@@ -124,8 +134,12 @@ class Holder:
         holder that is gone): every field is checked, since anything may have touched the file."""
         try:
             fields = json.loads(data)
+            where = _WHERE.fullmatch(fields.get("host", "")) if isinstance(fields.get("host"), str) else None
+            if where and "boot_id" not in fields:
+                fields["host"] = where["host"]
+                fields["boot_id"], fields["pid_ns"] = (None if v == "None" else v for v in where.group("boot", "ns"))
             holder = cls(**fields)
-        except (ValueError, TypeError, RecursionError):
+        except (ValueError, TypeError, RecursionError, AttributeError):
             return None
         ok = (isinstance(holder.run_id, str) and isinstance(holder.host, str)
               and type(holder.pid) is int and 0 < holder.pid < 2**31

@@ -53,7 +53,6 @@ class RecordsWriter:
     def __init__(self, output: str, s3: S3Options | None, schema: ExtractionSchema):
         self.fs, path = storage.filesystem(output, s3)
         self.root = f"{path.rstrip('/')}/{RECORDS_DIR}"
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self.schema = schema
 
     def write(self, row_id: str, records: dict[str, list[Record]]) -> str | None:
@@ -176,7 +175,12 @@ def remove_orphans(output: str, s3: S3Options | None = None, *, forced: bool = F
         files = _record_files(fs, root)
         if not files:
             return 0
-        stems = committed_stems(fs, path)
+        try:
+            stems = committed_stems(fs, path)
+        except OSError as exc:  # not knowing what is committed, remove nothing: orphans are never read
+            log.warning("output %s: could not read which records files are committed (%s); none removed this "
+                        "time (the next run removes the orphans)", output, exc)
+            return 0
         removed = 0
         for info in files:
             stem = info.base_name.removeprefix(".").removesuffix(".tmp").removesuffix(".parquet")

@@ -57,7 +57,8 @@ def complete_parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
     """Output files that are whole Parquet files; partial ones (no footer) are quarantined.
 
     A writer killed mid-file leaves bytes without a Parquet footer. Such a file holds no
-    committed rows, so it is moved aside (never deleted) and its rows are recomputed.
+    committed rows, so it is moved aside (never deleted) and its rows are recomputed. A file that
+    cannot be read (a store's error) is not judged: the error is raised, and a rerun reads it again.
     """
     good = []
     for file in parquet_files(fs, path):
@@ -65,7 +66,7 @@ def complete_parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
             with fs.open_input_file(file) as f:
                 pq.read_metadata(f)
             good.append(file)
-        except (OSError, pa.ArrowInvalid) as exc:
+        except pa.ArrowInvalid as exc:  # read whole, and not Parquet: no footer
             target = f"{path.rstrip('/')}/{QUARANTINE_DIR}/{file.rsplit('/', 1)[-1]}"
             log.warning("output file %s is incomplete (%s); moving it to %s", file, exc, target)
             fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
@@ -123,11 +124,17 @@ def row_key(row_id: str) -> str:
     return hashlib.sha256(row_id.encode()).hexdigest()[:32]
 
 
+def is_local(fs: pafs.FileSystem) -> bool:
+    """Whether ``fs`` writes to local disk: a ``LocalFileSystem`` or a wrapper of one (pyarrow names a
+    ``PyFileSystem`` over a local handler ``py::local``): renames are atomic there, directories real."""
+    return fs.type_name.rsplit("::", 1)[-1] == "local"
+
+
 def atomic_put(fs: pafs.FileSystem, path: str, write: Callable[[str], None], tmp_name: str) -> None:
     """Write ``path`` with ``write(target)`` so a reader sees it whole or not at all: locally a hidden
     ``.{tmp_name}.tmp`` beside it, renamed over it; on S3 one object. pyarrow completes an S3 upload even
     when the write fails half way (apache/arrow#40502): readers validate what they read back."""
-    if fs.type_name != "local":  # type_name: a wrapper of a local filesystem is local too
+    if not is_local(fs):
         write(path)
         return
     directory = path.rsplit("/", 1)[0]
@@ -147,10 +154,13 @@ def done_mask(error: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def committed_rows(fs: pafs.FileSystem, file: str, columns: list[str]) -> pa.Table:
-    """``columns`` of the done rows of one written output file; none while its writer is at it (no footer)."""
+    """``columns`` of the done rows of one written output file; none while its writer is at it (no footer).
+
+    A read that fails (``OSError``) is raised, never taken for "no rows": a caller that removes what no
+    committed row names (records files, checkpoint logs) would remove committed work."""
     try:
         table = read_columns(fs, [file], [*columns, "error"])
-    except (OSError, pa.ArrowInvalid):
+    except pa.ArrowInvalid:
         return pa.table({c: pa.array([], pa.null()) for c in columns})
     return table.filter(done_mask(table.column("error"))).select(columns)
 

@@ -1,158 +1,249 @@
-"""A fault-injection harness for the batch job's checkpoint storage (local disk or S3 on a moto server).
+"""The batch job in miniature, every store call under tests/fault_fs.py's injector: checkpoints, records,
+output files and the lease, on local disk or S3 (a moto server on loopback).
 
-:class:`FaultyFS` wraps the pyarrow filesystem a :class:`pipelines.checkpoints.ChainLog` writes through
-and, at chosen calls, fails the call, loses its response after it landed (the client sees an error,
-the store holds the write), kills the reader before or after it (:class:`Killed`: SIGKILL of the actor
-or the driver at that point), delays it, or reorders a listing. :func:`run_job` is a batch job in
-miniature over the real checkpoint code (``ChainLog.resume_args`` and ``answer_row``, as each actor
-calls them): rows are committed once answered (the driver's write), a kill ends the run, and reruns
-without faults follow until every id is done. A deterministic engine makes each step's memory a hash
-of the memory before it and the chunk, so a trace mixed from two chains cannot pass for one.
+:func:`run_job` runs the real product code a batch run runs, in one process and without Ray:
+
+- the driver: ``lease.acquire``, ``plan_input`` (quarantine, done and redo ids), ``take_out_redo_rows``,
+  the sweeps (``remove_logs``, ``remove_orphans``, the stray logs) and ``release``;
+- the actor, per row: ``ChainLog.resume_args`` and ``answer_row`` with a ``RecordsWriter``;
+- the write task, per row: ``lease.check_held``, then the row's Parquet file, named as Ray Data names
+  it (a retried write task writes the same name); the checkpoint sweep once the file has landed.
+
+A kill (``kill_before``/``kill_after``) in the actor is the actor's death: Ray restarts it and retries
+the row; in a write task, Ray retries the write; in the driver, the run ends with the lease left
+behind (its pid is one no process has, so the next run sees a dead holder). ``preempt`` ends the run
+wherever it lands (the machine died). An ``OSError`` that reaches the driver fails the job (the lease
+released, as ``lease.hold`` does). Plain reruns follow until every id is done.
+
+The engine is a perfect ledger reader (tests/oracle) whose memory also carries a hash of its prompt,
+so a trace mixed from two chains cannot pass for one; it counts memory updates (chunks read).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import uuid
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+from unittest import mock
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from memagent.batch import answer_row
 from memagent.config import AgentConfig
-from memagent.engines.base import Completion, Engine, EngineStats
-from pipelines.checkpoints import ChainLog, remove_logs
-
-FAULTS = ("fail", "lost", "kill_before", "kill_after", "delay", "reorder")
-# The calls through which a ChainLog writes (its write sites) and lists.
-WRITES = ("create_dir", "open_output_stream", "move", "delete_file", "delete_dir_contents", "delete_dir")
-LISTS = ("get_file_info",)
-AGENT = AgentConfig(chunk_tokens=32, memory_tokens=8, answer_tokens=6, query_tokens=64, temperature=0.0)
-
-
-class Killed(BaseException):
-    """The process holding the read died here (not an Exception: nothing in the code under test catches it)."""
-
-
-class HashEngine(Engine):
-    """Replies with a hash of the prompt: each memory depends on the memory before it and its chunk."""
-
-    def __init__(self, tokenizer: Any):
-        self.name, self.context_window, self.tokenizer, self.stats = "hash", 4096, tokenizer, EngineStats()
-        self.updates = 0  # memory updates asked for: chunks read, re-reads included
-
-    async def chat(self, messages: Any, params: Any) -> Completion:
-        content = messages[-1]["content"]
-        update = "Updated memory" in content
-        self.updates += update
-        text = hashlib.sha256(content.encode()).hexdigest()[:8] if update else "So the answer is 42."
-        return Completion(text=text, prompt_tokens=10, completion_tokens=3, finish_reason="stop")
+from memagent.data.ledger import SCHEMA, Ledger, LedgerSpec, ledger
+from memagent.engines import EngineConfig
+from memagent.extraction import schema_from
+from pipelines import checkpoints, fingerprint, lease, records_output, storage
+from pipelines.batch_config import BatchQAConfig
+from pipelines.batch_qa import _remove_stray_logs
+from pipelines.input_plan import plan_input, take_out_redo_rows
+from pipelines.job import JobConfig
+from pipelines.storage import S3Options
+from tests.fault_fs import FaultyStore, Injector, Killed, MemoryCounts, Preempted, faulty
+from tests.oracle.records_oracle import ChainedOracle, LedgerOracle
+from tests.oracle.servers import OracleEngine
 
 
-class _Stream:
-    """An output stream whose close lands the object, then reports ``after`` (a lost response, a kill)."""
-
-    def __init__(self, inner: Any, after: BaseException):
-        self.inner, self.after = inner, after
-
-    def write(self, data: bytes) -> int:
-        return self.inner.write(data)
-
-    def __enter__(self) -> _Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.inner.close()
-        if exc[0] is None:
-            raise self.after
+AGENT = AgentConfig(chunk_tokens=64, memory_tokens=256, answer_tokens=16, query_tokens=400,
+                    extraction=schema_from(SCHEMA))
+RETRIES = 3  # Ray's retries of an actor's call or a write task after its process died
+_DEAD_PID = 2**30  # above any pid_max: no process has it
 
 
-@dataclass
-class FaultyFS:
-    """A pyarrow filesystem that injects ``plan[(call name, n)]`` at the n-th call (0-based) of that name."""
-
-    inner: Any
-    plan: dict[tuple[str, int], str] = field(default_factory=dict)
-    calls: dict[str, int] = field(default_factory=dict)
-    injected: list[tuple[str, int, str]] = field(default_factory=list)
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if name not in WRITES + LISTS + ("open_input_stream",):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            n = self.calls.get(name, 0)
-            self.calls[name] = n + 1
-            fault = self.plan.get((name, n))
-            if fault is None or (fault == "reorder") != (name in LISTS):  # a listing is reordered, nothing else
-                return attr(*args, **kwargs)
-            self.injected.append((name, n, fault))
-            return _inject(fault, name, attr, args, kwargs)
-
-        return call
+def documents(scale: int = 1) -> list[Ledger]:
+    """Three ledgers (7, 14 and 8 chunks at ``scale`` 1, about ``scale`` times that): prose with an alias and a
+    conflict, a table, bullets and long lines cut by chunk boundaries."""
+    k = scale
+    return [ledger("doc/a", LedgerSpec(prose=9 * k, aliases=1, by_role=2 * k, conflicts=k, near_misses=k, filler=4 * k), 3),
+            ledger("doc/b", LedgerSpec(prose=0, table_rows=30 * k, near_misses=0, filler=2 * k), 4),
+            ledger("doc/c", LedgerSpec(prose=4 * k, bullets=10 * k, long_lines=True, filler=3 * k), 5)]
 
 
-def _inject(fault: str, name: str, attr: Any, args: tuple, kwargs: dict) -> Any:
-    if fault == "fail":
-        raise OSError(f"injected: {name} failed")
-    if fault == "kill_before":
-        raise Killed(name)
-    if fault == "delay":
-        time.sleep(0.002)
-        return attr(*args, **kwargs)
-    result = attr(*args, **kwargs)
-    if fault == "reorder":
-        return list(reversed(result)) if isinstance(result, list) else result
-    after: BaseException = OSError(f"injected: {name} response lost") if fault == "lost" else Killed(name)
-    if name == "open_output_stream":
-        return _Stream(result, after)
-    raise after
+def write_input(directory: Path, docs: list[Ledger]) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": [d.id for d in docs], "context": [d.text for d in docs]}),
+                   directory / "part-0.parquet")
+    return str(directory)
 
 
 @dataclass
 class Outcome:
-    committed: dict[str, list[dict]]  # id -> every record committed for it (exactly one expected)
+    rows: dict[str, list[dict]]  # id -> every output row written for it (exactly one expected)
+    records: list[dict]  # the committed records, as read_records reads them
+    leftovers: list[str]  # files left under _progress, _records (orphans) or the lease, after the last run
     updates: int  # memory updates asked of the engine over all runs
     runs: int
-    injected: list[tuple[str, int, str]]
+    injected: list[tuple]  # (run, site, call, n, fault)
+    calls: dict[tuple[int, str, str], int] = field(default_factory=dict)  # (run, site, call) -> how many
 
 
-Plan = dict[tuple[int, str, int], str]  # (run, call name, n-th call of that name in that run) -> fault
+Plan = dict[tuple[int, str, str, int], str]  # (run, site, call, n-th such call in that run) -> fault
 
 
-def run_job(rows: list[dict], output: str, s3: Any, tokenizer: Any, plan: Plan, every_steps: int = 2,
-            max_runs: int = 6, calls: dict[tuple[int, str], int] | None = None) -> Outcome:
-    """Run the job, then plain reruns until every id is done (or ``max_runs``), each run with its part
-    of ``plan``; ``calls`` counts each run's storage calls by name."""
-    engine = HashEngine(tokenizer)
-    committed: dict[str, list[dict]] = {}
-    injected: list = []
+@dataclass
+class _Job:
+    cfg: BatchQAConfig
+    engine: OracleEngine
+    pid: int = _DEAD_PID
+
+    @contextmanager
+    def faults(self, injector: Injector) -> Iterator[None]:
+        """Every store the job opens goes through ``injector``; its lease names a pid no process has."""
+        real_fs, real_store, real_me = storage.filesystem, lease._store, lease.Holder.me
+        self.pid += 1
+
+        def fs(uri: str, s3: S3Options | None = None) -> tuple[Any, str]:
+            inner, path = real_fs(uri, s3)
+            return faulty(inner, injector), path
+
+        def me() -> lease.Holder:
+            return replace(real_me(), pid=self.pid, pid_start=None)
+
+        with ExitStack() as stack:
+            stack.enter_context(mock.patch.object(storage, "filesystem", fs))
+            stack.enter_context(mock.patch.object(lease, "_store", lambda o, s3: FaultyStore(real_store(o, s3), injector)))
+            stack.enter_context(mock.patch.object(lease.Holder, "me", staticmethod(me)))
+            yield
+
+    def run(self) -> None:
+        """One run of the job (raises Killed where the driver died, OSError where the job failed)."""
+        cfg = self.cfg
+        held = lease.acquire(cfg.output, cfg.s3)
+        try:
+            plan = plan_input(cfg)
+            take_out_redo_rows(cfg, plan)
+            checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
+            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
+            if plan.skipped < plan.total_rows:
+                self._rows(plan, held.holder.run_id)
+                records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
+                _remove_stray_logs(cfg)
+        except Exception:
+            held.release()
+            raise
+        except Killed:
+            held._stop.set()  # the process died: its heartbeat with it, the lease left behind
+            raise
+        held.release()
+
+    def _rows(self, plan: Any, run_id: str) -> None:
+        cfg = self.cfg
+        in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
+        table = storage.read_columns(in_fs, plan.files, ["id", "context"])
+        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
+        table = fingerprint.add_fingerprints(table, question=fingerprint.job_question(cfg),
+                                             key=fingerprint.answer_key(cfg))
+        write_uuid = uuid.uuid4().hex[:12]
+        for index, row in enumerate(table.to_pylist()):
+            record = self._actor(row)
+            self._write_task(pa.Table.from_pylist([record], schema=plan.output_schema), write_uuid, index, run_id)
+            if record["error"] is None:  # the checkpoint sweep, once the row's file landed
+                checkpoints.remove_logs(cfg.output, cfg.s3, [row["id"]])
+
+    def _actor(self, row: dict) -> dict:
+        cfg = self.cfg
+        for attempt in range(RETRIES + 1):
+            try:  # a restarted actor: new ChainLog and RecordsWriter
+                chains = checkpoints.ChainLog(cfg.output, cfg.s3, cfg.job.checkpoint_every_steps, 3600)
+                writer = records_output.RecordsWriter(cfg.output, cfg.s3, cfg.agent.extraction)
+                args = chains.resume_args(row["id"], fingerprint.checkpoint_key(row[fingerprint.COLUMN], {}))
+                record = asyncio.run(answer_row(self.engine, row, cfg.agent, on_records=writer, **args))
+                return {**record, "node_id": "local"}
+            except Preempted:
+                raise
+            except Killed:
+                if attempt == RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _write_task(self, table: pa.Table, write_uuid: str, index: int, run_id: str) -> None:
+        cfg = self.cfg
+        out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+        name = f"{out_path.rstrip('/')}/{write_uuid}_{index:06d}_000000.parquet"  # Ray Data's: a retry, the same
+        for attempt in range(RETRIES + 1):
+            try:
+                lease.check_held(cfg.output, cfg.s3, run_id)
+                pq.write_table(table, name, filesystem=out_fs)
+                return
+            except Preempted:
+                raise
+            except Killed:
+                if attempt == RETRIES:
+                    raise
+
+
+def config(input_dir: str, output: str, s3: S3Options | None, every_steps: int) -> BatchQAConfig:
+    return BatchQAConfig(input=input_dir, output=output, s3=s3 or S3Options(), agent=AGENT,
+                         engine=EngineConfig(engine="openai", model="oracle", endpoint="http://127.0.0.1:9/v1"),  # never called
+                         job=JobConfig(batch_size=1, progress=False, checkpoint_every_steps=every_steps))
+
+
+def run_job(docs: list[Ledger], input_dir: str, output: str, s3: S3Options | None, tokenizer: Any, plan: Plan,
+            every_steps: int = 2, max_runs: int = 6) -> Outcome:
+    """Run the job, then plain reruns until a run ends cleanly with every id done and nothing left behind (or
+    ``max_runs``), each run under its part of ``plan``."""
+    oracle = ChainedOracle(LedgerOracle(docs))
+    job = _Job(config(input_dir, output, s3, every_steps), OracleEngine(oracle.reply, tokenizer))
+    injected: list[tuple] = []
+    calls: dict[tuple[int, str, str], int] = {}
     runs = 0
     for runs in range(1, max_runs + 1):
-        todo = [r for r in rows if r["id"] not in committed]
-        if not todo:
-            break
-        chains = ChainLog(output, s3, every_steps=every_steps, every_s=3600)
-        mine = {(name, n): f for (run, name, n), f in plan.items() if run == runs}
-        counted: dict[str, int] = {}
-        chains.fs = fs = FaultyFS(chains.fs, mine, counted)
-        try:
-            for row in todo:
-                args = chains.resume_args(row["id"], "key")
-                record = asyncio.run(answer_row(engine, row, AGENT, **args))
-                if record["error"] is not None and record["error"].startswith("infra"):
-                    continue  # an infra: row is redone by the rerun
-                committed.setdefault(row["id"], []).append(record)
-        except Killed:
-            pass  # the run died: what it committed stays, the rest is the rerun's
-        injected += [(runs, *i) for i in fs.injected]
-        if calls is not None:
-            calls.update({(runs, k): v for k, v in counted.items()})
-        remove_logs(output, s3, list(committed))  # the driver's sweep (and the rerun's plan)
-    return Outcome(committed, engine.updates, runs, injected)
+        counts = MemoryCounts()
+        injector = Injector({(site, call, n): f for (run, site, call, n), f in plan.items() if run == runs}, counts)
+        ended = False
+        with job.faults(injector):
+            try:
+                job.run()
+                ended = True
+            except (Killed, OSError):
+                pass  # the run died or failed: what it committed stays, the rest is the rerun's
+        injected += [(runs, *i) for i in counts.injected]
+        calls.update({(runs, *key.split("/")): n for key, n in counts.counts.items()})
+        rows = _rows(job.cfg)
+        if ended and len(rows) == len(docs) and all(r["error"] is None for r in rows) and not _leftovers(job.cfg):
+            break  # a sweep a fault skipped (an orphan, a lease a failed release left) is the next run's
+    return Outcome(_by_id(_rows(job.cfg)), _records(job.cfg), _leftovers(job.cfg), oracle.updates, runs,
+                   injected, calls)
+
+
+def _rows(cfg: BatchQAConfig) -> list[dict]:
+    fs, path = storage.filesystem(cfg.output, cfg.s3)
+    files = [f for f in storage.parquet_files(fs, path) if storage.has_footer(fs, f)]
+    return [r for f in files for r in pq.read_table(f, filesystem=fs).to_pylist()]
+
+
+def _by_id(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["id"], []).append(r)
+    return out
+
+
+def _records(cfg: BatchQAConfig) -> list[dict]:
+    table = records_output.read_records(cfg.output, "payments", cfg.s3)
+    keep = ("id", "record_index", "payer", "date", "amount")
+    return [{k: r[k] for k in keep} for r in table.to_pylist()] if len(table) else []
+
+
+def _leftovers(cfg: BatchQAConfig) -> list[str]:
+    """What a finished output should not hold: checkpoint logs, records files no row names, the lease."""
+    fs, path = storage.filesystem(cfg.output, cfg.s3)
+    root = path.rstrip("/")
+    left = [f.path for f in fs.get_file_info(pafs.FileSelector(f"{root}/{checkpoints.PROGRESS_DIR}", recursive=True,
+                                                               allow_not_found=True)) if f.type == pafs.FileType.File]
+    stems = records_output.committed_stems(fs, root)
+    left += [f.path for f in fs.get_file_info(pafs.FileSelector(f"{root}/{records_output.RECORDS_DIR}", recursive=True,
+                                                                allow_not_found=True))
+             if f.type == pafs.FileType.File and f.base_name.removesuffix(".parquet") not in stems]
+    left += [f"{root}/{lease.LEASE_NAME}"] if fs.get_file_info(f"{root}/{lease.LEASE_NAME}").type == pafs.FileType.File \
+        else []
+    return left
 
 
 def steps_without_times(record: dict) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Faults at every checkpoint write site, then plain reruns: nothing lost, mixed or stuck (tests/faults.py)."""
+"""Faults at every store call of the batch job (checkpoints, records, output files, the lease), then plain
+reruns: nothing lost, doubled, mixed or stuck (tests/faults.py runs the job, tests/fault_fs.py injects)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,31 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memagent.data.demo import niah_row
-from tests.faults import FAULTS, LISTS, WRITES, FaultyFS, run_job, steps_without_times
+from tests.fault_fs import FAULTS, LISTS, WRITES, applies
+from tests.faults import documents, run_job, steps_without_times, write_input
 
 EVERY = 2  # checkpoint interval (memory updates)
-# The scenario every fault lands in: run 1 is killed at its third segment (mid-document), so run 2
-# resumes (reads, replays, removes) and run 3 is a plain rerun.
-BASE = {(1, "open_output_stream", 2): "kill_before"}
+# The scenario every fault lands in: run 1's actor dies after writing the first document's records (Ray
+# retries the row: an orphan records file), then the machine dies inside the second document, so run 2
+# takes the dead run's lease over, sweeps the orphan and resumes (reads, replays, removes the log).
+BASE = {(1, "records", "open_output_stream", 0): "kill_after", (1, "checkpoint", "open_output_stream", 4): "preempt"}
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama_dir):
+def tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
 
 
 @pytest.fixture(scope="module")
-def rows() -> list[dict]:
-    out = []
-    for i, tokens in enumerate((260, 200)):
-        r = niah_row(i, tokens, depth=0.5, seed=7)
-        out.append({"id": f"doc/{i}", "question": r["question"], "context": r["context"]})
-    return out
+def docs():
+    return documents()
+
+
+@pytest.fixture(scope="module")
+def input_dir(tmp_path_factory, docs) -> str:
+    return write_input(tmp_path_factory.mktemp("faults-input"), docs)
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("s3", marks=pytest.mark.slow)])
@@ -56,70 +59,89 @@ def where(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def baseline(where, rows, tokenizer):
-    """The fault-free read (the oracle), and how often each storage call ran in each run of the base scenario."""
+def baseline(where, docs, input_dir, tokenizer):
+    """The fault-free job (the oracle), and how often each store call ran in each run of the base scenario."""
     new_output, s3 = where
-    clean = run_job(rows, new_output(), s3, tokenizer, {}, every_steps=EVERY)
-    assert clean.runs == 2 and all(len(v) == 1 for v in clean.committed.values())
-    calls: dict = {}
-    base = run_job(rows, new_output(), s3, tokenizer, BASE, every_steps=EVERY, calls=calls)
-    check(base, clean, rows)
-    assert calls.get((2, "open_input_stream"))  # run 2 resumed from the log
-    return clean, calls
+    clean = run_job(docs, input_dir, new_output(), s3, tokenizer, {}, every_steps=EVERY)
+    assert clean.runs == 1 and clean.records and not clean.leftovers
+    base = run_job(docs, input_dir, new_output(), s3, tokenizer, BASE, every_steps=EVERY)
+    check(base, clean, docs)
+    assert base.calls.get((2, "checkpoint", "open_input_stream"))  # run 2 resumed from the log
+    return clean, base.calls
 
 
-def check(outcome, baseline_outcome, rows) -> int:
+def check(outcome, clean, docs) -> int:
     """The harness's invariant; returns the chunks re-read."""
-    for row in rows:
-        done = outcome.committed.get(row["id"], [])
-        assert len(done) == 1, f"{row['id']} committed {len(done)} times"  # every id exactly once
-        (record,) = done
-        assert record["error"] is None  # no row left failed by a fault a rerun heals
-        steps = steps_without_times(record)
+    for doc in docs:
+        done = outcome.rows.get(doc.id, [])
+        assert len(done) == 1, f"{doc.id} written {len(done)} times"  # every id exactly once
+        (row,) = done
+        assert row["error"] is None, row["error"]  # no row left failed by a fault a rerun heals
+        steps = steps_without_times(row)
         assert [s["step"] for s in steps] == list(range(len(steps)))  # consecutive steps
-        want = steps_without_times(baseline_outcome.committed[row["id"]][0])
-        assert steps == want and record["memory"] == baseline_outcome.committed[row["id"]][0]["memory"]  # one chain
-    reread = outcome.updates - baseline_outcome.updates
+        (want,) = clean.rows[doc.id]
+        assert steps == steps_without_times(want) and row["memory"] == want["memory"]  # one chain
+    assert outcome.records == clean.records  # the records, exactly once
+    assert not outcome.leftovers, outcome.leftovers  # no checkpoint log, orphan records file or lease left
+    reread = outcome.updates - clean.updates
     assert reread <= EVERY * max(1, len(outcome.injected)), (reread, outcome.injected)  # one interval per fault
     return reread
 
 
-def sites(calls: dict[tuple[int, str], int]) -> list[tuple[int, str, int, str]]:
-    """Every storage call site of runs 1 and 2 once (its first call and its last), with each fault that applies."""
+def sites(calls: dict[tuple[int, str, str], int], every_call: bool) -> list[tuple[int, str, str, int, str]]:
+    """Each call site of runs 1 and 2 (its first and last call) with each fault that applies, and with
+    ``every_call`` every store call failing; without it, the write and listing sites only (reads fail alike
+    on every store: the random sequences cover them). A delay only in the random sequences: it changes nothing a
+    single fault could show."""
     out = []
-    for (run, name), n in sorted(calls.items()):
-        if run > 2:
+    for (run, site, call), n in sorted(calls.items()):
+        if run > 2 or not (every_call or call in WRITES + LISTS):
             continue
-        reads = ["fail", "kill_before", "delay", *(["reorder"] if name in LISTS else [])]
-        faults = [f for f in FAULTS if f != "reorder"] if name in WRITES else reads
-        out += [(run, name, i, f) for i in sorted({0, n - 1}) for f in faults]
+        out += [(run, site, call, i, "fail") for i in (range(n) if every_call else sorted({0, n - 1}))]
+        faults = [f for f in FAULTS if f not in ("delay", "fail") and applies(f, call)]
+        out += [(run, site, call, i, f) for i in sorted({0, n - 1}) for f in faults]
     return out
 
 
-def test_a_fault_at_every_write_site_is_healed_by_reruns(where, rows, tokenizer, baseline):
-    """A fault (fail, lost response, kill, delay, reordered listing) at each storage call site leaves every id done
-    once, each trace the fault-free chain, and at most one checkpoint interval re-read per fault."""
+def test_the_sites_cover_every_store(baseline):
+    """The enumerated sites hold a write and a removal of each store (checkpoints, records, output files, the
+    lease) and a listing: every kind of call the job makes to each store gets its faults."""
+    _, calls = baseline
+    made = {(site, call) for (run, site, call) in calls if run <= 2}
+    for site in ("checkpoint", "records", "output"):
+        assert (site, "open_output_stream") in made and (site, "get_file_info_selector") in made, site
+        assert any((site, call) in made for call in ("delete_file", "delete_dir", "delete_dir_contents")), site
+    assert {("lease", "put"), ("lease", "delete"), ("lease", "read")} <= made
+
+
+def test_a_fault_at_every_store_call_site_is_healed_by_reruns(where, docs, input_dir, tokenizer, baseline):
+    """A failure of any store call (on S3: of each write or listing site's first and last), and a lost response,
+    kill or reordered listing at each call site, leaves every id written once without error, each trace the fault-free chain, the records once, nothing left behind, and at most one
+    checkpoint interval re-read per fault."""
     new_output, s3 = where
     clean, calls = baseline
-    assert {(1, "open_output_stream"), (2, "get_file_info"), (2, "open_input_stream")} <= set(calls)
-    for run, name, n, fault in sites(calls):
-        plan = {**BASE, (run, name, n): fault}
-        check(run_job(rows, new_output(), s3, tokenizer, plan, every_steps=EVERY), clean, rows)
+    for run, site, call, n, fault in sites(calls, every_call=s3 is None):
+        plan = {**BASE, (run, site, call, n): fault}
+        outcome = run_job(docs, input_dir, new_output(), s3, tokenizer, plan, every_steps=EVERY)
+        try:
+            check(outcome, clean, docs)
+        except AssertionError as exc:
+            raise AssertionError(f"{fault} at run {run} {site} {call} #{n}: {exc}") from exc
 
 
 @pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(data=st.data())
-def test_random_fault_sequences_are_healed_by_reruns(where, rows, tokenizer, baseline, data):
-    """A kill in run 1 and up to 3 more faults at any storage calls of the runs leave every id done once, one chain
-    per trace, and at most one checkpoint interval re-read per fault (100 sequences on each of local disk and S3)."""
+def test_random_fault_sequences_are_healed_by_reruns(where, docs, input_dir, tokenizer, baseline, data):
+    """A machine lost at a checkpoint write of run 1 and up to 3 more faults at any store calls of the runs leave
+    every id written once, one chain per trace, the records once, nothing left behind, and at most one checkpoint
+    interval re-read per fault (100 sequences on each of local disk and S3)."""
     new_output, s3 = where
     clean, calls = baseline
-    sites = sorted(calls)
-    kill = data.draw(st.integers(0, calls[(1, "open_output_stream")] - 1))  # a preemption in run 1's writes
-    more = data.draw(st.lists(st.tuples(st.sampled_from(sites), st.floats(0, 1, exclude_max=True),
+    keys = sorted(calls)
+    kill = data.draw(st.integers(0, calls[(1, "checkpoint", "open_output_stream")] - 1))
+    more = data.draw(st.lists(st.tuples(st.sampled_from(keys), st.floats(0, 1, exclude_max=True),
                                         st.sampled_from(FAULTS)), max_size=3))
-    plan = {(1, "open_output_stream", kill): "kill_before"}
-    plan.update({(run, name, int(x * calls[(run, name)])): fault for (run, name), x, fault in more})
-    outcome = run_job(rows, new_output(), s3, tokenizer, plan, every_steps=EVERY)
-    check(outcome, clean, rows)
+    plan = {(1, "checkpoint", "open_output_stream", kill): "preempt"}
+    plan.update({(run, site, call, int(x * calls[(run, site, call)])): fault for (run, site, call), x, fault in more})
+    check(run_job(docs, input_dir, new_output(), s3, tokenizer, plan, every_steps=EVERY), clean, docs)

@@ -142,3 +142,54 @@ def test_this_process_lease_names_its_namespace(tmp_path):
         assert fields["pid_ns"] is not None and held.holder.local()
     finally:
         held.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class HolderBefore:
+    """The lease holder as the version before boot ids and PID namespaces (decef34) decodes and judges it."""
+
+    run_id: str
+    host: str
+    pid: int
+    pid_start: str | None
+    started: float
+    heartbeat: float
+
+    def stale(self) -> bool:
+        if self.host == socket.gethostname():  # that version's rule: a hostname is one PID namespace
+            try:
+                import os
+
+                os.kill(self.pid, 0)
+                return False
+            except ProcessLookupError:
+                return True
+        return time.time() - self.heartbeat > 300
+
+
+def test_the_version_before_reads_a_live_lease_as_live(tmp_path):
+    """A lease this version holds decodes under the version before, and that version judges it alive by its
+    heartbeat even in another PID namespace with the same hostname: a mixed rollout never takes it over."""
+    output = str(tmp_path / "out")
+    held = lease.acquire(output)
+    try:
+        data, _ = lease._store(output, None).read()
+        before = HolderBefore(**json.loads(data))  # the version before: cls(**fields), no other key allowed
+        assert before.run_id == held.holder.run_id and not before.stale()
+        moved = json.loads(data) | {"pid": dead_pid()}  # the holder's pid, seen from another namespace: no such pid
+        assert not HolderBefore(**moved).stale(), "judged by its pid, as if its namespace were this one"
+        assert lease.Holder.decode(data) == held.holder  # and this version reads back what it wrote
+    finally:
+        held.release()
+
+
+def test_leases_of_the_versions_before_still_decode():
+    """A lease written by the version before (six fields) or by the first with namespaces (boot_id and pid_ns
+    keys) is read with its holder's namespace as it was written."""
+    old = holder_fields(host="h1")
+    assert lease.Holder.decode(json.dumps(old).encode()) == lease.Holder(**old)
+    interim = holder_fields(host="h1", boot_id="b", pid_ns="42")
+    assert lease.Holder.decode(json.dumps(interim).encode()) == lease.Holder(**interim)
+    written = interim | {"host": "h1 (boot b, pid namespace 42)"}
+    del written["boot_id"], written["pid_ns"]
+    assert lease.Holder.decode(json.dumps(written).encode()) == lease.Holder(**interim)

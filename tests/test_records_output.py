@@ -146,3 +146,26 @@ def s3_job(tmp_path, tiny_llama_dir) -> None:
         assert len(got) == 6 and sorted(set(got.column("id").to_pylist())) == ["doc-0", "doc-1", "doc-2"]
         again = run_batch_qa(job(tmp_path, "s3://lake/out", s3), build_engine=build)
         assert again.rows_out == 0 and read_records("s3://lake/out", "payments", s3).equals(got)
+
+
+def test_a_committed_file_that_cannot_be_read_is_never_taken_for_an_uncommitted_one(tmp_path, monkeypatch):
+    """A store error reading a committed documents file (a transient fault) removes none of its records in the
+    orphan sweep and quarantines nothing: not knowing what is committed is never taken for "nothing is"."""
+    from pipelines import storage
+    from tests.fault_fs import Injector, faulty
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fs = pafs.LocalFileSystem()
+    stem = RecordsWriter(str(out), None, CONFIG.extraction).write("a", {"payments": [rec("Acme Ltd")]})
+    commit(fs, str(out), "block-0.parquet", [{"id": "a", "records_file": stem}])
+    real = storage.filesystem
+    failing = {("output", "open_input_file", 0): "fail"}  # the first read of the documents file fails
+    monkeypatch.setattr(storage, "filesystem", lambda uri, s3=None: (faulty(real(uri, s3)[0], Injector(dict(failing))),
+                                                                      real(uri, s3)[1]))
+    assert remove_orphans(str(out)) == 0
+    with pytest.raises(OSError, match="injected"):
+        storage.complete_parquet_files(*storage.filesystem(str(out)))
+    monkeypatch.setattr(storage, "filesystem", real)
+    assert [r["payer"] for r in read_records(str(out), "payments").to_pylist()] == ["Acme Ltd"]
+    assert storage.complete_parquet_files(fs, str(out)) == [f"{out}/block-0.parquet"]  # not moved aside

@@ -21,6 +21,7 @@ from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 from pipelines.checkpoints import PROGRESS_DIR, ChainLog
 from pipelines.job import JobConfig
 from tests.pipeline_helpers import CrashOnce, interruptible, read_output, write_rows
+from tests.resume_helpers import RefusedOnce
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +121,18 @@ def test_driver_killed_then_rerun_resumes_inside_the_document(ray_local, tiny_ll
     (row,) = read_output(out)
     assert row["resumed_at_chunk"] >= 3 * EVERY and summary.resumed_rows == 1
     assert comparable(row) == comparable(uninterrupted)
+
+
+def test_a_chain_checkpointed_in_fp32_is_not_resumed_in_bf16(ray_local, tiny_llama_dir, tmp_path):
+    """A rerun whose dtype differs from the run that checkpointed the chain reads the document from chunk 0 and
+    says the dtype differed (the same rerun in fp32 resumes inside the text: the tests above)."""
+    write_rows(tmp_path / "in" / "long.parquet", [long_row()])
+    cfg = job(tiny_llama_dir, tmp_path / "in", tmp_path / "out")
+    run_batch_qa(cfg, build_engine=RefusedOnce(61, tmp_path / "refused"))  # an infra: row; its log is kept
+    (row,) = read_output(tmp_path / "out")
+    assert row["error"].startswith("infra:") and list((tmp_path / "out" / PROGRESS_DIR).glob("*/*.json"))
+    summary = run_batch_qa(cfg.model_copy(update=dict(engine=cfg.engine.model_copy(update=dict(dtype="bf16")))))
+    (row,) = read_output(tmp_path / "out")
+    assert row["error"] is None and [s["step"] for s in row["steps"]] == list(range(row["n_chunks"] + 1))
+    assert row["resumed_at_chunk"] is None and "stale: dtype differed" in row["checkpoint_ignored"]
+    assert summary.checkpoints_ignored == 1

@@ -67,7 +67,7 @@ def test_second_run_refused_naming_the_holder_then_free_after_release(where):
     output, s3, read = where
     first = lease.acquire(output, s3)
     held = json.loads(read())
-    assert held["host"] == socket.gethostname() and held["pid"] == os.getpid() and held["run_id"]
+    assert held["host"].startswith(f"{socket.gethostname()} (boot ") and held["pid"] == os.getpid() and held["run_id"]
     with pytest.raises(lease.OutputBusy) as err:
         lease.acquire(output, s3)
     msg = str(err.value)

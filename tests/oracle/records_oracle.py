@@ -18,9 +18,11 @@ The reply is the whole text an unconstrained perfect model writes; honouring the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
+import threading
 from typing import Any, Iterable
 
 from memagent.data.ledger import Ledger
@@ -132,3 +134,20 @@ def constrain(value: Any, schema: dict[str, Any]) -> Any:
     if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
         return {k: constrain(v, schema["properties"].get(k) or {}) for k, v in value.items()}
     return value
+
+
+class ChainedOracle:
+    """The ledger oracle whose memory updates also name the chain they extend (``chain <sha256(prompt)[:8]>``):
+    a trace mixed from two chains differs from the fault-free one. ``updates`` counts memory updates (chunks
+    read, re-reads included); thread-safe, as a server's handlers are."""
+
+    def __init__(self, oracle: LedgerOracle):
+        self.oracle, self.updates, self.lock = oracle, 0, threading.Lock()
+
+    def reply(self, prompt: str) -> str:
+        text = self.oracle.reply(prompt)
+        if RECORDS_REQUEST not in prompt and "Updated memory:" in prompt:
+            with self.lock:
+                self.updates += 1
+            text += f"\nchain {hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
+        return text
