@@ -171,22 +171,19 @@ def remove_orphans(output: str, s3: S3Options | None = None, *, forced: bool = F
         return 0
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{RECORDS_DIR}"
-    with storage.output_errors(output, s3):
-        files = _record_files(fs, root)
-        if not files:
-            return 0
-        try:
-            stems = committed_stems(fs, path)
-        except OSError as exc:  # not knowing what is committed, remove nothing: orphans are never read
-            log.warning("output %s: could not read which records files are committed (%s); none removed this "
-                        "time (the next run removes the orphans)", output, exc)
-            return 0
-        removed = 0
-        for info in files:
-            stem = info.base_name.removeprefix(".").removesuffix(".tmp").removesuffix(".parquet")
-            if stem not in stems or info.base_name.startswith("."):
-                fs.delete_file(info.path)
-                removed += 1
+    removed = 0
+    try:
+        with storage.output_errors(output, s3):
+            files = _record_files(fs, root)
+            stems = committed_stems(fs, path) if files else set()  # unknown (an error): nothing is removed
+            for info in files:
+                stem = info.base_name.removeprefix(".").removesuffix(".tmp").removesuffix(".parquet")
+                if stem not in stems or info.base_name.startswith("."):
+                    fs.delete_file(info.path)
+                    removed += 1
+    except OSError as exc:  # orphans are never read: a sweep the store cut short is the next run's to finish
+        log.warning("output %s: records files of rows never committed not (all) removed (%s); the next run "
+                    "removes them", output, exc)
     if removed:
         log.info("output %s: removed %d records file(s) of rows never committed", output, removed)
     return removed
