@@ -37,7 +37,6 @@ SITES = ("checkpoint", "records", "output", "lease")
 WRITES = ("create_dir", "open_output_stream", "move", "delete_file", "delete_dir_contents", "delete_dir", "copy_file",
           "put", "delete")
 LISTS = ("get_file_info_selector",)
-READS = ("get_file_info", "open_input_stream", "open_input_file", "read")
 
 Plan = dict[tuple[str, str, int], str]  # (site, call, n-th such call) -> fault
 
