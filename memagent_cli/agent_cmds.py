@@ -77,8 +77,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("serve runs a local engine: use --engine hf or vllm (openai would only proxy)")
     server = build(ServeConfig, args._serve_flags.values(args), "server options")
     server.auth_key()  # an unset key variable fails before the model loads
-    if warning := server.exposure_warning():
-        print(warning, file=sys.stderr)
     agent = agent_config(args)  # how the memagent model reads
     engine = make_engine(config)
     if args.served_model:  # the name we serve under, not an endpoint's

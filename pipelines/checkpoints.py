@@ -73,7 +73,6 @@ class ChainLog:
         self.every_steps, self.every_s = every_steps, every_s
         self.bytes_written = 0
         self.segments_written = 0
-        self.segments_dropped = 0  # another attempt's segments (a zombie task of the same row)
         self.tips: dict[str, str] = {}  # row id -> the attempt that wrote the last segment its last load used
 
     def _dir(self, row_id: str) -> str:
@@ -113,7 +112,6 @@ class ChainLog:
             self.remove(row_id)
             return Loaded(None, reason or "unreadable")
         if rest:
-            self.segments_dropped += len(rest)
             log.warning("row %s: %d checkpoint segment(s) off the chain used dropped (another attempt's, "
                         "or past a gap)", row_id, len(rest))
         # Segments off the chain used (another attempt's, past a gap or a bad one) would be misread next time.
@@ -124,7 +122,7 @@ class ChainLog:
                 except OSError as exc:  # left, it is off the chain next time too: never worth a re-read
                     log.warning("row %s: could not remove checkpoint %s (%s)", row_id, name, exc)
         self.tips[row_id] = chain[-1].attempt
-        return Loaded(state, reason, tip=chain[-1].attempt, dropped=len(rest))
+        return Loaded(state, reason, tip=chain[-1].attempt)
 
     def write(self, row_id: str, key: str, state: ChainState, first_step: int, *, attempt: str = "",
               parent: str | None = None) -> int:
@@ -173,12 +171,11 @@ class ChainLog:
 
 @dataclass(frozen=True)
 class Loaded:
-    """A row's log read back: the state, why (part of) it was not used, its last writer, segments dropped."""
+    """A row's log read back: the state, why (part of) it was not used, its last writer."""
 
     state: ChainState | None
     reason: str | None
     tip: str | None = None
-    dropped: int = 0
 
 
 class ChainWriter:

@@ -83,14 +83,10 @@ def committed_stems(fs: pafs.FileSystem, path: str) -> set[str]:
     return stems
 
 
-def _record_files(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
-    return [f for f in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-            if f.type == pafs.FileType.File]
-
-
-def _type_files(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
-    """The files directly in one record type's folder (not below: a folder is one type's alone)."""
-    return [f for f in fs.get_file_info(pafs.FileSelector(directory, recursive=False, allow_not_found=True))
+def _record_files(fs: pafs.FileSystem, root: str, recursive: bool = True) -> list[pafs.FileInfo]:
+    """The files under ``root``; ``recursive=False``: only those directly in it (a record type's folder
+    is that type's alone, not the folders below it)."""
+    return [f for f in fs.get_file_info(pafs.FileSelector(root, recursive=recursive, allow_not_found=True))
             if f.type == pafs.FileType.File]
 
 
@@ -107,7 +103,7 @@ def read_records(output: str, record_type: str, s3: S3Options | None = None,
     directory = type_dir(f"{path.rstrip('/')}/{RECORDS_DIR}", record_type)
     tables: list[pa.Table] = []
     unified: pa.Schema | None = None
-    for info in sorted(_type_files(fs, directory), key=lambda f: f.path):
+    for info in sorted(_record_files(fs, directory, recursive=False), key=lambda f: f.path):
         name = info.base_name
         if name.endswith(".parquet") and not name.startswith(".") and name.removesuffix(".parquet") in stems:
             table = _read_one(fs, info.path, unified, record_type, errors)

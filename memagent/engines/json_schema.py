@@ -64,7 +64,8 @@ def _bound(node: Any) -> None:
             _bound(sub)
 
 
-def _escape(key: Any) -> str:
+def pointer_token(key: Any) -> str:
+    """``key`` as one JSON-pointer reference token (``~`` -> ``~0``, ``/`` -> ``~1``)."""
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
@@ -84,7 +85,7 @@ def _resources(schema: Any) -> tuple[dict[str, str], list[tuple[dict, str, str]]
                 ids[f"{base}#{node['$anchor']}"] = at
             if isinstance(node.get("$ref"), str):
                 refs.append((node, base, at))
-            stack.extend((v, base, f"{at}/{_escape(k)}") for k, v in node.items())
+            stack.extend((v, base, f"{at}/{pointer_token(k)}") for k, v in node.items())
         elif isinstance(node, list):
             stack.extend((v, base, f"{at}/{i}") for i, v in enumerate(node))
     return ids, refs

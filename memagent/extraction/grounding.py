@@ -31,7 +31,7 @@ import functools
 import re
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 from memagent.attribution import _get, memory_steps
 from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind, parse_number
@@ -144,22 +144,27 @@ def _first_exact(text: str, needle: str, lo: int, hi: int, numeric: bool) -> tup
     return None
 
 
-def _first_normalised(kind: FieldKind, value: Any, forms: tuple[str, ...], text: str, lo: int,
-                      hi: int) -> tuple[int, int] | None:
-    k = KINDS[kind]
+def _normalised(kind: FieldKind, value: Any, forms: tuple[str, ...], text: str, lo: int,
+                hi: int) -> Iterator[tuple[int, int, Method]]:
+    """The normalised stage's matches in ``text[lo:hi]``: the forms' regex (``exact`` where the first form is
+    written as is), then, for a number, every numeric token of its value (``normalised``)."""
+    numeric = KINDS[kind].by_value == "number"
     if forms:
         for m in _regex(forms).finditer(text, lo, hi):
-            if m.end() > m.start() and bounded(text, m.start(), m.end(), k.by_value == "number"):
-                return m.start(), m.end()
-    if k.by_value == "number":
-        v = parse_number(value)
+            if m.end() > m.start() and bounded(text, m.start(), m.end(), numeric):
+                yield m.start(), m.end(), "exact" if m.group() == forms[0] else "normalised"
+    if numeric and (v := parse_number(value)) is not None:
         starts, found = _numbers(text)
         for s, e, x in found[bisect_left(starts, lo):]:
             if s >= hi or e > hi:
                 break
-            if v is not None and abs(x - v) <= 1e-9 * max(1.0, abs(v)):
-                return s, e
-    return None
+            if abs(x - v) <= 1e-9 * max(1.0, abs(v)):
+                yield s, e, "normalised"
+
+
+def _first_normalised(kind: FieldKind, value: Any, forms: tuple[str, ...], text: str, lo: int,
+                      hi: int) -> tuple[int, int] | None:
+    return next(((s, e) for s, e, _ in _normalised(kind, value, forms, text, lo, hi)), None)
 
 
 def _fuzzy(value: str, text: str, lo: int, hi: int, threshold: float) -> Span | None:
@@ -234,23 +239,11 @@ MAX_OCCURRENCES_NEAR = 256  # occurrences of one value weighed when a record's v
 def occurrences(kind: FieldKind, value: Any, text: str, window: tuple[int, int]) -> list[Span]:
     """Every exact or normalised match of one value in ``text[window[0]:window[1]]``, in text order."""
     kind = ITEM_KIND.get(kind, kind)
-    k = KINDS[kind]
-    forms, numeric = tuple(k.forms(value)), k.by_value == "number"
-    lo, hi = window
     out: dict[int, Span] = {}
-    if forms:
-        for m in _regex(forms).finditer(text, lo, hi):
-            if m.end() > m.start() and bounded(text, m.start(), m.end(), numeric):
-                out.setdefault(m.start(), Span(m.start(), m.end(), "exact" if m.group() == forms[0] else "normalised"))
-            if len(out) >= MAX_OCCURRENCES_NEAR:
-                break
-    if numeric and (v := parse_number(value)) is not None:
-        starts, found = _numbers(text)
-        for st, e, x in found[bisect_left(starts, lo):]:
-            if st >= hi or e > hi or len(out) >= MAX_OCCURRENCES_NEAR:
-                break
-            if abs(x - v) <= 1e-9 * max(1.0, abs(v)):
-                out.setdefault(st, Span(st, e, "normalised"))
+    for s, e, method in _normalised(kind, value, tuple(KINDS[kind].forms(value)), text, *window):
+        out.setdefault(s, Span(s, e, method))
+        if len(out) >= MAX_OCCURRENCES_NEAR:
+            break
     return [out[i] for i in sorted(out)]
 
 

@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
-from memagent.extraction.record_grounding import MemoryChain, ground_chunk
+from memagent.extraction.record_grounding import SENTENCE_END, MemoryChain, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
@@ -49,7 +48,6 @@ from memagent.prompts import PromptTemplates, parse_json_answer, records_message
 MIN_SPLIT_CHARS = 64  # a piece this short is not split again
 MAX_SPLIT_DEPTH = 6  # a chunk's records call becomes at most 2**6 pieces (a 5,000-token chunk: ~350 characters each)
 TAIL_CHARS = 400  # how far a records call reads past its piece to finish a cut sentence
-_SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")  # a line break, or a sentence's last character
 LOOP_MAX_PERIOD = 200  # characters: the longest unit a looping reply is checked for
 LOOP_MIN_CHARS = 64  # a repeated tail shorter than this is not a loop
 
@@ -65,7 +63,7 @@ def sentence_end(text: str, pos: int, limit: int) -> int:
     else ``pos`` (no end near: the cut stays where it is)."""
     if pos <= 0 or pos >= len(text):
         return pos
-    m = _SENTENCE_END.search(text, pos - 1, min(limit, pos + TAIL_CHARS, len(text)))
+    m = SENTENCE_END.search(text, pos - 1, min(limit, pos + TAIL_CHARS, len(text)))
     return m.end() if m is not None else pos
 
 

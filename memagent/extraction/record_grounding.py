@@ -31,21 +31,21 @@ from memagent.extraction.parse import RecordType
 
 ALIASED_KINDS = ("string", "string_array")  # kinds a memory may resolve (a role to a name); never numbers or dates
 
-_SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")
+SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")  # a line break, or a sentence's last character
 
 
 def one_sentence(text: str, spans: Sequence[Span]) -> bool:
     """The spans lie in one sentence (no sentence end between the first start and the last end)."""
     lo, hi = min(s.start for s in spans), max(s.end for s in spans)
-    return _SENTENCE_END.search(text, lo, max(lo, hi - 1)) is None
+    return SENTENCE_END.search(text, lo, max(lo, hi - 1)) is None
 
 
 def _sentence(text: str, pos: int, lo: int, hi: int) -> tuple[int, int]:
     """The bounds of the sentence holding ``pos`` inside ``[lo, hi)``."""
     start = lo
-    for m in _SENTENCE_END.finditer(text, max(lo, pos - 2000), pos):
+    for m in SENTENCE_END.finditer(text, max(lo, pos - 2000), pos):
         start = m.end()
-    m = _SENTENCE_END.search(text, pos, hi)
+    m = SENTENCE_END.search(text, pos, hi)
     return start, (m.end() if m else hi)
 
 

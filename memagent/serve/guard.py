@@ -15,7 +15,7 @@ from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memagent.engines.json_schema import resolve_refs
+from memagent.engines.json_schema import pointer_token, resolve_refs
 from memagent.serve.protocol import APIError
 
 OPEN_PATHS = frozenset({"/health"})  # answered without a key
@@ -182,7 +182,7 @@ def _local_refs(schema: Any, where: str, param: str) -> list[tuple[str, str]]:
             ref = node.get("$ref")
             if isinstance(ref, str) and ref.startswith("#"):
                 refs.append((at, unquote(ref[1:])))
-            stack.extend((f"{at}/{str(k).replace('~', '~0').replace('/', '~1')}", v, depth + 1) for k, v in node.items())
+            stack.extend((f"{at}/{pointer_token(k)}", v, depth + 1) for k, v in node.items())
         elif isinstance(node, list):
             stack.extend((f"{at}/{i}", v, depth + 1) for i, v in enumerate(node))
     return refs

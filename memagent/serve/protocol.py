@@ -52,7 +52,7 @@ class FunctionCall(BaseModel):
 
 
 class ToolCall(BaseModel):
-    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    id: str = Field(default_factory=lambda: call_id())
     type: Literal["function"] = "function"
     function: FunctionCall
 
@@ -163,6 +163,10 @@ class ChatRequest(BaseModel):
 
 def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -17,12 +17,11 @@ model will continue it.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from memagent.serve.guard import check_schema
-from memagent.serve.protocol import APIError, ChatMessage, ChatRequest, NamedToolChoice, Tool
+from memagent.serve.protocol import APIError, ChatMessage, ChatRequest, NamedToolChoice, Tool, call_id
 
 MAX_TEXT_CHARS = 64 * 1024  # the "auto" text branch: max_tokens bounds it first
 
@@ -139,5 +138,5 @@ def parse_reply(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict[s
     calls = value if isinstance(value, list) else [value]
     if not all(isinstance(c, dict) and "name" in c for c in calls):
         return text, None
-    return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return None, [{"id": call_id(), "type": "function",
                    "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}))}} for c in calls]
