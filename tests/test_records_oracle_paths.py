@@ -24,7 +24,7 @@ from memagent.engines.openai import OpenAIEngine
 from tests.oracle.records_oracle import LedgerOracle
 from tests.oracle.servers import oracle_app
 from tests.reliability_helpers import free_port, serving
-from tests.test_records_oracle import SPECS, check_against_gold, config
+from tests.test_records_oracle import SPECS, check_against_gold, check_span, config
 
 
 class Swappable:
@@ -116,3 +116,9 @@ def test_batch_job_writes_every_record_of_a_dense_page(ray_local, tmp_path, smol
     for doc in (dense, mixed):
         got = {(r["payer"], r["date"].isoformat()): r["amount"] for r in written if r["id"] == doc.id}
         assert got == {k: g["amount"] for k, g in gold(doc).items()}
+        for r in (r for r in written if r["id"] == doc.id):  # the written columns, as the records read
+            key = (r["payer"], r["date"].isoformat())
+            assert [json.loads(c["value"]) for c in r["record_conflicts"] if c["field"] == "amount"] == \
+                gold(doc)[key]["conflicts"]
+            for ev in r["record_evidence"]:
+                check_span(doc, *key, ev["field"], ev["char_start"], ev["char_end"], ev["grounding"])
