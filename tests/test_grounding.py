@@ -131,3 +131,16 @@ def test_a_number_is_not_grounded_inside_a_date_written_in_digits():
     assert found("number", 1250000, text) == ("1.250.000", "normalised")  # a grouping, not a date
     assert found("date", "2020-08-08", text) == ("2020-08-08", "exact")  # the date itself still is
     assert found("number", 2020, "The 2020 accounts, filed 2021-01-31.") == ("2020", "exact")
+
+
+def test_occurrences_of_a_value_stated_very_often_are_capped_in_text_order():
+    """A value stated more than MAX_OCCURRENCES_NEAR times in the window yields the first that many of its
+    spans, in text order, each a span of the value (the anchoring weighs a bounded number of candidates)."""
+    from memagent.extraction.grounding import MAX_OCCURRENCES_NEAR, occurrences
+
+    text = "".join(f"Line {i}: Acme Ltd paid.\n" for i in range(MAX_OCCURRENCES_NEAR + 50))
+    spans = occurrences("string", "Acme Ltd", text, (0, len(text)))
+    assert len(spans) == MAX_OCCURRENCES_NEAR
+    assert [s.start for s in spans] == sorted(s.start for s in spans)
+    assert all(text[s.start:s.end] == "Acme Ltd" for s in spans)
+    assert spans[-1].start < text.index(f"Line {MAX_OCCURRENCES_NEAR}:")  # the first ones, not any
