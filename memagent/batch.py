@@ -149,6 +149,17 @@ def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, mode
     return record
 
 
+def failure_record(row: Mapping[str, Any], exc: Exception, config: AgentConfig, model: str,
+                   method: Method = "memagent", doing: str | None = None) -> dict[str, Any]:
+    """The error record of an exception raised while reading ``row`` (``doing`` says at what, when not
+    reading the document itself): ``infra:`` is redone by a rerun (its message says it all), ``agent:``
+    is the row's own failure, done for good (:func:`memagent.error_kinds.error_kind` judges which)."""
+    kind = error_prefix(exc)
+    log.warning("row %s failed%s: %s", row.get("id"), f" {doing}" if doing else "", exc, exc_info=kind == "agent")
+    what = f"{doing}: " if doing else ""
+    return error_record(row, f"{kind}: {what}{type(exc).__name__}: {exc}", config, model, method)
+
+
 def _row_question(row: Mapping[str, Any], config: AgentConfig, question: str | None, method: Method) -> str | None:
     """The question a row is read with: the job's, else the row's; none with an extraction schema."""
     if config.extraction is None:
@@ -209,9 +220,7 @@ async def answer_row(
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
         if engine_is_dead(exc):
             raise  # not the row's failure: the caller replaces the engine and reads the row again
-        kind = error_prefix(exc)  # "infra" (redone by a rerun; its message says it all) or "agent"
-        log.warning("row %s failed: %s", row.get("id"), exc, exc_info=kind == "agent")
-        record = error_record(row, f"{kind}: {type(exc).__name__}: {exc}", config, engine.name, method)
+        record = failure_record(row, exc, config, engine.name, method)
     else:
         record = result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
         if on_records is not None and result.records is not None:

@@ -122,10 +122,17 @@ def parse_segment(data: bytes | str) -> Segment:
     return seg
 
 
-def _follows(seg: Segment, prev: Segment) -> bool:
-    """Whether ``seg`` continues the chain that ``prev`` ends: its next steps, by the writer that wrote them."""
-    parent = seg.parent if seg.parent is not None else seg.attempt
-    return seg.first_step == prev.first_step + len(prev.steps) and parent == prev.attempt
+def _end(seg: Segment) -> int:
+    """The step after the segment's last: where a segment continuing it starts."""
+    return seg.first_step + len(seg.steps)
+
+
+def _continues(seg: Segment) -> str:
+    """The writer whose chain ``seg`` continues: its ``parent``, else its own ``attempt``."""
+    return seg.parent if seg.parent is not None else seg.attempt
+
+
+Writer = tuple[int, str]  # (step, attempt): a writer's chain at a step, as the segments continuing it name it
 
 
 def one_chain(segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
@@ -133,25 +140,88 @@ def one_chain(segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]
 
     Two attempts at one row (a retried task while the first still runs) may both write from the same
     step; each segment names its writer and the writer it continued, so the log is a tree and a chain
-    is one path down it. Ties go to the path whose attempts sort first (every reader picks the same).
+    is one path down it: ``seg`` follows ``prev`` when it starts at ``prev``'s end and continues
+    ``prev.attempt``. Ties go to the path whose attempts sort first (a prefix sorts first), then to
+    the one a walk of the log in its order meets first: every reader picks the same.
+
+    Iterative and O(n log n) in the log's segments, so no log is too long to resume (one segment per
+    step of a 20,000-chunk document included); a segment of no steps is never on a chain (it would
+    follow itself) and is returned in the rest.
     """
-    best: list[Segment] = []
+    usable = [i for i, s in enumerate(segments) if s.steps]
+    children: dict[Writer, list[int]] = {}  # (step, writer) -> the segments continuing it there, in log order
+    for i in usable:
+        children.setdefault((segments[i].first_step, _continues(segments[i])), []).append(i)
+    reach = _reach(segments, usable, children)
+    roots = [i for i in usable if segments[i].first_step == 0]
+    if not roots:
+        return [], list(segments)
+    end = max(reach[i] for i in roots)
+    layers = _least_attempts(segments, [i for i in roots if reach[i] == end], children, reach, end)
+    best = [segments[i] for i in _first_in_log_order(segments, layers, children)]
+    on_chain = {id(s) for s in best}  # by identity: two equal segments are two files
+    return best, [s for s in segments if id(s) not in on_chain]
 
-    def walk(path: list[Segment]) -> None:
-        nonlocal best
-        end = path[-1].first_step + len(path[-1].steps)
-        best_end = best[-1].first_step + len(best[-1].steps) if best else -1
-        if end > best_end or (end == best_end and [s.attempt for s in path] < [s.attempt for s in best]):
-            best = list(path)
-        for seg in segments:
-            if _follows(seg, path[-1]) and all(seg is not p for p in path):
-                walk([*path, seg])
 
-    for seg in segments:
-        if seg.first_step == 0:
-            walk([seg])
-    rest = [s for s in segments if all(s is not b for b in best)]
-    return best, rest
+def _tip(seg: Segment) -> Writer:
+    """The writer a segment continuing ``seg`` names: ``seg``'s end, by ``seg``'s attempt."""
+    return _end(seg), seg.attempt
+
+
+def _reach(segments: Sequence[Segment], usable: list[int], children: dict[Writer, list[int]]) -> dict[int, int]:
+    """For each usable segment, the furthest step a chain through it ends at.
+
+    A chain's steps grow, so taking segments from the last ``first_step`` down finds every
+    continuation of a segment done before the segment itself."""
+    reach: dict[int, int] = {}
+    beyond: dict[Writer, int] = {}  # (step, writer) -> the furthest end of a chain continuing it there
+    for i in sorted(usable, key=lambda i: -segments[i].first_step):
+        seg = segments[i]
+        reach[i] = max(_end(seg), beyond.get(_tip(seg), -1))
+        key = (seg.first_step, _continues(seg))
+        beyond[key] = max(beyond.get(key, -1), reach[i])
+    return reach
+
+
+def _least_attempts(segments: Sequence[Segment], first: list[int], children: dict[Writer, list[int]],
+                    reach: dict[int, int], end: int) -> list[list[int]]:
+    """Layer ``k``: the ``k``-th segments of the chains to ``end`` whose attempts sort first.
+
+    Greedy, one position at a time: the least attempt among the continuations that still reach
+    ``end``. A prefix sorts before its extensions, so the first layer holding a segment ending at
+    ``end`` is the last (and keeps only those). Each (step, writer) is expanded once: two layers
+    holding one would make a chain with two segments ending at the same step.
+    """
+    layer = _least(segments, first)
+    layers = [layer]
+    while not any(_end(segments[i]) == end for i in layer):
+        tips = dict.fromkeys(_tip(segments[i]) for i in layer)
+        layer = _least(segments, [c for t in tips for c in children.get(t, ()) if reach[c] == end])
+        layers.append(layer)
+    layers[-1] = [i for i in layer if _end(segments[i]) == end]
+    return layers
+
+
+def _least(segments: Sequence[Segment], candidates: list[int]) -> list[int]:
+    """The candidates (non-empty) whose attempt sorts first."""
+    low = min(segments[i].attempt for i in candidates)
+    return [i for i in candidates if segments[i].attempt == low]
+
+
+def _first_in_log_order(segments: Sequence[Segment], layers: list[list[int]],
+                        children: dict[Writer, list[int]]) -> list[int]:
+    """The chain through ``layers`` (one segment per layer, each continuing the one before) that a
+    depth-first walk of the log in its order meets first: the least log position at each layer
+    among the segments that lead on to the last layer."""
+    leads = [set(layers[-1])]
+    for layer in reversed(layers[:-1]):
+        wanted = {(segments[c].first_step, _continues(segments[c])) for c in leads[-1]}
+        leads.append({i for i in layer if _tip(segments[i]) in wanted})
+    leads.reverse()
+    path = [min(leads[0])]
+    for ok in leads[1:]:
+        path.append(min(c for c in children[_tip(segments[path[-1]])] if c in ok))
+    return path
 
 
 def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainState | None, str | None]:
@@ -161,16 +231,24 @@ def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainSta
     changed since it was written); otherwise the state of the longest prefix of segments that
     follow each other without a gap (``reason`` says where it stopped, or is None).
     """
-    state: ChainState | None = None
+    last: Segment | None = None  # the state is built once, from the last segment used: linear in the log
     steps: list[Step] = []
     records: list[Emitted] = []
     for seg in segments:
         if seg.id != row_id or seg.key != key:
             return None, "written for another input or config (stale)"
         if seg.first_step != len(steps):
-            return state, f"a gap: a segment starts at step {seg.first_step}, the log holds {len(steps)} step(s)"
+            return _state(last, steps, records), (f"a gap: a segment starts at step {seg.first_step}, "
+                                                  f"the log holds {len(steps)} step(s)")
         steps.extend(Step(**s.model_dump()) for s in seg.steps)
         records.extend(Emitted.from_json(r.model_dump()) for r in seg.records)
-        state = ChainState(next_chunk=seg.next_chunk, char_offset=seg.char_offset, memory=seg.memory,
-                           steps=tuple(steps), records=tuple(records), records_tally=RecordsTally(**seg.records_tally))
-    return state, None
+        last = seg
+    return _state(last, steps, records), None
+
+
+def _state(last: Segment | None, steps: list[Step], records: list[Emitted]) -> ChainState | None:
+    """The state after ``last``, the log read up to it holding ``steps`` and ``records`` (None: no segment)."""
+    if last is None:
+        return None
+    return ChainState(next_chunk=last.next_chunk, char_offset=last.char_offset, memory=last.memory,
+                      steps=tuple(steps), records=tuple(records), records_tally=RecordsTally(**last.records_tally))

@@ -115,8 +115,9 @@ class ChainLog:
             log.warning("row %s: %d checkpoint segment(s) off the chain used dropped (another attempt's, "
                         "or past a gap)", row_id, len(rest))
         # Segments off the chain used (another attempt's, past a gap or a bad one) would be misread next time.
+        on_chain = {id(c) for c in chain}  # by identity, in one pass: a log may hold thousands of segments
         for name in names:
-            if all(read.get(name) is not c for c in chain):
+            if id(read.get(name)) not in on_chain:
                 try:
                     self.fs.delete_file(f"{directory}/{name}")
                 except OSError as exc:  # left, it is off the chain next time too: never worth a re-read

@@ -93,7 +93,7 @@ def key_difference(stored: str, wanted: str) -> str:
     """Which parts of two checkpoint keys differ, in words ("dtype, versions"); "the input or config" when unknown."""
     try:
         a, b = json.loads(stored), json.loads(wanted)
-    except ValueError:
+    except (ValueError, RecursionError):  # a stored key is data from disk: any text, nested past the stack
         return "the input or config"
     if not isinstance(a, dict) or not isinstance(b, dict):
         return "the input or config"

@@ -106,10 +106,10 @@ class Holder:
             return True
         return (self.boot_id, self.pid_ns) == _namespace()
 
-    def describe(self) -> str:
+    def describe(self, now: float | None = None) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
         return (f"run {self.run_id} (host {self.host}, pid {self.pid}, started {started}, "
-                f"last heartbeat {max(0, time.time() - self.heartbeat):.0f} s ago)")
+                f"last heartbeat {heartbeat_age(self.heartbeat, time.time() if now is None else now)})")
 
     def stale(self, now: float | None = None) -> bool:
         """Whether the holder is gone (see the module doc)."""
@@ -146,6 +146,15 @@ class Holder:
               and all(v is None or isinstance(v, str) for v in (holder.pid_start, holder.boot_id, holder.pid_ns))
               and all(type(t) in (int, float) and 0 <= t < _MAX_TIME for t in (holder.started, holder.heartbeat)))
         return holder if ok else None
+
+
+def heartbeat_age(heartbeat: float, now: float) -> str:
+    """How long ago ``heartbeat`` was, in words; one stamped a second or more past ``now`` says so (the
+    holder's clock runs ahead of this one's), never "0 s ago"."""
+    ahead = heartbeat - now
+    if round(ahead) >= 1:
+        return f"in the future by {ahead:.0f} s (clock skew?)"
+    return f"{max(0.0, -ahead):.0f} s ago"
 
 
 @functools.lru_cache(maxsize=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import pyarrow as pa
 import ray
@@ -28,6 +28,25 @@ log = logging.getLogger(__name__)
 # The default is memagent.engines.make_engine; a custom engine (or a benchmark's model of one)
 # plugs in here.
 EngineBuilder = Callable[[EngineConfig], "Engine"]
+
+
+async def read_row(engine: Engine, row: dict, cfg: BatchQAConfig, chain: Callable[[dict], Awaitable[dict]],
+                   on_records: RecordsWriter | None = None) -> dict:
+    """One row as an actor reads it: ``chain(row)`` (its checkpoint arguments), then ``answer_row``.
+
+    Reading the row's checkpoints is part of the row: whatever it raises (a corrupt log; the store's
+    OSErrors are retried inside ``chain``) is the row's error record, as a failed read is. Raised, it
+    would fail the whole Ray call, and every retry and rerun of it the same way: the batch never ends.
+    """
+    from memagent.batch import answer_row, failure_record
+
+    try:
+        args = await chain(row)
+    except Exception as exc:  # noqa: BLE001 - one row's log must not cost the call's other rows
+        record = failure_record(row, exc, cfg.agent, engine.name, cfg.method, doing="reading its checkpoints")
+        return {**record, "checkpoint_ignored": None}
+    return await answer_row(engine, row, cfg.agent, question=cfg.question, metric=cfg.metric, method=cfg.method,
+                            on_records=on_records, **args)
 
 
 class AgentWorker:
@@ -100,8 +119,6 @@ class AgentWorker:
         return await asyncio.to_thread(self.chains.resume_args, row_id, key)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
-        from memagent.batch import answer_row
-
         cfg = self.cfg
         self.meter.start()
 
@@ -110,10 +127,7 @@ class AgentWorker:
             long = await asyncio.to_thread(is_long_document, self.engine.tokenizer, row.get("context"),
                                            cfg.job.long_document_tokens)
             async with self.gate.slot(long=long):
-                chain = await self._chain(row)
-                return self.breaker.check(await answer_row(self.engine, row, cfg.agent, question=cfg.question,
-                                                           metric=cfg.metric, method=cfg.method,
-                                                           on_records=self.records, **chain))
+                return self.breaker.check(await read_row(self.engine, row, cfg, self._chain, self.records))
 
         try:
             records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))

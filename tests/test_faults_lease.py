@@ -116,12 +116,22 @@ def test_a_heartbeat_from_the_future_is_judged_against_the_skew_bound(tmp_path, 
     output = str(tmp_path / "out")
     put_raw(output, holder_fields(heartbeat=time.time() + ahead_s))
     if not taken:
-        with pytest.raises(lease.OutputBusy):
+        with pytest.raises(lease.OutputBusy, match=r"last heartbeat in the future by (29|30) s \(clock skew\?\)"):
             lease.acquire(output)
         return
     held = lease.acquire(output)
     assert not held.forced  # stale, not forced: nothing of the old run's may be committed still
     held.release()
+
+
+@pytest.mark.parametrize("ahead_s, said", [(-42.4, "42 s ago"), (0.0, "0 s ago"), (0.3, "0 s ago"),
+                                           (0.6, "in the future by 1 s (clock skew?)"),
+                                           (3600.0, "in the future by 3600 s (clock skew?)")])
+def test_a_heartbeat_age_says_when_it_is_in_the_future(ahead_s, said):
+    """A heartbeat stamped ahead of this clock is named as such, never "0 s ago"; a past one by its age."""
+    holder = lease.Holder(**holder_fields(heartbeat=1_000_000.0 + ahead_s))
+    assert lease.heartbeat_age(holder.heartbeat, 1_000_000.0) == said
+    assert holder.describe(now=1_000_000.0).endswith(f"last heartbeat {said})")
 
 
 def test_a_forced_lease_says_so(tmp_path):
