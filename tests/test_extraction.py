@@ -72,15 +72,17 @@ def with_props(**props) -> dict:
     (["party"], "valid dictionary"),
     (with_props(), "has no properties"),
     ({"type": "object"}, "has no properties"),
-    ({**with_props(a={"type": "string"}), "anyOf": []}, "unsupported keyword 'anyOf' at the top"),
-    ({**with_props(a={"type": "string"}), "additionalProperties": True}, "additionalProperties must be false"),
-    (with_props(address={"type": "object"}), "property 'address': type \"object\" is not supported"),
-    (with_props(size={"type": ["number", "null"]}), "property 'size': type [\"number\", \"null\"] is not supported"),
+    ({**with_props(a={"type": "string"}), "anyOf": []}, "anyOf: not a valid JSON Schema: [] should be non-empty"),
+    (with_props(address={"type": "object"}), "properties.address.properties: an object needs at least one property"),
+    (with_props(size={"type": ["number", "string", "object"]}), "a union of number, object, string has no one column"),
     (with_props(size={"description": "no type"}), "property 'size' has no type"),
-    (with_props(amount={"type": "number", "minimum": 0}), "property 'amount' uses the unsupported keyword 'minimum'"),
-    (with_props(mail={"type": "string", "format": "email"}), "property 'mail': format 'email' is not supported"),
-    (with_props(law={"enum": ["A", 3]}), "property 'law': enum must be a non-empty list of non-empty strings"),
-    (with_props(law={"type": "integer", "enum": [1, 2]}), "property 'law': an enum must be of strings"),
+    (with_props(size={"not": {"type": "string"}}), "properties.size: 'not' (negation) cannot be extracted"),
+    (with_props(size={"if": {}, "then": {}}), "properties.size: 'if' (a conditional)"),
+    (with_props(m={"type": "object", "additionalProperties": {"type": "string"}}),
+     "properties.m.additionalProperties: an object with open keys (a map)"),
+    (with_props(m={"$ref": "other.json#/x"}), "remote schemas are not fetched"),
+    (with_props(law={"enum": ["A", 3]}), "properties.law.enum: mixes integer and string values"),
+    (with_props(law={"type": "integer", "enum": [1.5, "x"]}), "properties.law.enum: mixes number and string values"),
     (with_props(tags={"type": "array", "items": {"type": "number"}}), "property 'tags': an array must have items"),
     (with_props(tags={"type": "array"}), "property 'tags': an array must have items"),
     (with_props(error={"type": "string"}), "property 'error' clashes with a column"),
@@ -154,8 +156,9 @@ def test_one_chain_with_the_field_list_and_a_constrained_answer(tiny_engine):
     assert len(memory_calls) == result.n_chunks >= 2  # one chain for all seven fields
     assert all("- effective_date (date, YYYY-MM-DD)" in p and "- party (text, required): The client's company name"
                in p and s.json_schema is None for p, s in memory_calls)
-    assert json.loads(final_params.json_schema) == {**SCHEMA, "required": ["party", "amount"],
-                                                    "additionalProperties": False}
+    typed_enum = {**SCHEMA["properties"], "law": {**SCHEMA["properties"]["law"], "type": "string"}}
+    assert json.loads(final_params.json_schema) == {**SCHEMA, "properties": typed_enum,
+                                                    "required": ["party", "amount"], "additionalProperties": False}
     assert "Reply with one JSON object with the keys party, effective_date" in final and "Always give party, amount" \
         in final
     assert json.loads(result.response) == GOOD

@@ -48,14 +48,16 @@ MAX_NAME_CHARS = 64
 # A record type's folder is its name percent-quoted (3 characters per UTF-8 byte at most): 64 bytes
 # make at most 192 of the 255 bytes a file system allows in one name.
 MAX_TYPE_NAME_BYTES = 64
-MAX_OBJECT_DEPTH = 3  # objects inside an item's objects inside an item's ...
+MAX_OBJECT_DEPTH = 6  # objects inside an item's objects inside an item's ...
 
 TOP_KEYWORDS = {"type", "properties", "required", "description", "title", "$schema", "$id", "additionalProperties"}
-PROPERTY_KEYWORDS = {"type", "description", "title", "format", "enum", "items"}
+CONSTRAINT_KEYWORDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
+                       "minLength", "maxLength", "minItems", "maxItems", "uniqueItems"}
+PROPERTY_KEYWORDS = {"type", "description", "title", "format", "enum", "items", "anyOf"} | CONSTRAINT_KEYWORDS
 RECORD_KEYWORDS = {"type", "items", "description", "title", "minItems", "maxItems", "x-key"}
 OBJECT_KEYWORDS = {"type", "properties", "required", "description", "title", "additionalProperties"}
-SUPPORTED = ("string, number, integer, boolean, string with format date, enum of strings, "
-             "array of strings, array of objects (a record type)")
+SUPPORTED = ("string, number, integer, boolean, string with format date, enum, "
+             "array of strings, object, array of objects (a record type)")
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ def parse_leaf(path: str, name: str, prop: Any, required: bool) -> FieldSpec:
     where = f"{path}: property {name!r}"
     if not isinstance(prop, dict):
         raise ValueError(f"{where} must be an object such as {{\"type\": \"string\"}}, got {show(prop)}")
-    unknown = sorted(set(prop) - PROPERTY_KEYWORDS)
+    unknown = sorted(k for k in set(prop) - PROPERTY_KEYWORDS if not k.startswith("x-"))
     if unknown:
         raise ValueError(f"{where} uses the unsupported keyword {unknown[0]!r}; a property may have "
                          f"{', '.join(sorted(PROPERTY_KEYWORDS))}")
@@ -229,10 +231,13 @@ def parse_leaf(path: str, name: str, prop: Any, required: bool) -> FieldSpec:
         raise ValueError(f"{where}: format {shown[:80]} is not supported; only \"format\": \"date\" on a string")
     if "enum" in prop:
         values = prop["enum"]
-        if kind_type not in (None, "string") or fmt is not None or "items" in prop:
-            raise ValueError(f"{where}: an enum must be of strings (type string or no type, no format or items)")
-        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
+        if kind_type not in (None, "string", "integer", "number", "boolean") or fmt is not None or "items" in prop:
+            raise ValueError(f"{where}: an enum must be of scalars (no format or items)")
+        if kind_type in (None, "string") and (not isinstance(values, list) or not values or
+                                              not all(isinstance(v, str) and v for v in values)):
             raise ValueError(f"{where}: enum must be a non-empty list of non-empty strings, got {show(values)}")
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}: enum must be a non-empty list, got {show(values)}")
         if len(values) > MAX_ENUM_VALUES:
             raise ValueError(f"{where}: enum has {len(values)} values, at most {MAX_ENUM_VALUES} (every value "
                              "goes into every prompt); use a string field instead")
@@ -244,12 +249,13 @@ def parse_leaf(path: str, name: str, prop: Any, required: bool) -> FieldSpec:
         raise ValueError(f"{where}: an array must have items {{\"type\": \"string\"}} (arrays of strings only"
                          f"{'' if path.count('properties') > 1 else ', or objects for a record type'}), "
                          f"got items {show(prop.get('items'))}")
-    elif kind_type is None:
+    elif kind_type is None and "x-kind" not in prop:
         raise ValueError(f"{where} has no type; supported: {SUPPORTED}")
     kind = kind_of(prop)
     if kind is None:
         raise ValueError(f"{where}: type {show(kind_type)} is not supported; supported: {SUPPORTED}")
-    return FieldSpec(name, kind, required, description, tuple(prop.get("enum") or ()))
+    enum = tuple(prop.get("enum") or ()) if kind == "enum" else ()
+    return FieldSpec(name, kind, required, description, enum)
 
 
 def _required(path: str, node: Mapping[str, Any], props: Mapping[str, Any]) -> list[str]:
@@ -265,7 +271,7 @@ def _required(path: str, node: Mapping[str, Any], props: Mapping[str, Any]) -> l
 
 def _check_object(node: Mapping[str, Any], allowed: set[str], unknown: Callable[[str], str], closed: str) -> None:
     """Refuse a keyword outside ``allowed`` (``unknown(keyword)`` says so) and an open ``additionalProperties``."""
-    extra = sorted(set(node) - allowed)
+    extra = sorted(k for k in set(node) - allowed if not k.startswith("x-"))
     if extra:
         raise ValueError(unknown(extra[0]))
     if node.get("additionalProperties", False) is not False:
@@ -307,13 +313,13 @@ def _count(path: str, node: Mapping[str, Any], word: str) -> int | None:
     return n
 
 
-def _clean(node: Any) -> Any:
+def clean(node: Any) -> Any:
     """A node without titles and ``x-`` keywords: what replies are validated and decoded against."""
     if not isinstance(node, dict):
         return node
-    out = {k: _clean(v) for k, v in node.items() if k != "title" and not k.startswith("x-") and k != "properties"}
+    out = {k: clean(v) for k, v in node.items() if k != "title" and not k.startswith("x-") and k != "properties"}
     if "properties" in node:
-        out["properties"] = {k: _clean(v) for k, v in node["properties"].items()}
+        out["properties"] = {k: clean(v) for k, v in node["properties"].items()}
     return out
 
 
@@ -340,11 +346,12 @@ def parse_record_type(path: str, name: str, node: dict[str, Any], reserved: tupl
         if isinstance(f, ObjectSpec) or f.kind not in SCALAR_KINDS or not f.required:
             raise ValueError(f"{kpath}: key property {k!r} must be a required scalar ({', '.join(SCALAR_KINDS)}) "
                              "of the items")
-    return RecordType(name, fields, tuple(key), lo, hi, description, _clean(node["items"]))
+    return RecordType(name, fields, tuple(key), lo, hi, description, clean(node["items"]))
 
 
 def parse_schema(schema: Any, reserved: tuple[str, ...] = (),
-                 record_reserved: tuple[str, ...] = ()) -> tuple[tuple[FieldSpec, ...], tuple[RecordType, ...]]:
+                 record_reserved: tuple[str, ...] = ()) -> tuple[tuple[FieldSpec | ObjectSpec, ...],
+                                                                tuple[RecordType, ...]]:
     """``(document-level fields, record types)`` of a schema; ``ValueError`` naming the path of what is wrong.
 
     ``reserved``: names a top-level property may not take (output columns); ``record_reserved``:
@@ -364,7 +371,7 @@ def parse_schema(schema: Any, reserved: tuple[str, ...] = (),
         raise ValueError("the schema has no properties: declare at least one field under \"properties\"")
     required = _required("", schema, props)
     check_names("properties", list(props))
-    fields: list[FieldSpec] = []
+    fields: list[FieldSpec | ObjectSpec] = []
     records: list[RecordType] = []
     for name, prop in props.items():
         where = join("properties", name)
@@ -374,9 +381,12 @@ def parse_schema(schema: Any, reserved: tuple[str, ...] = (),
                 and items.get("type") == "object":
             _type_name(where, name)
             records.append(parse_record_type(where, name, prop, record_reserved))
+        elif isinstance(prop, dict) and prop.get("type") == "object":
+            _record_property_name(where, name)
+            fields.append(ObjectSpec(name, name in required, parse_object(where, prop, (), 1), prop.get("description")))
         else:
             fields.append(parse_leaf(where, name, prop, name in required))
-    leaves = len(fields) + sum(len(list(r.leaves({}))) for r in records)
+    leaves = len(list(iter_leaves(tuple(fields), {}))) + sum(len(list(r.leaves({}))) for r in records)
     if leaves > MAX_LEAVES:
         raise ValueError(f"the schema has {leaves} fields, at most {MAX_LEAVES}: every field goes into every prompt")
     return tuple(fields), tuple(records)

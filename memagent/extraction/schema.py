@@ -29,19 +29,20 @@ output's ``config`` column and in the resume fingerprint, and reads back equal.
 
 from __future__ import annotations
 
-import functools
 import json
+import re
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import PrivateAttr, RootModel, model_validator
 
 from memagent.extraction.kinds import FieldKind
 from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
-    check_size, parse_schema,
+    check_size, clean, parse_schema,
 )
+from memagent.extraction.resolve import Resolved, resolve, validator
 from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RECORD_COLUMNS, RESULT_COLUMNS
 
 __all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "load_schema", "schema_from",
@@ -72,18 +73,21 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     """A JSON Schema (supported subset, see the module docstring) of what to extract from each document."""
 
     model_config = {"frozen": True}
-    _fields: tuple[FieldSpec, ...] = PrivateAttr(default=())
+    _fields: tuple[FieldSpec | ObjectSpec, ...] = PrivateAttr(default=())
     _records: tuple[RecordType, ...] = PrivateAttr(default=())
+    _resolved: Resolved | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
     def _bounded(cls, data: Any) -> Any:
+        data = _model_schema(data)
         check_size(data)  # before pydantic walks it: a deeply nested value must not recurse
         return data
 
     @model_validator(mode="after")
     def _parse(self) -> ExtractionSchema:
-        self._fields, self._records = parse_schema(self.root, _reserved_columns(), RECORD_COLUMNS)
+        self._resolved = resolve(self.root)
+        self._fields, self._records = parse_schema(self._resolved.schema, _reserved_columns(), RECORD_COLUMNS)
         for r in self._records:
             for word, n in (("minItems", r.min_items or None), ("maxItems", r.max_items)):
                 if n is not None:  # a record type is the document's records, read per chunk: nothing bounds them
@@ -98,9 +102,26 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         return self
 
     @property
-    def fields(self) -> tuple[FieldSpec, ...]:
-        """The document-level fields (one value per document; record types are :attr:`record_types`)."""
+    def fields(self) -> tuple[FieldSpec | ObjectSpec, ...]:
+        """The document-level fields (one value per document, objects as structs; record types are
+        :attr:`record_types`)."""
         return self._fields
+
+    @property
+    def resolved(self) -> Resolved:
+        """The user's schema resolved (:mod:`memagent.extraction.resolve`): the derived schema the job
+        reads, where every record type goes back, and the annotations ignored."""
+        assert self._resolved is not None
+        return self._resolved
+
+    def assemble(self, doc: Mapping[str, Any], records: Mapping[str, list[Mapping[str, Any]]]) -> dict[str, Any]:
+        """One document's object in the user's shape: its fields and its records nested where the schema
+        has them (read it back with the user's Pydantic model, or check it with :meth:`errors`)."""
+        return self.resolved.assemble(doc, records)
+
+    def errors(self, obj: Any) -> list[str]:
+        """``path: message`` for each way ``obj`` (an :meth:`assemble` d object) fails the user's schema."""
+        return self.resolved.errors(obj)
 
     @property
     def record_types(self) -> tuple[RecordType, ...]:
@@ -118,8 +139,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
 
     def decoding_schema(self) -> dict[str, Any]:
         """The schema final replies are constrained to and validated against: the document-level fields only."""
-        props = {f.name: {k: v for k, v in self.root["properties"][f.name].items() if k != "title"}
-                 for f in self._fields}
+        props = {f.name: clean(self.resolved.schema["properties"][f.name]) for f in self._fields}
         return {"type": "object", "properties": props, "required": [f.name for f in self._fields if f.required],
                 "additionalProperties": False}
 
@@ -212,16 +232,47 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
                              f"field(s) of the schema (about {need} tokens); raise answer_tokens to {need} or more")
 
 
-@functools.lru_cache(maxsize=64)
-def validator(schema_json: str) -> Any:
-    """A JSON Schema validator whose format checker holds dates to RFC 3339's full-date (the date32 column)."""
-    from jsonschema import Draft202012Validator
+def _model_schema(data: Any) -> Any:
+    """A Pydantic model class as its JSON Schema (``model_json_schema()``); anything else as given."""
+    from pydantic import BaseModel
 
-    return Draft202012Validator(json.loads(schema_json), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    if isinstance(data, type) and issubclass(data, BaseModel):
+        return data.model_json_schema()
+    return data
 
 
-def load_schema(path: str | PathLike[str]) -> ExtractionSchema:
-    """Read and check a JSON Schema file; every problem is a one-line ``ValueError`` naming the file."""
+def load_model(spec: str) -> Any:
+    """The Pydantic model ``module:Model`` names (the module imported as ``python -m`` would, from the
+    working directory too); ``ValueError`` saying what is missing."""
+    import importlib
+    import sys
+
+    from pydantic import BaseModel
+
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"schema {spec}: module {module_name!r} cannot be imported: {e}") from None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"schema {spec}: module {module_name!r} has no {attr!r}")
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+        raise ValueError(f"schema {spec}: {attr!r} is not a Pydantic model class")
+    return obj
+
+
+def load_schema(path: str | PathLike[str] | type) -> ExtractionSchema:
+    """Read and check a JSON Schema file, or a Pydantic model (a class, or ``module:Model``); every problem
+    is a one-line ``ValueError`` naming the file or model."""
+    if isinstance(path, type):
+        return schema_from(path, f"model {path.__name__}")
+    if isinstance(path, str) and ":" in path and not Path(path).expanduser().exists() \
+            and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", path):
+        return schema_from(load_model(path), f"model {path}")
     path = Path(path).expanduser()
     try:
         if path.stat().st_size > 4 * MAX_SCHEMA_CHARS:  # not read in full: JSON text this large is no schema
@@ -241,7 +292,8 @@ def load_schema(path: str | PathLike[str]) -> ExtractionSchema:
 
 
 def schema_from(data: Any, where: str = "schema") -> ExtractionSchema:
-    """``ExtractionSchema(data)`` with a one-line ``ValueError`` prefixed by ``where``."""
+    """``ExtractionSchema(data)`` (a JSON Schema, or a Pydantic model class) with a one-line ``ValueError``
+    prefixed by ``where``."""
     from pydantic import ValidationError
 
     try:
