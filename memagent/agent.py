@@ -309,7 +309,7 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
     if schema is None or not schema.record_types:
         return None
     return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p),
-                       config.instruction, config.prompts, config.require_grounding)
+                       config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere)
 
 
 async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,

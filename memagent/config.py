@@ -85,6 +85,13 @@ class AgentConfig(BaseModel):
         "list items; not enum labels or booleans) and every record whose key values are not all found, and count "
         "both (grounding_dropped_values/records columns, the job summary). Off: kept, with a null span.",
     )
+    ground_elsewhere: bool = Field(
+        False,
+        description="Record types only: a record value not found in the text its call read (nor through the memory) "
+        "is searched for in the whole document and, when found, given that span labelled 'elsewhere' (it proves "
+        "nothing there). Off: such a value has a null span; the search costs a scan of the whole document per "
+        "value. Not with require_grounding, which drops these values.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -115,6 +122,9 @@ class AgentConfig(BaseModel):
                 raise ValueError(f"an extraction schema answers in JSON: answer_style must be 'json' (or unset), "
                                  f"got {self.answer_style!r}")
             self.extraction.check_budgets(self.memory_tokens, self.answer_tokens)
+        if self.require_grounding and self.ground_elsewhere:
+            raise ValueError("ground_elsewhere labels record values found only outside the text their call read, and "
+                             "require_grounding drops those very values: set one of them")
         if self.require_grounding and (self.extraction is None or not self.extraction.record_types):
             raise ValueError("require_grounding applies to record types (arrays of objects in the extraction "
                              "schema): give a schema that has some, or leave it off")

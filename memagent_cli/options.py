@@ -19,7 +19,7 @@ CLI_PRESET = JOB_PRESET
 def add_agent_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = (), schema: bool = False) -> None:
     """The AgentConfig flags, ``--prompts FILE`` and (``schema``: commands that extract) ``--schema FILE``."""
     if not schema:  # a records option: only commands that extract offer it
-        exclude = (*exclude, "require_grounding")
+        exclude = (*exclude, "require_grounding", "ground_elsewhere")
     flags = add_model_flags(parser, AgentConfig, "agent", exclude=exclude, show_defaults=False,
                             help_overrides={"preset": f"Budget preset (default {CLI_PRESET}; paper = "
                                                       "5000/1024/1024); the flags below override it"})

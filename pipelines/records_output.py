@@ -3,7 +3,9 @@
     OUTPUT/_records/<record type>/<stem>.parquet     one file per document and type (its records)
 
 ``<record type>`` is the type's name, percent-quoted (``urllib.parse.quote``, nothing kept); a
-file's rows are :func:`memagent.extraction.output.records_table`'s. The ``_`` keeps the records
+file's rows are :func:`memagent.extraction.output.records_table`'s. A file there that is not one of
+the type's (another type's rows, other columns) is named in an error line and left out, never
+taken for the type's columns (:func:`read_records`). The ``_`` keeps the records
 out of the documents dataset for every reader (pyarrow, pandas, Spark and Ray skip ``_`` paths;
 so does this project's listing rule), so ``pd.read_parquet(OUTPUT)`` still reads documents only.
 
@@ -26,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
+from typing import Callable, TypeVar
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -39,6 +43,7 @@ from pipelines import storage
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RECORDS_DIR = "_records"
 
@@ -95,25 +100,42 @@ def read_records(output: str, record_type: str, s3: S3Options | None = None,
     """The committed records of ``record_type`` in ``output`` (orphans of unfinished attempts left out);
     ``stems``: :func:`committed_stems` of the output, when the caller has them already.
 
-    ``errors``: when given, a committed file that cannot be read as records (not Parquet, or
-    columns of another type) is named there, one line each, and left out; without it, it raises.
+    A type's folder holds that type's files only: a committed file that is not one of them (not Parquet;
+    no ``id``, ``record_index`` and ``record_type`` columns; rows of another type; columns that clash with
+    those most of the type's files have) is left out, whatever its name sorts before, and never hides the
+    others. ``errors``: when given, each such file is named there, one line each; without it, it raises.
     """
     fs, path = storage.filesystem(output, s3)
     stems = committed_stems(fs, path) if stems is None else stems
     directory = type_dir(f"{path.rstrip('/')}/{RECORDS_DIR}", record_type)
-    tables: list[pa.Table] = []
-    unified: pa.Schema | None = None
+    read: list[tuple[str, pa.Table]] = []
     for info in sorted(_record_files(fs, directory, recursive=False), key=lambda f: f.path):
         name = info.base_name
         if name.endswith(".parquet") and not name.startswith(".") and name.removesuffix(".parquet") in stems:
-            table = _read_one(fs, info.path, unified, record_type, errors)
+            table = _guarded(info.path, record_type, errors, lambda file=info.path: _read_one(fs, file, record_type))
             if table is not None:
-                tables.append(table)
-                unified = pa.unify_schemas([unified, table.schema], promote_options="permissive") \
-                    if unified is not None else table.schema
+                read.append((info.path, table))
+    tables = _same_columns(read, record_type, errors)
     if not tables:
         return pa.table({})
     return _sorted_concat(tables)
+
+
+def _same_columns(read: list[tuple[str, pa.Table]], record_type: str, errors: list[str] | None) -> list[pa.Table]:
+    """The tables whose columns agree with those most of them have (the type's own; ties: the first file's),
+    each the others' too; the rest named in ``errors`` (module: :func:`read_records`)."""
+    counts = Counter(t.schema.remove_metadata() for _, t in read)
+    if not counts:
+        return []
+    unified = max(counts, key=lambda schema: counts[schema])
+    kept = []
+    for file, table in read:
+        merged = _guarded(file, record_type, errors, lambda schema=table.schema: pa.unify_schemas(
+            [unified, schema], promote_options="permissive"))
+        if merged is not None:
+            unified = merged
+            kept.append(table)
+    return kept
 
 
 def _one_document(table: pa.Table) -> str | None:
@@ -135,17 +157,22 @@ def _sorted_concat(tables: list[pa.Table]) -> pa.Table:
     return table.sort_by([("id", "ascending"), ("record_index", "ascending")]) if len(table) else table
 
 
-def _read_one(fs: pafs.FileSystem, file: str, unified: pa.Schema | None, record_type: str,
-              errors: list[str] | None) -> pa.Table | None:
-    """``file``'s table if it is readable and fits the ``unified`` schema of the others, else None
-    (and a line in ``errors``)."""
+def _read_one(fs: pafs.FileSystem, file: str, record_type: str) -> pa.Table:
+    """``file``'s table when it holds records of ``record_type``; else a ValueError saying why not."""
+    with fs.open_input_file(file) as f:
+        table = pq.read_table(f)
+    if not {"id", "record_index", "record_type"} <= set(table.column_names):
+        raise ValueError("it has no id, record_index and record_type columns")
+    types = set(table.column("record_type").unique().to_pylist())
+    if types - {record_type}:
+        raise ValueError(f"its rows are of record type {sorted(map(str, types - {record_type}))[0]!r}")
+    return table
+
+
+def _guarded(file: str, record_type: str, errors: list[str] | None, step: Callable[[], T]) -> T | None:
+    """``step()``, or None and a line in ``errors`` naming ``file`` when it fails (it raises without ``errors``)."""
     try:
-        with fs.open_input_file(file) as f:
-            table = pq.read_table(f)
-        if not {"id", "record_index"} <= set(table.column_names):
-            raise ValueError("it has no id and record_index columns")
-        if unified is not None:
-            pa.unify_schemas([unified, table.schema], promote_options="permissive")
+        return step()
     except (OSError, ValueError, pa.ArrowException) as exc:
         if errors is None:
             raise
@@ -153,7 +180,6 @@ def _read_one(fs: pafs.FileSystem, file: str, unified: pa.Schema | None, record_
         errors.append(f"records file {file} of type {record_type!r} is not a records file of this output "
                       f"({why[:200]}); left out")
         return None
-    return table
 
 
 def remove_orphans(output: str, s3: S3Options | None = None, *, forced: bool = False) -> int:

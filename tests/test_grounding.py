@@ -89,7 +89,7 @@ def test_ground_chunk_spans_and_require_grounding_counts():
         {"payer": "Example Corp", "amount": 1250},  # the key is not in the document (copied from an example)
     ]
     window = (0, DOC.index("Then"))
-    plain = ground_chunk(PAY, records, DOC, window)
+    plain = ground_chunk(PAY, records, DOC, window, elsewhere=True)
     assert (plain.dropped_values, plain.dropped_records) == (0, 0) and plain.records == records
     spans = plain.spans[0]
     assert DOC[spans["payer"].start:spans["payer"].end] == "Harlow  Freight Ltd"
@@ -100,6 +100,11 @@ def test_ground_chunk_spans_and_require_grounding_counts():
     assert DOC[spans["bank.name"].start:spans["bank.name"].end] == "Kestrel"
     assert spans["bank.name"].grounding == "elsewhere" and spans["payer"].grounding == "normalised"
     assert plain.spans[1]["payer"] is None
+    # By default the whole document is not searched: what the window lacks has no span.
+    cheap = ground_chunk(PAY, records, DOC, window)
+    assert cheap.records == records and cheap.spans[0]["bank.name"] is None
+    assert {k: v for k, v in cheap.spans[0].items() if k != "bank.name"} == \
+        {k: v for k, v in spans.items() if k != "bank.name"}
 
     strict = ground_chunk(PAY, records, DOC, window, require_grounding=True)
     # the invented ref and the bank found only elsewhere; the Example Corp record

@@ -28,9 +28,11 @@ SPECS = st.builds(
     near_misses=st.integers(0, 3), filler=st.integers(0, 8), long_lines=st.booleans())
 
 
-def config(chunk_tokens: int, memory_tokens: int | None = None, require_grounding: bool = True) -> AgentConfig:
+def config(chunk_tokens: int, memory_tokens: int | None = None, require_grounding: bool = True,
+           ground_elsewhere: bool = False) -> AgentConfig:
     return AgentConfig(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens or min(384, 4 * chunk_tokens), answer_tokens=16, query_tokens=400,
-                       extraction=schema_from(SCHEMA), require_grounding=require_grounding)
+                       extraction=schema_from(SCHEMA), require_grounding=require_grounding,
+                       ground_elsewhere=ground_elsewhere)
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +111,15 @@ def test_records_only_schema_makes_no_final_call(tokenizer):
 
 def test_without_require_grounding_an_invented_value_is_labelled_elsewhere(tokenizer):
     """Without require_grounding an invented record is kept, but its values found only outside the window
-    it was read from are labelled 'elsewhere', never 'exact'."""
+    it was read from are labelled 'elsewhere' (with ground_elsewhere), never 'exact'; by default they have
+    no span at all (the whole document is not searched)."""
     doc = ledger("e", LedgerSpec(prose=12, filler=4), 5)
-    oracle = LedgerOracle([doc], invent=True, seed=1)
-    result = read(OracleEngine(oracle.reply, tokenizer), doc, config(48, require_grounding=False))
-    assert oracle.invented
-    fakes = {(f["payer"], f["date"]) for f in oracle.invented} - set(gold(doc))
-    labels = [r.evidence["date"].grounding for r in result.records["payments"]
-              if (r.values["payer"], r.values["date"]) in fakes and r.values["date"]]
-    assert labels and set(labels) <= {"elsewhere"}
+    for ground_elsewhere, want in ((True, {"elsewhere"}), (False, {None})):
+        oracle = LedgerOracle([doc], invent=True, seed=1)
+        cfg = config(48, require_grounding=False, ground_elsewhere=ground_elsewhere)
+        result = read(OracleEngine(oracle.reply, tokenizer), doc, cfg)
+        assert oracle.invented
+        fakes = {(f["payer"], f["date"]) for f in oracle.invented} - set(gold(doc))
+        labels = [r.evidence["date"].grounding for r in result.records["payments"]
+                  if (r.values["payer"], r.values["date"]) in fakes and r.values["date"]]
+        assert labels and set(labels) <= want, ground_elsewhere

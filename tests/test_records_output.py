@@ -169,3 +169,32 @@ def test_a_committed_file_that_cannot_be_read_is_never_taken_for_an_uncommitted_
     monkeypatch.setattr(storage, "filesystem", real)
     assert [r["payer"] for r in read_records(str(out), "payments").to_pylist()] == ["Acme Ltd"]
     assert storage.complete_parquet_files(fs, str(out)) == [f"{out}/block-0.parquet"]  # not moved aside
+
+
+def test_a_foreign_file_in_a_type_folder_is_named_and_never_hides_the_real_ones(tmp_path):
+    """A committed file under ``payments/`` that is not a payments records file (another type's rows, or
+    this type's name on clashing columns) and whose name sorts first is named in ``errors`` and left out;
+    every real payments file is still read (before, the first file's columns decided, hiding them all)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    fs = pafs.LocalFileSystem()
+    writer = RecordsWriter(str(out), None, CONFIG.extraction)
+    real = [writer.write(doc, {"payments": [rec(payer)]}) for doc, payer in (("a", "Acme Ltd"), ("b", "Birch Ltd"))]
+    folder = out / RECORDS_DIR / "payments"
+    other_type = pa.table({"id": ["x"], "record_type": ["invoices"], "record_index": pa.array([0], pa.int32()),
+                           "number": [7]})
+    clashing = pa.table({"id": ["y"], "record_type": ["payments"], "record_index": pa.array([0], pa.int32()),
+                         "payer": [1.5], "date": ["not a date"]})
+    pq.write_table(other_type, folder / "0000-foreign.parquet")
+    pq.write_table(clashing, folder / "0001-foreign.parquet")
+    commit(fs, str(out), "block-0.parquet", [{"id": "a", "records_file": real[0]}, {"id": "b", "records_file": real[1]},
+                                             {"id": "x", "records_file": "0000-foreign"},
+                                             {"id": "y", "records_file": "0001-foreign"}])
+    errors: list[str] = []
+    got = read_records(str(out), "payments", errors=errors)
+    assert sorted(got.column("payer").to_pylist()) == ["Acme Ltd", "Birch Ltd"]
+    assert got.schema.field("date").type == pa.date32()
+    assert len(errors) == 2 and "0000-foreign" in errors[0] and "record type 'invoices'" in errors[0]
+    assert "0001-foreign" in errors[1] and all("left out" in e for e in errors)
+    with pytest.raises(ValueError, match="record type 'invoices'"):
+        read_records(str(out), "payments")

@@ -103,3 +103,22 @@ def test_synth_statements_writes_a_batch_input_with_its_gold(tmp_path):
     main(["synth", "statements", "--out", str(again), "--docs", "2", "--tokens", "600", "--seed", "3"])
     assert pq.read_table(again).equals(pq.read_table(out))  # a function of the seed
     assert load_schema("docs/schemas/statement.json").record_types[0].key == ("payer", "date")
+
+
+def test_ground_elsewhere_is_an_opt_in_flag_from_its_field_and_not_with_require_grounding(tmp_path):
+    """The whole-document search is off by default (its cost: a scan per value the window lacks); the flag
+    comes from the field, extracting commands only, and cannot be set with require_grounding (which drops
+    the very values it would label); what it changes is held by tests/test_records_oracle.py."""
+    schema_file = tmp_path / "s.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    parser = argparse.ArgumentParser()
+    add_agent_flags(parser, schema=True)
+    assert AgentConfig().ground_elsewhere is False and "--ground-elsewhere" in parser.format_help()
+    args = parser.parse_args(["--schema", str(schema_file), "--ground-elsewhere"])
+    assert agent_config(args).ground_elsewhere is True
+    both = parser.parse_args(["--schema", str(schema_file), "--ground-elsewhere", "--require-grounding"])
+    with pytest.raises(ValueError, match="--ground-elsewhere labels .* --require-grounding drops those very values"):
+        agent_config(both)
+    other = argparse.ArgumentParser()
+    add_agent_flags(other)
+    assert "--ground-elsewhere" not in other.format_help()

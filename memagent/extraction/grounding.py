@@ -7,16 +7,21 @@ the whole document; stage 3 only when stages 1 and 2 found nothing. The first ma
 1. **exact**: the value as the JSON writes it (``Harlow Freight Ltd``, ``48250``, ``2021-03-14``);
 2. **normalised**: case-, whitespace- and punctuation-insensitive (curly quotes, dashes) in every
    surface form of the kind (``48,250.00``; ``March 14, 2021``, ``14.03.2021``, ``2021年3月14日``),
-   numbers also by value (any numeric token of the text: ``1,250.00`` and ``1.250,00`` are 1250);
+   numbers and dates also by value: any number or date the text writes, however it is spelled
+   (:mod:`memagent.extraction.spellings`: ``1,250.00``, ``1.250,00``, ``1 250,00 EUR`` with U+00A0,
+   ``1'250``, ``(1,250.00)`` for -1250; ``Mar 14th, 2021``, ``2021.3.14``), its span the number with
+   its sign and without the currency;
 3. **fuzzy** (free text only: strings, enum labels, array items of at least
    :data:`FUZZY_MIN_CHARS`): the best alignment (``difflib``'s ratio, case-folded) of the value
    against windows of the text seeded by its rarest character n-grams, kept at or above
    :data:`FUZZY_THRESHOLD`.
 
 Matches may not cut a word (``25`` is not found inside ``250``), except next to CJK text, which
-has no word boundaries (``東京`` is found in ``東京都``); a number is not found inside a date
-(an amount of 2020 is not in ``2020-08-08`` nor in ``March 8, 2020``, 4 not in ``14.04.2021``: a
-small model's made-up amounts would otherwise pass as grounded by every date). Booleans have no span.
+has no word boundaries (``東京`` is found in ``東京都``), nor a number (1037.5 is not in ``11,037.50``);
+a number is not found inside a date (an amount of 2020 is not in ``2020-08-08`` nor in ``March 8,
+2020``, 4 not in ``14.04.2021``: a small model's made-up amounts would otherwise pass as grounded by
+every date). Booleans have no span. A document's numbers and dates are scanned once and kept in a
+cache bounded in bytes (:data:`SCAN_CACHE_BYTES`, the texts included).
 
 Records are grounded where they were read: :mod:`memagent.extraction.record_grounding`.
 :func:`value_evidence` is the
@@ -29,12 +34,12 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Literal
 
 from memagent.attribution import _get, memory_steps
-from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind, parse_number
+from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind, parse_date, parse_number
+from memagent.extraction.spellings import Scan, ScanCache, in_date, scan
 
 FUZZY_THRESHOLD = 0.85  # difflib ratio 2*matches/(len a + len b) of value and span, case-folded
 FUZZY_MIN_CHARS = 5  # shorter values are found exactly or not at all (a fuzzy 4-letter match is noise)
@@ -46,13 +51,8 @@ Method = Literal["exact", "normalised", "fuzzy"]
 Where = Literal["window", "memory", "elsewhere"]
 _CJK = re.compile(r"[\u2e80-\u2fff\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
                   r"\uff66-\uff9f]")
-_NUMBER_TOKEN = re.compile(r"(?<![A-Za-z0-9.,])[-\u2212]?\d(?:[\d,.'\u00a0\u202f]*\d)?(?![A-Za-z0-9])")
-_NUMBER_EDGE_BEFORE = re.compile(r"\d[.,'\u00a0\u202f]$")
-_NUMBER_EDGE_AFTER = re.compile(r"[.,'\u00a0\u202f]\d")
-_DIGIT_DATE = re.compile(r"(?<!\d)(?:\d{4}([-/.])\d{1,2}\1\d{1,2}|\d{1,2}([-/.])\d{1,2}\2\d{2,4})(?!\d)")
-_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
-_WRITTEN_DATE = re.compile(rf"\b(?:{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\d{{1,2}}(?:st|nd|rd|th)?\s+{_MONTH}\s+"
-                           r"\d{4})(?!\d)|\d{4}\s*年\s*\d{1,2}\s*月\s*\d{1,2}\s*日", re.IGNORECASE)
+_NUMBER_EDGE_BEFORE = re.compile(r"\d[.,'\u2019\u00a0\u202f\u2009]$")
+_NUMBER_EDGE_AFTER = re.compile(r"[.,'\u2019\u00a0\u202f\u2009]\d")
 _PUNCT = {"'": "['\u2018\u2019]", '"': "[\"\u201c\u201d]", "-": "[-\u2010-\u2015]", ",": ",?"}
 
 
@@ -87,16 +87,6 @@ def bounded(text: str, start: int, end: int, numeric: bool = False) -> bool:
                                or _NUMBER_EDGE_AFTER.match(text, end) or in_date(text, start, end))
 
 
-def in_date(text: str, start: int, end: int) -> bool:
-    """``text[start:end]`` lies inside a date (``2020-08-08``, ``14/04/2021``, ``02.04.21``, ``March 14, 2021``,
-    ``14 March 2021``, ``2021年3月14日``): a number there is part of the date, not an amount."""
-    for pattern, reach in ((_DIGIT_DATE, 10), (_WRITTEN_DATE, 20)):
-        for m in pattern.finditer(text, max(0, start - reach), min(len(text), end + reach)):
-            if m.start() <= start and end <= m.end():
-                return True
-    return False
-
-
 def _pattern(form: str) -> str:
     """A case-insensitive regex of a surface form: any whitespace run, quote and dash variants, optional commas."""
     out = []
@@ -114,25 +104,15 @@ def _regex(forms: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE)
 
 
-_SCAN_CACHED_FROM = 10_000  # characters: a text this long (a document) keeps its number scan
+_SCAN_CACHED_FROM = 2_000  # characters: a text this long (a document, a long memory) keeps its scan
+SCAN_CACHE_BYTES = 64 << 20  # texts and scans held; a 1M-token ledger holds ~7 MiB (benchmarks/grounding_cost.py)
+_scans = ScanCache(SCAN_CACHE_BYTES)
 
 
-def _numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
-    """Every numeric token of ``text`` with its value, by position: one scan per document (memories,
-    short and many, are scanned each time and never push a document's scan out of the cache)."""
-    return _scan_numbers_cached(text) if len(text) >= _SCAN_CACHED_FROM else _scan_numbers(text)
-
-
-def _scan_numbers(text: str) -> tuple[list[int], list[tuple[int, int, float]]]:
-    found = []
-    for m in _NUMBER_TOKEN.finditer(text):
-        v = parse_number(m.group())
-        if v is not None and not in_date(text, m.start(), m.end()):
-            found.append((m.start(), m.end(), v))
-    return [f[0] for f in found], found
-
-
-_scan_numbers_cached = functools.lru_cache(maxsize=32)(_scan_numbers)  # more than the documents an actor reads at once
+def _scan(text: str) -> Scan:
+    """Every number and date of ``text`` with their readings (:func:`memagent.extraction.spellings.scan`): one
+    scan per document (short texts, cheap to scan and many, are scanned each time and never push one out)."""
+    return _scans(text) if len(text) >= _SCAN_CACHED_FROM else scan(text)
 
 
 def _first_exact(text: str, needle: str, lo: int, hi: int, numeric: bool) -> tuple[int, int] | None:
@@ -147,19 +127,16 @@ def _first_exact(text: str, needle: str, lo: int, hi: int, numeric: bool) -> tup
 def _normalised(kind: FieldKind, value: Any, forms: tuple[str, ...], text: str, lo: int,
                 hi: int) -> Iterator[tuple[int, int, Method]]:
     """The normalised stage's matches in ``text[lo:hi]``: the forms' regex (``exact`` where the first form is
-    written as is), then, for a number, every numeric token of its value (``normalised``)."""
-    numeric = KINDS[kind].by_value == "number"
+    written as is), then, for a number or a date, every token of the text that reads as its value (``normalised``)."""
+    by_value = KINDS[kind].by_value
     if forms:
         for m in _regex(forms).finditer(text, lo, hi):
-            if m.end() > m.start() and bounded(text, m.start(), m.end(), numeric):
+            if m.end() > m.start() and bounded(text, m.start(), m.end(), by_value == "number"):
                 yield m.start(), m.end(), "exact" if m.group() == forms[0] else "normalised"
-    if numeric and (v := parse_number(value)) is not None:
-        starts, found = _numbers(text)
-        for s, e, x in found[bisect_left(starts, lo):]:
-            if s >= hi or e > hi:
-                break
-            if abs(x - v) <= 1e-9 * max(1.0, abs(v)):
-                yield s, e, "normalised"
+    if by_value == "number" and (v := parse_number(value)) is not None:
+        yield from ((s, e, "normalised") for s, e in _scan(text).numbers.matches(v, lo, hi))
+    elif by_value == "date" and (d := parse_date(value)) is not None:
+        yield from ((s, e, "normalised") for s, e in _scan(text).dates.matches(float(d.toordinal()), lo, hi))
 
 
 def _first_normalised(kind: FieldKind, value: Any, forms: tuple[str, ...], text: str, lo: int,

@@ -37,52 +37,46 @@ from typing import Any, Callable, Literal, Mapping
 
 import pyarrow as pa
 
-FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array"]
+from memagent.extraction.spellings import CURRENCY_SYMBOLS, date_readings, number_readings
 
-# Written date forms (strftime without zero padding where the form allows it), tried in order.
-_DATE_PARSE = ("%Y-%m-%d", "%B %d, %Y", "%B %d %Y", "%d %B %Y", "%b %d, %Y", "%b. %d, %Y", "%b %d %Y", "%d %b %Y",
-               "%d/%m/%Y", "%m/%d/%Y", "%Y/%m/%d", "%d.%m.%Y", "%d-%b-%Y", "%Y.%m.%d")
-_ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)\b", re.IGNORECASE)
-_CJK_DATE = re.compile(r"(\d{4})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*日")
+FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array"]
 
 
 def parse_date(text: Any) -> dt.date | None:
-    """A date from its ISO or a common written form (``March 14th, 2021``, ``14.03.2021``, ``2021年3月14日``)."""
+    """A date from its ISO or a common written form (``March 14th, 2021``, ``14.03.2021``, ``2021年3月14日``);
+    an ambiguous one (``03/04/2021``) day first (:func:`memagent.extraction.spellings.date_readings`)."""
     if isinstance(text, dt.date):
         return text
-    if not isinstance(text, str):
-        return None
-    s = " ".join(_ORDINAL.sub("", unicodedata.normalize("NFKC", text)).split())
-    if m := _CJK_DATE.fullmatch(s):
-        try:
-            return dt.date(*map(int, m.groups()))
-        except ValueError:
-            return None
-    for fmt in _DATE_PARSE:
-        try:
-            return dt.datetime.strptime(s, fmt).date()
-        except ValueError:
-            continue
-    return None
+    found = date_readings(text) if isinstance(text, str) else ()
+    return found[0] if found else None
 
 
 def parse_number(text: Any) -> float | None:
-    """A number from a JSON number or written text: ``1,250.00``, ``1 250``, ``1.250,00``, ``−3``."""
+    """A number from a JSON number or written text: ``1,250.00``, ``1 250``, ``1.250,00``, ``−3``, ``(1,037.50)``,
+    ``EUR 1'037.50``; an ambiguous one (``1,037``) its likelier reading
+    (:func:`memagent.extraction.spellings.number_readings`); else what ``float`` reads (``1e5``), if finite."""
     if isinstance(text, bool):
         return None
     if isinstance(text, (int, float)):
         return float(text) if math.isfinite(text) else None
     if not isinstance(text, str):
         return None
-    s = unicodedata.normalize("NFKC", text).strip().replace("\u2212", "-")
-    if re.fullmatch(r"-?\d{1,3}(\.\d{3})+(,\d+)?", s):  # 1.250,00: dots group thousands
-        s = s.replace(".", "").replace(",", ".")
-    s = re.sub(r"(?<=\d)[,'\u00a0\u202f ](?=\d{3}\b)", "", s)
+    if found := number_readings(_without_currency(text)):
+        return found[0]
     try:
-        v = float(s)
+        v = float(unicodedata.normalize("NFKC", text).strip().replace("\u2212", "-"))
     except ValueError:
         return None
     return v if math.isfinite(v) else None
+
+
+_CURRENCY = rf"(?:[A-Z]{{3}}|[{re.escape(CURRENCY_SYMBOLS)}])"
+_AROUND = re.compile(rf"^\s*{_CURRENCY}\s*(?=[\d(])|(?<=[\d)])\s*{_CURRENCY}\s*$")
+
+
+def _without_currency(text: str) -> str:
+    """``text`` less a currency code or symbol before or after the number (``EUR 1.037,50``, ``1 037,50 €``)."""
+    return _AROUND.sub("", unicodedata.normalize("NFKC", text))
 
 
 def normalise_text(text: Any) -> str:
@@ -90,16 +84,21 @@ def normalise_text(text: Any) -> str:
     return " ".join(unicodedata.normalize("NFKC", str(text)).casefold().split())
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _date_forms(value: Any) -> list[str]:
+    """How a date is most often written; the date scan (:mod:`memagent.extraction.spellings`) finds the rest."""
     d = parse_date(value)
     if d is None:
         return []
-    m, dd, y = d.month, d.day, d.year
+    m, dd, y, nth = d.month, d.day, d.year, _ordinal(d.day)
     return list(dict.fromkeys([
         d.isoformat(), f"{d:%B} {dd}, {y}", f"{d:%B} {dd} {y}", f"{dd} {d:%B} {y}", f"{d:%b} {dd}, {y}",
         f"{d:%b}. {dd}, {y}", f"{dd} {d:%b} {y}", f"{d:%d/%m/%Y}", f"{d:%m/%d/%Y}", f"{d:%Y/%m/%d}", f"{dd}/{m}/{y}",
         f"{m}/{dd}/{y}", f"{d:%d.%m.%Y}", f"{dd}.{m}.{y}", f"{dd}-{d:%b}-{y}", f"{y}年{m}月{dd}日",
-        f"{y}年{m:02d}月{dd:02d}日", f"{d:%B} {dd}th, {y}", f"{dd}th {d:%B} {y}"]))
+        f"{y}年{m:02d}月{dd:02d}日", f"{d:%B} {nth}, {y}", f"{nth} {d:%B} {y}"]))
 
 
 def _number_forms(value: Any) -> list[str]:

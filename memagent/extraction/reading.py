@@ -153,6 +153,7 @@ class RecordsCall:
     instruction: str | None = None
     prompts: PromptTemplates | None = None
     require_grounding: bool = False  # AgentConfig.require_grounding: drop what is not found in the text, counted
+    ground_elsewhere: bool = False  # AgentConfig.ground_elsewhere: search the whole document for what the window lacks
 
 
 @dataclass(frozen=True)
@@ -319,7 +320,7 @@ def _emit(read: ChunkRead, name: str, piece: Piece, reply: Reply, out: ChunkReco
     """Ground a reply's records in the piece and keep those the piece owns."""
     call = read.call
     grounded = ground_chunk(call.schema.record_type(name), reply.items or [], read.context, (piece.start, piece.end),
-                            chain=chain, require_grounding=call.require_grounding)
+                            chain=chain, require_grounding=call.require_grounding, elsewhere=call.ground_elsewhere)
     out.tally.invalid_items += reply.invalid
     out.tally.dropped_values += grounded.dropped_values
     out.tally.dropped_records += grounded.dropped_records

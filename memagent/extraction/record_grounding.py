@@ -8,9 +8,11 @@ A value of a record (:func:`ground_chunk`) is grounded
   the span is where the chain read it, inside the chunk of the first memory step whose memory
   holds it (:class:`MemoryChain`).
 
-A value found only elsewhere in the document is labelled ``elsewhere`` (never ``exact``): small
-numbers, years and common names occur somewhere in a long document, so such a match proves
-nothing. With ``require_grounding`` it counts as not found: free values (string, date, number,
+Elsewhere in the document is searched only on request (``elsewhere``: ``AgentConfig.ground_elsewhere``),
+since it costs a scan of the whole document for every value the window lacks; a value found only
+there is labelled ``elsewhere`` (never ``exact``): small numbers, years and common names occur
+somewhere in a long document, so such a match proves nothing. By default such a value has no span.
+With ``require_grounding`` it counts as not found either way: free values (string, date, number,
 integer, array items; not enum labels or booleans, which the schema bounds) without a span are
 removed, and a record is dropped when a key value has none or when no value at all lies in the
 window (the passage does not state it); both are counted.
@@ -134,9 +136,9 @@ def _drop(values: dict[str, Any], path: str) -> None:
 
 
 def ground_value(kind: FieldKind, value: Any, text: str, window: tuple[int, int], chain: MemoryChain | None,
-                 *, elsewhere: bool = True, threshold: float = FUZZY_THRESHOLD) -> Span | None:
+                 *, elsewhere: bool = False, threshold: float = FUZZY_THRESHOLD) -> Span | None:
     """One record value's span: in the window, else through the memory, else (``elsewhere``) anywhere in
-    the document, labelled so (see the module docstring)."""
+    the document, labelled so (see the module docstring); None when not found."""
     span = locate(kind, value, text, window, threshold=threshold, document=False)
     if span is None and chain is not None:
         span = chain.locate(ITEM_KIND.get(kind, kind), value, text)
@@ -152,8 +154,9 @@ def _grounded(span: Span | None) -> bool:
 
 def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text: str,
                  window: tuple[int, int], *, chain: MemoryChain | None = None, require_grounding: bool = False,
-                 threshold: float = FUZZY_THRESHOLD) -> GroundedChunk:
-    """Spans of every value of the records one call emitted after reading ``text[window[0]:window[1]]``.
+                 elsewhere: bool = False, threshold: float = FUZZY_THRESHOLD) -> GroundedChunk:
+    """Spans of every value of the records one call emitted after reading ``text[window[0]:window[1]]``;
+    ``elsewhere``: a value the window and the memory lack is searched for in the whole document.
 
     With ``require_grounding``: a record is dropped when a key value is not grounded (window or
     memory) or no value lies in the window; an ungrounded free value is removed from its record (an
@@ -164,7 +167,8 @@ def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text:
         values = _copy(rec)
         leaves = {path: kv for path, kv in _leaf_values(record, values).items()
                   if kv[1] is not None and KINDS[ITEM_KIND.get(kv[0], kv[0])].grounded}
-        spans = {path: ground_value(kind, value, text, window, chain, elsewhere=not require_grounding,
+        # What require_grounding drops is never searched for elsewhere: the search would be wasted.
+        spans = {path: ground_value(kind, value, text, window, chain, elsewhere=elsewhere and not require_grounding,
                                     threshold=threshold) for path, (kind, value) in leaves.items()}
         spans = anchored(leaves, spans, text, window, chain)
         ungrounded = [(path, leaves[path][0]) for path, span in spans.items() if not _grounded(span)]
