@@ -1,0 +1,154 @@
+"""Capture and retention: which known evidence the memory took in, and which of it survived to the answer.
+
+A document with known evidence (RULER needles, HotpotQA supporting paragraphs, the records
+generator's payments) is a list of :class:`Evidence`: a value at a char span of the context. A
+read is its memory steps: step ``t`` read the text up to ``char_end[t]`` and wrote ``memory[t]``.
+Per step and evidence item (an ``n_steps × n_evidence`` table, :func:`timeline`):
+
+- **read**: the chain has read the item's whole span (``span_end <= char_end[t]``);
+- **held**: the memory after step ``t`` holds the value, by grounding's matching rules
+  (:func:`memagent.extraction.grounding.locate`: the value's written forms, case-insensitive, on word
+  boundaries; a number or date in any spelling that reads as it; no fuzzy match).
+
+Per item at the end (:func:`item_outcomes`): **captured** when held at some step at or after the
+step that read it (a value held before it was read is a guess, not a capture), **retained** when the
+last memory (the one the answer reads) holds it; **lost** = captured and not retained. A memory of
+K heads (``AgentConfig.memory_heads``) is one text holding all heads, so the same rules apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from memagent.extraction.grounding import locate
+from memagent.extraction.kinds import FieldKind
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One fact the document states: ``value`` (what the memory must hold, of ``kind``) at ``text[start:end]``."""
+
+    label: str
+    value: Any
+    start: int
+    end: int
+    kind: FieldKind = "string"
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """One evidence item over a read: the step that read it (None: never read, e.g. centre truncation),
+    the steps whose memory held it (ascending), and the two end results."""
+
+    label: str
+    read_at: int | None
+    held_at: tuple[int, ...]
+    captured: bool
+    retained: bool
+
+
+def holds(memory: str, item: Evidence) -> bool:
+    """Whether ``memory`` holds ``item``'s value (grounding's exact and normalised matches, no fuzzy one)."""
+    return locate(item.kind, item.value, memory, fuzzy=False) is not None
+
+
+def timeline(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]]) -> list[list[tuple[bool, bool]]]:
+    """The ``n_steps × n_evidence`` table of ``(read, held)``.
+
+    Args:
+        evidence: ``n_evidence`` items.
+        steps: ``n_steps`` memory steps in order, each ``(char_end, memory written)``; ``char_end``
+            non-decreasing (the spans tile the document).
+    """
+    return [[(item.end <= end, holds(memory, item)) for item in evidence] for end, memory in steps]
+
+
+def item_outcomes(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]]) -> list[ItemOutcome]:
+    """Per item: read step, held steps, captured (held at or after its read step), retained (held at the last)."""
+    table = timeline(evidence, steps)
+    out = []
+    for j, item in enumerate(evidence):
+        read_at = next((t for t, row in enumerate(table) if row[j][0]), None)
+        held_at = tuple(t for t, row in enumerate(table) if row[j][1])
+        captured = read_at is not None and any(t >= read_at for t in held_at)
+        retained = captured and bool(table) and table[-1][j][1]
+        out.append(ItemOutcome(item.label, read_at, held_at, captured, retained))
+    return out
+
+
+def summarise(outcomes: Sequence[ItemOutcome]) -> dict[str, Any]:
+    """One document's counts and rates: ``n_evidence``, ``n_read``, ``n_captured``, ``n_retained``, ``capture``
+    (captured / read), ``retention`` (retained / read) and ``kept`` (retained / captured); a rate over nothing is None."""
+    n_read = sum(o.read_at is not None for o in outcomes)
+    n_cap = sum(o.captured for o in outcomes)
+    n_ret = sum(o.retained for o in outcomes)
+    return {"n_evidence": len(outcomes), "n_read": n_read, "n_captured": n_cap, "n_retained": n_ret,
+            "capture": _rate(n_cap, n_read), "retention": _rate(n_ret, n_read), "kept": _rate(n_ret, n_cap)}
+
+
+def _rate(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def memory_steps(steps: Iterable[Any]) -> list[tuple[int, str]]:
+    """``(char_end, memory)`` of each memory step of a trace (:class:`memagent.agent.Step` objects or their dicts)."""
+    out = []
+    for s in steps:
+        get = s.get if isinstance(s, Mapping) else lambda k, s=s: getattr(s, k)
+        if get("kind") == "memory":
+            out.append((int(get("char_end")), str(get("memory"))))
+    return out
+
+
+def retention_of(evidence: Sequence[Evidence], steps: Iterable[Any]) -> dict[str, Any]:
+    """:func:`summarise` of a trace's steps, with each item's outcome (``items``: label, read_at, held_at, captured, retained)."""
+    outcomes = item_outcomes(evidence, memory_steps(steps))
+    return {**summarise(outcomes), "items": [vars(o) | {"held_at": list(o.held_at)} for o in outcomes]}
+
+
+# -- evidence of the generated data sets -------------------------------------------------------------
+
+
+def _spans_of(context: str, value: str, label: str, kind: FieldKind = "string") -> list[Evidence]:
+    """Every occurrence of ``value`` in ``context`` as one item each (a needle value is planted once)."""
+    out, i = [], context.find(value)
+    while i != -1:
+        out.append(Evidence(label, value, i, i + len(value), kind))
+        i = context.find(value, i + 1)
+    return out
+
+
+def ruler_evidence(row: Mapping[str, Any]) -> list[Evidence]:
+    """A RULER NIAH row's queried needles: each answer value where the context states it."""
+    return [e for k, a in enumerate(row["answers"]) for e in _spans_of(row["context"], str(a), f"needle {k}")]
+
+
+def hotpot_evidence(row: Mapping[str, Any]) -> list[Evidence]:
+    """A HotpotQA row's supporting paragraphs (``gold_positions``, 1-based): each its title, at its ``Document i:`` block."""
+    context, out = row["context"], []
+    for pos in row.get("gold_positions") or []:
+        head = f"Document {pos}:\n"
+        start = context.find(head)
+        if start < 0:
+            raise ValueError(f"row {row.get('id')!r}: gold position {pos} has no 'Document {pos}:' block in its context")
+        body = start + len(head)
+        end = context.find("\n\nDocument ", body)
+        end = len(context) if end < 0 else end
+        title = context[body:end].split("\n", 1)[0]
+        out.append(Evidence(f"doc {pos}", title, body, end))
+    return out
+
+
+def records_evidence(doc: Mapping[str, Any]) -> list[Evidence]:
+    """A generated statement's (:func:`memagent.data.records_corpus.statement`) gold payments: each amount, at
+    the last line stating it (an amendment's corrected amount is on its amendment line)."""
+    lines = doc["text"].split("\n")
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    out = []
+    for k, rec in enumerate(doc["gold"]):
+        i = max(rec["lines"])
+        out.append(Evidence(f"{rec['payer']} {rec['date']}", rec["amount"], starts[i], starts[i] + len(lines[i]), "number"))
+    return out
