@@ -25,6 +25,7 @@ from memagent.config import JOB_PRESET, AgentConfig
 from memagent.data.contracts import ANSWER_TOKENS, CONTRACT_SCHEMA, ContractCorpus
 from memagent.engines import EngineConfig
 from memagent.extraction import ExtractionSchema
+from memagent.extraction.parse import iter_leaves
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
 
@@ -48,6 +49,14 @@ def ensure_contract_corpus(input: str, model: str, corpus: ContractCorpus) -> di
     return {"generated": True, "rows": corpus.docs, "path": str(data)}
 
 
+def _leaf_value(row: dict[str, Any], path: str) -> Any:
+    """A row's value at a dotted leaf path (struct columns are dicts)."""
+    value: Any = row
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def field_table(output: str, s3: S3Options, schema: ExtractionSchema) -> list[dict[str, Any]]:
     """Per field: rows with a value, rows without, and how many values have a document span."""
     from pipelines import storage
@@ -60,9 +69,10 @@ def field_table(output: str, s3: S3Options, schema: ExtractionSchema) -> list[di
     rows = table.to_pylist()
     ok = [r for r in rows if r["error"] is None]
     out = []
-    for f in schema.fields:
-        evidence = [e for r in ok for e in r["field_evidence"] or [] if e["field"] == f.name]
-        out.append({"field": f.name, "kind": f.kind, "filled": sum(r[f.name] is not None for r in ok),
+    for path, f, _ in iter_leaves(schema.fields, {}):
+        evidence = [e for r in ok for e in r["field_evidence"] or [] if e["field"] == path]
+        filled = sum(_leaf_value(r, path) is not None for r in ok)
+        out.append({"field": path, "kind": f.kind, "filled": filled,
                     "rows": len(ok), "values_with_span": sum(e["char_start"] is not None for e in evidence),
                     "values": len(evidence)})
     return out

@@ -40,7 +40,10 @@ from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_pr
 from memagent.extraction import InvalidOutput, Record, extraction_columns, null_columns, output_fields
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
-from memagent.result_schema import N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA, TALLY_COLUMNS
+from memagent.result_schema import (
+    EXTRACTION_COLUMN, N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA, SCHEMA_ERRORS_COLUMN,
+    TALLY_COLUMNS,
+)
 from memagent.verify import METRICS
 from memagent.verify import score as score_metric
 
@@ -135,7 +138,18 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         records = result.records or {}
         record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
         record.update({column: getattr(result.records_tally, name) for name, column in TALLY_COLUMNS.items()})
+        if error is None:
+            _nest_records(record, schema, records)
     return record
+
+
+def _nest_records(record: dict[str, Any], schema: Any, records: Mapping[str, Any]) -> None:
+    """The ``extraction`` column as the user's whole object: the records nested where the schema has them;
+    what the set of records fails (an array's ``minItems``, say) is listed in ``schema_errors``."""
+    values = {name: [getattr(r, "values", r) for r in found] for name, found in records.items()}
+    whole = schema.assemble(json.loads(record[EXTRACTION_COLUMN]), values)
+    record[EXTRACTION_COLUMN] = record["prediction"] = json.dumps(whole, ensure_ascii=False, default=str)
+    record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *schema.errors(whole)]
 
 
 def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, model: str,

@@ -137,7 +137,8 @@ def test_output_columns_are_typed():
     assert types == {"party": pa.string(), "effective_date": pa.date32(), "amount": pa.float64(),
                      "term_months": pa.int64(), "renewal": pa.bool_(), "law": pa.string(),
                      "signatories": pa.list_(pa.string()), "extraction": pa.string(),
-                     "field_evidence": types["field_evidence"], "record_splits": pa.int32(),
+                     "field_evidence": types["field_evidence"], "schema_errors": pa.list_(pa.string()),
+                     "record_splits": pa.int32(),
                      "record_failed_pieces": pa.int32(), "record_runaway_pieces": pa.int32(),
                      "record_invalid_items": pa.int32(), "records_file": pa.string(),
                      "grounding_dropped_values": pa.int32(), "grounding_dropped_records": pa.int32()}

@@ -29,6 +29,7 @@ against the schema's own nodes and the grammar is those nodes bounded per JSON t
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import re
 import unicodedata
@@ -158,16 +159,22 @@ def _types(node: Mapping[str, Any]) -> Any:
 def _is_array_of_strings(node: Mapping[str, Any]) -> bool:
     items = node.get("items")
     return _types(node) == "array" and isinstance(items, dict) and items.get("type") == "string" \
-        and not set(items) - {"type", "description"}
+        and items.get("format") is None
 
 
 _SAME = (lambda v: v)  # noqa: E731 - identity conversion
+
+
+def _as_text(value: Any) -> str:
+    """A string column's value: a union widened to string holds numbers and booleans as their JSON text."""
+    return value if isinstance(value, str) else json.dumps(value)
 KINDS: dict[FieldKind, Kind] = {k.name: k for k in [
-    Kind("enum", lambda n: "enum" in n, pa.string(), "one of", 0, _SAME, _text_forms, normalise_text,
+    Kind("enum", lambda n: "enum" in n and _types(n) in (None, "string"), pa.string(), "one of", 0, _SAME,
+         _text_forms, normalise_text,
          droppable=False, fuzzy=True),
     Kind("date", lambda n: _types(n) == "string" and n.get("format") == "date", pa.date32(), "date, YYYY-MM-DD", 8,
          lambda v: dt.date.fromisoformat(v), _date_forms, _date_key, by_value="date"),
-    Kind("string", lambda n: _types(n) == "string" and "format" not in n, pa.string(), "text", 12, _SAME,
+    Kind("string", lambda n: _types(n) == "string" and "format" not in n, pa.string(), "text", 12, _as_text,
          _text_forms, normalise_text, fuzzy=True),
     Kind("number", lambda n: _types(n) == "number", pa.float64(), "number", 8, float, _number_forms, _number_key,
          by_value="number"),
@@ -183,7 +190,10 @@ SCALAR_KINDS = ("string", "date", "number", "integer", "boolean", "enum")  # may
 
 
 def kind_of(node: Mapping[str, Any]) -> FieldKind | None:
-    """The kind a property node declares (the first whose test passes, in table order), or None."""
+    """The kind a property node declares (the first whose test passes, in table order), or None; a union
+    of scalars (:mod:`memagent.extraction.resolve`) names its column kind in ``x-kind``."""
+    if node.get("x-kind") in KINDS:
+        return node["x-kind"]
     return next((k.name for k in KINDS.values() if k.test(node)), None)
 
 

@@ -3,10 +3,15 @@
 Columns (all nullable, null in error rows):
 
 - one per schema property, named as the property: ``string``, ``float64`` (number), ``int64``
-  (integer), ``bool``, ``date32`` (format date), ``string`` (enum), ``list<string>`` (array);
-- ``extraction``: the validated object as JSON text;
+  (integer), ``bool``, ``date32`` (format date), ``string`` (enum), ``list<string>`` (array),
+  ``struct`` (an object: its properties as struct fields, nested as the schema nests them);
+- ``extraction``: the validated object as JSON text, in the user's schema's shape (the batch job nests
+  each record type's records where the schema has them);
+- ``schema_errors``: ``list<string>``, one ``path: message`` per value dropped because it failed the
+  user's own schema (a constraint the grammar could not hold, e.g. a ``format``);
 - ``field_evidence``: ``list<struct<field, value, step, char_start, char_end>>``, one entry per
-  non-null value (one per item for arrays; ``value`` is the JSON text of the value or item):
+  non-null value (one per item for arrays; ``field`` a dotted path inside objects, ``lender.name``;
+  ``value`` is the JSON text of the value or item):
   ``step`` is the first memory step whose memory holds the value (null when none did) and
   ``char_start:char_end`` its span in the document (null when the document does not hold it;
   booleans have no span). A value occurring several times is cited where the first memory that
@@ -37,11 +42,12 @@ import pyarrow as pa
 
 from memagent.extraction.grounding import value_evidence
 from memagent.extraction.kinds import ITEM_KIND, KINDS, to_arrow
-from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType
+from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType, iter_leaves
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
-    EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, TALLY_COLUMNS,
+    EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, SCHEMA_ERRORS_COLUMN,
+    TALLY_COLUMNS,
 )
 
 EVIDENCE_TYPE = pa.struct([
@@ -68,8 +74,9 @@ def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     ``record_failed_pieces``, ``record_runaway_pieces``, ``record_invalid_items``,
     ``grounding_dropped_values``, ``grounding_dropped_records``) and ``records_file`` (null without
     record types)."""
-    return [*(pa.field(f.name, KINDS[f.kind].arrow) for f in schema.fields),
+    return [*(_arrow_field(f) for f in schema.fields),
             pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),
+            pa.field(SCHEMA_ERRORS_COLUMN, pa.list_(pa.string())),
             *(pa.field(N_RECORDS_PREFIX + r.name, pa.int32()) for r in schema.record_types),
             *(pa.field(c, pa.int32()) for c in TALLY_COLUMNS.values()), pa.field(RECORDS_FILE_COLUMN, pa.string())]
 
@@ -134,8 +141,8 @@ def parse_reply(schema: ExtractionSchema, text: str | None) -> dict[str, Any]:
 
 
 def typed_values(schema: ExtractionSchema, obj: Mapping[str, Any]) -> dict[str, Any]:
-    """Python values for the property columns (dates as ``datetime.date``, missing keys None)."""
-    return {f.name: to_arrow(f.kind, obj.get(f.name)) for f in schema.fields}
+    """Python values for the property columns (dates as ``datetime.date``, objects as dicts, missing None)."""
+    return _typed_object(schema.fields, obj) or {}
 
 
 def field_evidence(schema: ExtractionSchema, obj: Mapping[str, Any], steps: Iterable[Any] | None,
@@ -143,14 +150,13 @@ def field_evidence(schema: ExtractionSchema, obj: Mapping[str, Any], steps: Iter
     """The ``field_evidence`` entries of one validated object (see the module docstring)."""
     steps = list(steps or [])
     out = []
-    for f in schema.fields:
-        value = obj.get(f.name)
+    for path, f, value in iter_leaves(schema.fields, obj):
         items = value if f.kind == "string_array" and value is not None else [value]
         for item in items:
             if item is None:
                 continue
             step, start, end = value_evidence(ITEM_KIND.get(f.kind, f.kind), item, steps, context)
-            out.append({"field": f.name, "value": json.dumps(item, ensure_ascii=False), "step": step,
+            out.append({"field": path, "value": json.dumps(item, ensure_ascii=False), "step": step,
                         "char_start": start, "char_end": end})
     return out
 
@@ -158,6 +164,16 @@ def field_evidence(schema: ExtractionSchema, obj: Mapping[str, Any], steps: Iter
 def extraction_columns(schema: ExtractionSchema, reply: str | None, steps: Iterable[Any] | None,
                        context: str | None) -> dict[str, Any]:
     """All extraction columns of a successful read; raises :class:`InvalidOutput` for a bad reply."""
-    obj = parse_reply(schema, reply)
+    obj, dropped = conform_reply(schema, parse_reply(schema, reply))
     return {**typed_values(schema, obj), EXTRACTION_COLUMN: json.dumps(obj, ensure_ascii=False),
-            FIELD_EVIDENCE_COLUMN: field_evidence(schema, obj, steps, context)}
+            FIELD_EVIDENCE_COLUMN: field_evidence(schema, obj, steps, context), SCHEMA_ERRORS_COLUMN: dropped}
+
+
+def conform_reply(schema: ExtractionSchema, obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The validated reply held to the user's own schema: each value that fails it dropped (``path: message``),
+    nullable fields absent as null; :class:`InvalidOutput` when a required value fails (nothing to drop)."""
+    obj, dropped = schema.resolved.conform_document(obj)
+    left = schema.resolved.document_errors(obj)
+    if left:
+        raise InvalidOutput(f"the reply does not match the schema: {left[0]}")
+    return obj, dropped

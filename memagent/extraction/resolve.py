@@ -81,6 +81,8 @@ class Resolved:
     original: dict[str, Any]  # the user's schema, every $ref a local pointer
     types: Mapping[str, Link] = field(default_factory=dict)  # record type -> where its records go
     annotations: tuple[str, ...] = ()  # keywords ignored as annotations, sorted
+    document: dict[str, Any] = field(default_factory=dict)  # the user's root, record types taken out
+    items: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # type -> the user's item, children out
 
     def children(self, name: str | None) -> list[str]:
         return [t for t, link in self.types.items() if link.parent == name]
@@ -107,9 +109,65 @@ class Resolved:
 
     def errors(self, obj: Any) -> list[str]:
         """``path: message`` for every way ``obj`` fails the user's schema (formats checked)."""
-        found = validator(json.dumps(self.original, ensure_ascii=False)).iter_errors(obj)
-        return [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"[:300]
-                for e in sorted(found, key=lambda e: list(map(str, e.absolute_path)))]
+        return [_line(e) for e in _errors(self.original, obj)]
+
+    def conform_document(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The document-level values (record types aside) with each value that fails the user's schema
+        removed, and ``path: message`` of each removal; see :func:`conform`."""
+        return conform(self.document, _fill_nulls(self.schema, copy.deepcopy(dict(obj))))
+
+    def document_errors(self, obj: Any) -> list[str]:
+        """``path: message`` for each way the document-level values fail the user's schema."""
+        return [_line(e) for e in _errors(self.document, obj)]
+
+    def record_errors(self, name: str, record: Mapping[str, Any]) -> list[str]:
+        """``path: message`` for each way one record (links aside) fails its item in the user's schema."""
+        item = self.schema["properties"][name]["items"]
+        values = _strip(_fill_nulls(item, dict(record)), self.types[name])
+        return [_line(e) for e in _errors(self.items[name], values)]
+
+
+def _errors(schema: Mapping[str, Any], obj: Any) -> list[Any]:
+    found = validator(json.dumps(schema, ensure_ascii=False, sort_keys=True)).iter_errors(obj)
+    return sorted(found, key=lambda e: (-len(e.absolute_path), list(map(str, e.absolute_path))))
+
+
+def _line(error: Any) -> str:
+    return f"{'.'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"[:300]
+
+
+def conform(schema: Mapping[str, Any], obj: Any, limit: int = 200) -> tuple[Any, list[str]]:
+    """``obj`` with every value that fails ``schema`` taken out, deepest first (a property from its object,
+    an item from its array; a required one then fails its parent, which goes next), and ``path: message``
+    of each. What still fails at the root stays (the caller refuses it)."""
+    dropped: list[str] = []
+    for _ in range(limit):
+        errors = [e for e in _errors(schema, obj) if e.absolute_path]
+        if not errors:
+            break
+        path = list(errors[0].absolute_path)
+        parent = obj
+        for step in path[:-1]:
+            parent = parent[step]
+        dropped.append(_line(errors[0]))
+        del parent[path[-1]]
+    return obj, dropped
+
+
+def _without_records(node: Any) -> Any:
+    """An (inlined) object node with the properties that are record types taken out, objects walked."""
+    if not isinstance(node, dict) or not isinstance(node.get("properties"), dict):
+        return node
+    keep = {}
+    for name, prop in node["properties"].items():
+        try:
+            value, _ = _value(prop, "", set())
+        except ValueError:
+            value = {}
+        if not _is_records(value):
+            keep[name] = _without_records(prop)
+    required = [r for r in node.get("required") or [] if r in keep]
+    return {**node, "properties": keep, "required": required}
 
 
 def _fill_nulls(node: Mapping[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
@@ -338,6 +396,7 @@ class _Builder:
         self.notes: set[str] = set()
         self.types: dict[str, dict[str, Any]] = {}
         self.links: dict[str, Link] = {}
+        self.items: dict[str, dict[str, Any]] = {}
 
     def object(self, node: Mapping[str, Any], path: str, names: tuple[str, ...],
                pending: list[tuple[Any, str, tuple[str, ...]]] | None) -> dict[str, Any]:
@@ -395,6 +454,7 @@ class _Builder:
         if name in self.types:
             raise ValueError(f"{path}: a second record type named {name!r}; rename one")
         self.types[name] = {}  # parents before children
+        self.items[name] = _without_records(array["items"])
         pending: list[tuple[Any, str, tuple[str, ...]]] = []
         item = self.object(item_node, join(path, "items"), (), pending)
         links = self._link(item, parent) if parent is not None else ()
@@ -462,7 +522,8 @@ def resolve(schema: Any) -> Resolved:
         if isinstance(schema.get(word), str):
             derived[word] = schema[word]
     notes = builder.notes - {"title", "$schema", "$id", "$defs", "definitions", "$comment", "x-link", KIND}
-    return Resolved(derived, original, dict(builder.links), tuple(sorted(notes)))
+    return Resolved(derived, original, dict(builder.links), tuple(sorted(notes)), _without_records(root),
+                    builder.items)
 
 
 def leaf_paths(node: Mapping[str, Any], prefix: str = "") -> Iterator[str]:

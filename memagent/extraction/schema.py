@@ -40,7 +40,7 @@ from pydantic import PrivateAttr, RootModel, model_validator
 from memagent.extraction.kinds import FieldKind
 from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
-    check_size, clean, parse_schema,
+    check_size, clean, iter_leaves, parse_schema,
 )
 from memagent.extraction.resolve import Resolved, resolve, validator
 from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RECORD_COLUMNS, RESULT_COLUMNS
@@ -65,8 +65,12 @@ def _reserved_columns() -> tuple[str, ...]:
 
 
 def parse_fields(schema: Any) -> tuple[FieldSpec, ...]:
-    """The document-level fields of a JSON Schema in the supported subset; ``ValueError`` naming what is wrong."""
-    return parse_schema(schema, _reserved_columns(), RECORD_COLUMNS)[0]
+    """The document-level leaves of a JSON Schema, named by their dotted path inside objects (``lender.name``);
+    ``ValueError`` naming what is wrong."""
+    from dataclasses import replace
+
+    fields = ExtractionSchema(schema).fields
+    return tuple(replace(f, name=path) for path, f, _ in iter_leaves(fields, {}))
 
 
 class ExtractionSchema(RootModel[dict[str, Any]]):
@@ -167,7 +171,8 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         """The items of a records reply valid under record type ``name``'s item schema (formats checked:
         ``2021-02-31`` is no date), and how many were not: one bad item never costs its neighbours."""
         item = validator(json.dumps(self.records_schema(name)["items"], ensure_ascii=False))
-        valid = [x for x in items if not any(True for _ in item.iter_errors(x))]
+        valid = [x for x in items if not any(True for _ in item.iter_errors(x))
+                 and not self.resolved.record_errors(name, x)]
         return valid, len(items) - len(valid)
 
     def question(self) -> str:

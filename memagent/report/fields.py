@@ -55,6 +55,22 @@ def schema_fields(config: str | Mapping[str, Any] | None) -> list[dict[str, Any]
                  "enum": list(p.get("enum") or [])} for k, p in props.items() if isinstance(p, dict)]
 
 
+def _paths(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of an extraction object's leaves (objects walked; arrays are leaves)."""
+    return [p for k, v in values.items() for p in
+            (_paths(v, f"{prefix}{k}.") if isinstance(v, Mapping) and v else [f"{prefix}{k}"])]
+
+
+def _at(values: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted leaf path of an extraction object (``lender.name``), or None."""
+    if path in values:
+        return values[path]
+    node: Any = values
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
 def _capped_json(value: str) -> str:
     """A value's JSON text with a long string cut by :func:`cap` (still JSON, so the page shows it as text)."""
     if len(value) <= VALUE_CHARS:
@@ -89,11 +105,11 @@ def field_view(row: Mapping[str, Any], context: str | None) -> dict[str, Any]:
     values = values if isinstance(values, dict) else {}
     evidence = {e["field"]: e for e in _evidence(row)}
     x, snips = [], []
-    for name in dict.fromkeys([*evidence, *values]):
+    for name in dict.fromkeys([*evidence, *_paths(values)]):
         e = evidence.get(name, {})
         value = e.get("value")
-        if value is None and values.get(name) is not None:
-            value = json.dumps(values[name], ensure_ascii=False)
+        if value is None and _at(values, name) is not None:
+            value = json.dumps(_at(values, name), ensure_ascii=False)
         if value == "null":
             value = None
         value = _capped_json(value) if isinstance(value, str) else value
