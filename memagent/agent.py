@@ -5,6 +5,10 @@
         memory = LLM(question, memory, chunk)             # the reply *is* the new memory
     answer = LLM(question, memory)                        # no document text in the last call
 
+With ``memory_heads = K > 1`` (:mod:`memagent.heads`) the memory is K labelled heads: each update sees
+them all and rewrites the least recently updated one (at most memory_tokens // K tokens), the others
+carried verbatim.
+
 With an extraction schema that has record types, each chunk also gets one records call per type
 (:mod:`memagent.extraction.reading`): the records that chunk states, emitted per step and merged
 after the chain (``Result.records``), never carried in the memory.
@@ -28,11 +32,13 @@ from memagent.extraction.record_grounding import MemoryChain
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, merge_mentions, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
+from memagent.heads import initial_memory, labelled, last_updated, next_head, write_head
 from memagent.prompts import (
-    NO_MEMORY,
+    Messages,
     PromptTemplates,
     extract_answer,
     final_answer_messages,
+    memory_heads_messages,
     memory_update_messages,
     records_messages,
     strip_thinking,
@@ -152,6 +158,11 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
                    *(engine.count_chat_tokens(records_messages("", "", "", schema.records_instruction(r.name),
                                                                config.instruction, config.prompts))
                      for r in (schema.record_types if schema else ())))
+    if config.memory_heads > 1:  # the heads' template and labels (step numbers up to 6 digits) count as template
+        k = config.memory_heads
+        labels = labelled([""] * k, [999_999] * k)
+        overhead = max(overhead, engine.count_chat_tokens(memory_heads_messages(
+            "", labels, "", 0, k, config.instruction, config.prompts)))
     config.check_fits(engine.context_window, overhead)
     if schema is not None:  # the field list is every call's question: it must fit query_tokens
         n = len(engine.tokenizer(schema.question(), add_special_tokens=False)["input_ids"])
@@ -216,8 +227,8 @@ async def read_document(
     # Tokenizing a long document is CPU work: off the event loop the other documents share.
     doc = await asyncio.to_thread(chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
     if resume is not None:
-        check_resume(resume, doc.chunks, len(context))
-    start = resume or ChainState(next_chunk=0, char_offset=0, memory=NO_MEMORY, steps=())
+        check_resume(resume, doc.chunks, len(context), config.memory_heads)
+    start = resume or ChainState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())
     chain = _Chain(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step)
     for k in range(chain.state.next_chunk, len(doc.chunks)):
         await chain.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
@@ -276,17 +287,30 @@ class _Chain:
         """Chunk ``k``'s memory update, and its records calls beside it (record types)."""
         t0, chunk, memory = time.perf_counter(), self.chunks[k], self.state.memory
         priority = -(len(self.chunks) - k + 1)  # a chain: the document with most conversations left goes first
-        update = asyncio.ensure_future(self.engine.chat(
-            memory_update_messages(self.question, memory, chunk.text, self.config.instruction, self.config.prompts),
-            replace(self.params, priority=priority)))
+        messages, params, head = self._update_request(memory, chunk.text)
+        update = asyncio.ensure_future(self.engine.chat(messages, replace(params, priority=priority)))
         reply, records = await asyncio.gather(update, _chunk_records(
             self.records_call, self.steps, memory, self.context, self.chunks, k, priority, update))
         memory = strip_thinking(reply.text).strip()
+        if head is not None:  # K heads: the reply is head `head`'s new text; the others are carried verbatim
+            memory = write_head(self.state.memory, self.config.memory_heads, head, memory, len(self.steps))
         self._record("memory", chunk, memory, reply, t0)
         self.found.add(records)
         nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
         self.state = ChainState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
                                 records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
+
+    def _update_request(self, memory: str, chunk: str) -> tuple[Messages, SamplingParams, int | None]:
+        """The memory update's messages and sampling, and the head it rewrites (None: the single memory).
+
+        K heads: the least recently updated head, decoding at most memory_tokens // K tokens."""
+        config, k = self.config, self.config.memory_heads
+        if k == 1:
+            return memory_update_messages(self.question, memory, chunk, config.instruction, config.prompts), \
+                self.params, None
+        head = next_head(len(self.steps), last_updated(memory, k))
+        messages = memory_heads_messages(self.question, memory, chunk, head, k, config.instruction, config.prompts)
+        return messages, replace(self.params, max_tokens=config.memory_tokens // k), head
 
     async def answer(self) -> Completion:
         """The final answer from the memory alone; none for a schema of record types only (``{}``)."""
@@ -330,8 +354,14 @@ async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: st
     return await read_chunk_records(read, start, end, owned_from)
 
 
-def check_resume(state: ChainState, chunks: list[Chunk], text_len: int) -> None:
-    """Refuse a resume state that is not a state of this document cut into these chunks."""
+def check_resume(state: ChainState, chunks: list[Chunk], text_len: int, heads: int = 1) -> None:
+    """Refuse a resume state that is not a state of this document cut into these chunks (nor, with K > 1 heads,
+    a memory of K labelled heads)."""
+    if heads > 1:
+        try:
+            last_updated(state.memory, heads)
+        except ValueError as e:
+            raise ResumeMismatch(f"the resume state's memory does not fit memory_heads={heads}: {e}") from None
     n = len(chunks)
     where = chunks[state.next_chunk].char_start if state.next_chunk < n else text_len
     if state.next_chunk > n or state.char_offset != where or len(state.steps) != state.next_chunk:

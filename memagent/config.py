@@ -43,6 +43,11 @@ class AgentConfig(BaseModel):
     memory_tokens: int = Field(
         1024, gt=0, description="Max new tokens of each memory update; the reply *is* the new memory (paper: 1024)."
     )
+    memory_heads: int = Field(
+        1, ge=1, le=64,
+        description="K > 1: the memory is K labelled heads of memory_tokens/K tokens each; a step sees them all and "
+        "rewrites the least recently updated one (the others are carried verbatim). 1: the paper's single memory.",
+    )
     answer_tokens: int = Field(1024, gt=0, description="Max new tokens of the final answer call (paper: 1024).")
     query_tokens: int = Field(
         1024, gt=0, description="Budget for the question in every prompt (paper: 1024); longer questions are an input error."
@@ -117,6 +122,11 @@ class AgentConfig(BaseModel):
                 f"memory_tokens={self.memory_tokens} is more than 4x chunk_tokens={self.chunk_tokens}: "
                 "the memory would dwarf what each step reads; lower memory_tokens or raise chunk_tokens"
             )
+        if self.memory_heads > 1 and self.memory_tokens // self.memory_heads < 8:
+            raise ValueError(f"memory_heads={self.memory_heads} leaves {self.memory_tokens // self.memory_heads} "
+                             f"tokens a head (memory_tokens={self.memory_tokens}); a head needs 8 or more")
+        if self.memory_heads > 1 and self.extraction is not None:  # its budgets are checked against one memory
+            raise ValueError("memory_heads > 1 is not supported with an extraction schema; leave memory_heads at 1")
         if self.extraction is not None:
             if self.answer_style != "json":
                 raise ValueError(f"an extraction schema answers in JSON: answer_style must be 'json' (or unset), "

@@ -9,13 +9,14 @@ The templates are configuration (:class:`PromptTemplates`, ``AgentConfig.prompts
 from a TOML file with :func:`load_prompts`. Placeholders, ``{name}`` in ``str.format`` syntax
 (write a literal brace as ``{{`` or ``}}``):
 
-=============== ============================ ==========================================
-template        required                     optional
-=============== ============================ ==========================================
-memory_update   {question} {memory} {chunk}  {instruction}
-final_answer    {question} {memory}          {instruction} {answer_instruction}
-full_context    {question} {document}        {instruction} {answer_instruction}
-=============== ============================ ==========================================
+=================== ===================================== ==========================================
+template            required                              optional
+=================== ===================================== ==========================================
+memory_update       {question} {memory} {chunk}           {instruction}
+memory_update_heads {question} {memory} {chunk} {head}    {instruction} {heads}
+final_answer        {question} {memory}                   {instruction} {answer_instruction}
+full_context        {question} {document}                 {instruction} {answer_instruction}
+=================== ===================================== ==========================================
 
 ``{instruction}`` becomes ``"Task: <AgentConfig.instruction>\n"`` (empty when none is set; a
 set instruction with a template lacking the placeholder is an error, never silently dropped).
@@ -66,6 +67,28 @@ Write only the updated memory.
 
 Updated memory:"""
 
+# A memory of K heads (AgentConfig.memory_heads > 1, memagent.heads): the model sees every head and rewrites one.
+MEMORY_HEADS_TEMPLATE = """You are reading a long document one section at a time, with a question to answer at the end.
+You keep a short memory of everything in the document that could help answer the question.
+Your memory is split into {heads} labelled heads. At each section you rewrite exactly one head; the others are kept as they are.
+Below are the question, your whole memory, and the next section of the document.
+Rewrite head {head}: keep every relevant detail it already holds, and add any new facts from this section that help answer the question (facts another head holds need not be repeated).
+Write only the new text of head {head}, without its label.
+{instruction}
+<problem>
+{question}
+</problem>
+
+<memory>
+{memory}
+</memory>
+
+<section>
+{chunk}
+</section>
+
+New text of head {head}:"""
+
 FINAL_ANSWER_TEMPLATE = """You have read a long document and kept a memory of what matters for the question.
 Answer the question using only the memory below.
 {instruction}
@@ -106,10 +129,11 @@ ANSWER_INSTRUCTIONS: dict[str, str] = {
 # Template name -> (required placeholders, optional placeholders).
 PLACEHOLDERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "memory_update": (frozenset({"question", "memory", "chunk"}), frozenset({"instruction"})),
+    "memory_update_heads": (frozenset({"question", "memory", "chunk", "head"}), frozenset({"instruction", "heads"})),
     "final_answer": (frozenset({"question", "memory"}), frozenset({"instruction", "answer_instruction"})),
     "full_context": (frozenset({"question", "document"}), frozenset({"instruction", "answer_instruction"})),
 }
-REQUIRED_KEYS = ("memory_update", "final_answer")  # keys a prompts file must have; full_context is optional
+REQUIRED_KEYS = ("memory_update", "final_answer")  # keys a prompts file must have; the others are optional
 
 
 def _braced(names: frozenset[str]) -> str:
@@ -174,6 +198,11 @@ class PromptTemplates(BaseModel):
         MEMORY_UPDATE_TEMPLATE,
         description="Memory-update prompt, one per chunk: {question} {memory} {chunk}, optional {instruction}.",
     )
+    memory_update_heads: str = Field(
+        MEMORY_HEADS_TEMPLATE,
+        description="Memory-update prompt of a memory of K heads (memory_heads > 1): {question} {memory} {chunk} "
+        "{head} (the head to rewrite, 1-based), optional {instruction} {heads} (K).",
+    )
     final_answer: str = Field(
         FINAL_ANSWER_TEMPLATE,
         description="Final-answer prompt: {question} {memory}, optional {instruction} {answer_instruction}.",
@@ -183,7 +212,7 @@ class PromptTemplates(BaseModel):
         description="Full-context baseline prompt: {question} {document}, optional {instruction} {answer_instruction}.",
     )
 
-    @field_validator("memory_update", "final_answer", "full_context")
+    @field_validator("memory_update", "memory_update_heads", "final_answer", "full_context")
     @classmethod
     def _check_placeholders(cls, template: str, info: ValidationInfo) -> str:
         return check_template(info.field_name or "", template)
@@ -206,7 +235,7 @@ DEFAULT_PROMPTS = PromptTemplates()
 def load_prompts(path: str | PathLike[str]) -> PromptTemplates:
     """Read prompt templates from a TOML file with the keys memory_update, final_answer, full_context.
 
-    ``full_context`` is optional (the built-in one is used). Every problem (unreadable file, bad
+    ``full_context`` and ``memory_update_heads`` are optional (the built-in ones are used). Every problem (unreadable file, bad
     TOML, unknown or missing key, a value that is not a string, a bad placeholder) is a one-line
     ``ValueError`` naming the file.
     """
@@ -220,7 +249,7 @@ def load_prompts(path: str | PathLike[str]) -> PromptTemplates:
         raise ValueError(f"prompts file {path} cannot be read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"prompts file {path} is not valid TOML: {e}") from None
-    keys = f"the keys are {', '.join(REQUIRED_KEYS)} and (optional) full_context"
+    keys = f"the keys are {', '.join(REQUIRED_KEYS)} and (optional) full_context, memory_update_heads"
     for key, value in data.items():
         if key not in PLACEHOLDERS:
             raise ValueError(f"prompts file {path}: unknown key {key!r}; {keys}")
@@ -279,6 +308,15 @@ def memory_update_messages(
 ) -> Messages:
     """One memory-update conversation as chat messages (a single user turn)."""
     return _render(prompts, "memory_update", instruction, question=question, memory=memory, chunk=chunk)
+
+
+def memory_heads_messages(
+    question: str, memory: str, chunk: str, head: int, heads: int, instruction: str | None = None,
+    prompts: PromptTemplates | None = None,
+) -> Messages:
+    """One step of a memory of ``heads`` heads: rewrite head ``head`` (0-based; the prompt counts from 1)."""
+    return _render(prompts, "memory_update_heads", instruction, question=question, memory=memory, chunk=chunk,
+                   head=str(head + 1), heads=str(heads))
 
 
 _CHUNK_MARK = "\x00memagent-chunk\x00"
