@@ -29,7 +29,7 @@ from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.record_grounding import MemoryChain
-from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, merge_mentions, \
+from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
 from memagent.heads import initial_memory, labelled, last_updated, next_head, write_head
@@ -110,9 +110,11 @@ class Result:
     completions: list[Completion] | None = field(default=None, repr=False)
     resumed_at_chunk: int | None = None  # the chunk position a checkpoint resumed the read at (None: from the start)
     # Record types (extraction): the document's records per type, merged across chunks, and what the
-    # records calls split, left unread, found invalid or (require_grounding) dropped.
+    # records calls split, left unread, found invalid or (require_grounding) dropped; the records dropped
+    # at the end as incomplete, one line each (reading.finish_records).
     records: dict[str, list[Record]] | None = None
     records_tally: RecordsTally = field(default_factory=RecordsTally)
+    records_incomplete: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -235,6 +237,8 @@ async def read_document(
         if on_state:
             await on_state(chain.state)
     reply = await chain.answer()  # answer = LLM(question, memory): no document text
+    records, tally, incomplete = (finish_records(config.extraction, chain.found) if chain.records_call
+                                  else (None, chain.found.tally, []))
     return Result(
         prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
         response=reply.text,
@@ -245,8 +249,9 @@ async def read_document(
         truncated=doc.truncated,
         completions=chain.completions if keep_completions else None,
         resumed_at_chunk=resume.next_chunk if resume is not None else None,
-        records=merge_mentions(config.extraction, chain.found.emitted) if chain.records_call else None,
-        records_tally=chain.found.tally,
+        records=records,
+        records_tally=tally,
+        records_incomplete=incomplete,
     )
 
 

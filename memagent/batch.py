@@ -139,17 +139,19 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
         record.update({column: getattr(result.records_tally, name) for name, column in TALLY_COLUMNS.items()})
         if error is None:
-            _nest_records(record, schema, records)
+            _nest_records(record, schema, records, result.records_incomplete)
     return record
 
 
-def _nest_records(record: dict[str, Any], schema: Any, records: Mapping[str, Any]) -> None:
+def _nest_records(record: dict[str, Any], schema: Any, records: Mapping[str, Any],
+                  incomplete: Sequence[str] = ()) -> None:
     """The ``extraction`` column as the user's whole object: the records nested where the schema has them;
-    what the set of records fails (an array's ``minItems``, say) is listed in ``schema_errors``."""
+    the records dropped as incomplete (the fields they lack) and what the set of records fails (an array's
+    ``minItems``, say) are listed in ``schema_errors``."""
     values = {name: [getattr(r, "values", r) for r in found] for name, found in records.items()}
     whole = schema.assemble(json.loads(record[EXTRACTION_COLUMN]), values)
     record[EXTRACTION_COLUMN] = record["prediction"] = json.dumps(whole, ensure_ascii=False, default=str)
-    record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *schema.errors(whole)]
+    record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *incomplete, *schema.errors(whole)]
 
 
 def error_record(row: Mapping[str, Any], message: str, config: AgentConfig, model: str,

@@ -43,13 +43,16 @@ SCHEMA_ERRORS_COLUMN = "schema_errors"
 # records missing (still overflowing at the size or depth limit, or running away); of those, pieces whose
 # reply ran away (looped, or listed records the piece does not state: never split again); records dropped
 # because they did not validate; with require_grounding (AgentConfig), values not found where the record was
-# read (removed) and records dropped for it (0 when it is off).
+# read (removed) and records dropped for it (0 when it is off); merged records dropped at the document's end
+# because a required value was never stated (or grounded): never written with null.
 RECORD_SPLITS_COLUMN, RECORD_FAILED_COLUMN = "record_splits", "record_failed_pieces"
 RECORD_RUNAWAY_COLUMN, RECORD_INVALID_COLUMN = "record_runaway_pieces", "record_invalid_items"
 DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN = "grounding_dropped_values", "grounding_dropped_records"
+RECORD_INCOMPLETE_COLUMN = "record_incomplete"
 TALLY_COLUMNS = {"splits": RECORD_SPLITS_COLUMN, "failed": RECORD_FAILED_COLUMN, "runaway": RECORD_RUNAWAY_COLUMN,
                  "invalid_items": RECORD_INVALID_COLUMN, "dropped_values": DROPPED_VALUES_COLUMN,
-                 "dropped_records": DROPPED_RECORDS_COLUMN}  # RecordsTally field -> row column
+                 "dropped_records": DROPPED_RECORDS_COLUMN,
+                 "incomplete": RECORD_INCOMPLETE_COLUMN}  # RecordsTally field -> row column
 # The stem of the row's records files (pipelines/records_output.py); one ``n_records_<type>`` per type.
 RECORDS_FILE_COLUMN = "records_file"
 N_RECORDS_PREFIX = "n_records_"

@@ -11,14 +11,15 @@ import pyarrow.compute as pc
 from memagent.error_kinds import INFRA_PREFIX
 from memagent.result_schema import (
     DROPPED_RECORDS_COLUMN, DROPPED_VALUES_COLUMN, N_RECORDS_PREFIX, RECORD_FAILED_COLUMN, RECORD_INVALID_COLUMN,
-    RECORD_RUNAWAY_COLUMN, RECORD_SPLITS_COLUMN,
+    RECORD_INCOMPLETE_COLUMN, RECORD_RUNAWAY_COLUMN, RECORD_SPLITS_COLUMN,
 )
 from pipelines.admission import occupancy
 
 # The per-row record counts a summary adds up (besides the n_records_<type> columns): field -> column.
 RECORD_COUNT_COLUMNS = {"record_splits": RECORD_SPLITS_COLUMN, "record_failed_pieces": RECORD_FAILED_COLUMN,
                         "record_runaway_pieces": RECORD_RUNAWAY_COLUMN, "record_invalid_items": RECORD_INVALID_COLUMN,
-                        "dropped_values": DROPPED_VALUES_COLUMN, "dropped_records": DROPPED_RECORDS_COLUMN}
+                        "dropped_values": DROPPED_VALUES_COLUMN, "dropped_records": DROPPED_RECORDS_COLUMN,
+                        "record_incomplete": RECORD_INCOMPLETE_COLUMN}
 
 
 @dataclass
@@ -65,6 +66,7 @@ class BatchSummary:
     record_invalid_items: int = 0  # records dropped: they did not validate against the item schema
     dropped_values: int = 0
     dropped_records: int = 0
+    record_incomplete: int = 0  # merged records dropped at the end: a required value never stated (or grounded)
     require_grounding: bool = False
 
     @classmethod
@@ -175,6 +177,9 @@ class BatchSummary:
         if self.record_invalid_items:
             lines.append(f"  invalid:      {self.record_invalid_items} record(s) dropped: not valid under the schema "
                          "(record_invalid_items)")
+        if self.record_incomplete:
+            lines.append(f"  incomplete:   {self.record_incomplete} record(s) dropped: a required value never stated "
+                         "or grounded (record_incomplete; the fields each lacked are in schema_errors)")
         if self.require_grounding or self.dropped_values or self.dropped_records:
             lines.append(f"  grounding:    {self.dropped_values} value(s) and {self.dropped_records} record(s) dropped "
                          "(not found where the record was read; --require-grounding)")

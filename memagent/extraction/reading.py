@@ -116,6 +116,7 @@ class RecordsTally:
     invalid_items: int = 0  # records dropped because they did not validate against the item schema
     dropped_values: int = 0  # require_grounding: values not found where the record was read, removed
     dropped_records: int = 0  # require_grounding: records whose key values (or all values) were not found there
+    incomplete: int = 0  # merged records dropped at the document's end: a required value never stated (or grounded)
 
     def add(self, other: RecordsTally) -> None:
         for f in fields(self):
@@ -352,3 +353,29 @@ def merge_mentions(schema: ExtractionSchema, emitted: Sequence[Emitted]) -> dict
     """The document's records per record type (:func:`merge_records`, the rule in its module)."""
     return {r.name: merge_records(r, [e.mention for e in emitted if e.record_type == r.name])
             for r in schema.record_types}
+
+
+def finish_records(schema: ExtractionSchema, found: ChunkRecords) -> tuple[dict[str, list[Record]], RecordsTally,
+                                                                           list[str]]:
+    """A whole read's records, its tally and what it dropped as incomplete, once the document is read.
+
+    Mentions stay pending while the document is read (a record's values may be stated chunks apart, in
+    any order); merged here, a record still lacking a required value (never stated, or removed by
+    ``require_grounding``) is dropped, never written with null: ``tally.incomplete`` counts them, and
+    each is one ``type[i]: incomplete record dropped, lacks a, b`` line (``i``: its place among the merged
+    records). Invariant: every record returned passes its item in the user's schema.
+    """
+    merged = merge_mentions(schema, found.emitted)
+    tally = replace(found.tally)
+    notes: list[str] = []
+    out: dict[str, list[Record]] = {}
+    for name, records in merged.items():
+        out[name] = []
+        for i, rec in enumerate(records):
+            lacks = schema.incomplete_fields(name, rec.values)
+            if lacks:
+                tally.incomplete += 1
+                notes.append(f"{name}[{i}]: incomplete record dropped, lacks {', '.join(lacks)}")
+            else:
+                out[name].append(rec)
+    return out, tally, notes

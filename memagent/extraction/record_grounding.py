@@ -3,10 +3,12 @@
 A value of a record (:func:`ground_chunk`) is grounded
 
 - in the **window** its call read (the chunk piece and the rest of the sentence it cuts), or
-- through the **memory**, for text values only (an alias: ``the Carrier`` resolved to ``Harlow
-  Freight Ltd``; a number or a date has no alias): the memory the call read holds the value, and
+- through the **memory**, for every kind of value: the memory the call read holds it (a string as
+  written, case- and space-insensitive: an alias ``the Carrier`` resolved to ``Harlow Freight Ltd``;
+  a number as a number and a date as a date, however either is spelled: an invoice's amount and
+  issue date carried from the chunk that stated them to the one that states its settlement), and
   the span is where the chain read it, inside the chunk of the first memory step whose memory
-  holds it (:class:`MemoryChain`).
+  holds it (:class:`MemoryChain`; labelled ``memory``, kept under ``require_grounding``).
 
 Elsewhere in the document is searched only on request (``elsewhere``: ``AgentConfig.ground_elsewhere``),
 since it costs a scan of the whole document for every value the window lacks; a value found only
@@ -30,8 +32,6 @@ from typing import Any, Mapping, Sequence
 from memagent.extraction.grounding import FUZZY_THRESHOLD, Span, locate, occurrences
 from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind
 from memagent.extraction.parse import RecordType
-
-ALIASED_KINDS = ("string", "string_array")  # kinds a memory may resolve (a role to a name); never numbers or dates
 
 SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")  # a line break, or a sentence's last character
 
@@ -103,9 +103,10 @@ class MemoryChain:
     def locate(self, kind: FieldKind, value: Any, text: str) -> Span | None:
         """The value's span where the chain read it, when the memory the call read holds it (an alias
         resolved through the memory): inside the chunk of the first memory step that holds it, or the
-        chunk before (a sentence the boundary cut, finished by that step). Text values only: a name
-        has aliases, a number or a date does not."""
-        if kind not in ALIASED_KINDS or not self.memory or locate(kind, value, self.memory, fuzzy=False) is None:
+        chunk before (a sentence the boundary cut, finished by that step). Every kind: a carried value
+        is compared as its kind (numbers and dates by value), never fuzzily; the chunk must state it too,
+        so a memory that merely happens to hold a number proves nothing by itself."""
+        if not self.memory or locate(kind, value, self.memory, fuzzy=False) is None:
             return None
         for i, (memory, start, end) in enumerate(self.steps):
             if locate(kind, value, memory, fuzzy=False) is not None:

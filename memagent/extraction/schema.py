@@ -154,10 +154,37 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     def records_schema(self, name: str, max_items: int = RECORDS_PER_CALL) -> dict[str, Any]:
         """The schema of one per-chunk records call of record type ``name``: a JSON array (possibly
         empty) of at most ``max_items`` records under the item schema. Every engine bounds it with
-        :func:`memagent.engines.json_schema.render_schema`; validate replies against it."""
-        items = dict(self.record_type(name).item_schema or {})
+        :func:`memagent.engines.json_schema.render_schema`; validate replies against it.
+
+        A keyed type's item requires its key only: a record's other values may be stated chunks apart
+        (an invoice's issue here, its settlement later), so a mention states what its chunk does (a
+        grammar that forced the rest would make the model invent it); merged by key, the record is held
+        to the whole schema at the document's end (:meth:`incomplete_fields`)."""
+        record = self.record_type(name)
+        items = dict(record.item_schema or {})
         items["additionalProperties"] = False
+        if record.key:
+            items["required"] = [r for r in items.get("required") or [] if r in record.key]
         return {"type": "array", "items": items, "maxItems": max_items}
+
+    def mention_errors(self, name: str, values: Mapping[str, Any]) -> list[str]:
+        """:meth:`Resolved.record_errors` of one mention, less the absent non-key required values (which
+        a later mention may state: :meth:`records_schema`)."""
+        key = set(self.record_type(name).key)
+        return [e for e in self.resolved.record_errors(name, values)
+                if not ((m := _MISSING.match(e)) and key and m.group(1) not in key)]
+
+    def incomplete_fields(self, name: str, values: Mapping[str, Any]) -> list[str]:
+        """The required values (top level: ``settled``; nested: ``address.city``) a merged record lacks, and
+        the path of any other way it fails its item in the user's schema; empty when it is whole. A record
+        with one breaks the user's schema and is never written."""
+        out = []
+        for e in self.resolved.record_errors(name, values):
+            path, _, _ = e.partition(": ")
+            m = _MISSING_AT.match(e)
+            name_ = m.group(2) if m else None
+            out.append(path if name_ is None else name_ if path == "(root)" else f"{path}.{name_}")
+        return list(dict.fromkeys(out))
 
     def records_schema_json(self, name: str, max_items: int = RECORDS_PER_CALL) -> str:
         """:meth:`records_schema` as JSON text (``SamplingParams.json_schema`` of a records call)."""
@@ -172,7 +199,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         ``2021-02-31`` is no date), and how many were not: one bad item never costs its neighbours."""
         item = validator(json.dumps(self.records_schema(name)["items"], ensure_ascii=False))
         valid = [x for x in items if not any(True for _ in item.iter_errors(x))
-                 and not self.resolved.record_errors(name, x)]
+                 and not self.mention_errors(name, x)]
         return valid, len(items) - len(valid)
 
     def question(self) -> str:
@@ -235,6 +262,10 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
             need = self.answer_tokens_needed()
             raise ValueError(f"answer_tokens={answer_tokens} cannot hold the JSON object of the {len(self._fields)} "
                              f"field(s) of the schema (about {need} tokens); raise answer_tokens to {need} or more")
+
+
+_MISSING_AT = re.compile(r"^(.*): '(.+)' is a required property$")  # jsonschema's message, as Resolved writes it
+_MISSING = re.compile(r"^\(root\): '(.+)' is a required property$")
 
 
 def _model_schema(data: Any) -> Any:
