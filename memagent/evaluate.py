@@ -71,6 +71,48 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
+RETENTION_COLUMNS = ["method", "task", "length", "n", "needles_read", "capture", "retention"]
+
+
+def summarize_retention(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per (method, task, length) whose rows have evidence: capture and retention over every item read.
+
+    ``records`` carry method, task, length and the :func:`memagent.retention.row_retention` counts
+    ``n_read``, ``n_captured``, ``n_retained`` (rows without evidence left out). Shape: at most one row
+    per cell of :func:`summarize`, :data:`RETENTION_COLUMNS`; rates over no item read are NaN.
+    """
+    df = pd.DataFrame(list(records), columns=["method", "task", "length", "n_read", "n_captured", "n_retained"])
+    rows = []
+    for (method, task, length), g in df.groupby(["method", "task", "length"], sort=True):
+        read = int(g["n_read"].sum())
+        rate = (lambda col: float(g[col].sum()) / read) if read else (lambda col: math.nan)
+        rows.append((method, task, int(length), len(g), read, rate("n_captured"), rate("n_retained")))
+    return pd.DataFrame(rows, columns=RETENTION_COLUMNS)
+
+
+def retention_markdown(summary: pd.DataFrame) -> str:
+    """Task × length table per method: 'retention% / capture% (needles read)'; empty without rows."""
+    if summary.empty:
+        return ""
+    lengths = sorted(summary["length"].unique())
+    lines = ["## Evidence kept in memory", ""]
+    for method, m in summary.groupby("method", sort=False):
+        lines += [f"### {method}", "", "| task | " + " | ".join(length_label(x) for x in lengths) + " |",
+                  "|---|" + "---|" * len(lengths)]
+        for task, t in m.groupby("task", sort=False):
+            cells = []
+            for length in lengths:
+                r = t[t["length"] == length]
+                cells.append("–" if r.empty or not r.iloc[0].needles_read else
+                             f"{100 * r.iloc[0].retention:.0f} / {100 * r.iloc[0].capture:.0f} "
+                             f"(read {r.iloc[0].needles_read})")
+            lines.append(f"| {TASK_LABELS.get(task, task)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append("Retention % / capture % of the evidence read (needles, supporting paragraphs' titles): captured = "
+                 "held by the memory at or after the step that read it, retained = held by the memory the answer reads.")
+    return "\n".join(lines) + "\n"
+
+
 def length_label(tokens: int) -> str:
     """4096 -> '4K', 131072 -> '128K', 1000 -> '1000'."""
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)

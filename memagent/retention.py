@@ -140,6 +140,25 @@ def hotpot_evidence(row: Mapping[str, Any]) -> list[Evidence]:
     return out
 
 
+def row_evidence(row: Mapping[str, Any]) -> list[Evidence]:
+    """The known evidence of an evaluation row: a NIAH task's queried needles, qa_2's supporting paragraphs;
+    none for the other tasks (their answers are not stated at one place)."""
+    task = str(row.get("task") or "")
+    if task.startswith("niah") and row.get("answers") is not None:
+        return ruler_evidence(row)
+    if task == "qa_2" and row.get("gold_positions") is not None:
+        return hotpot_evidence(row)
+    return []
+
+
+def row_retention(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """:func:`summarise` of an output row's trace (``steps``) against its :func:`row_evidence`; None without any."""
+    evidence = row_evidence(row)
+    if not evidence or not row.get("steps"):
+        return None
+    return summarise(item_outcomes(evidence, memory_steps(row["steps"])))
+
+
 def records_evidence(doc: Mapping[str, Any]) -> list[Evidence]:
     """A generated statement's (:func:`memagent.data.records_corpus.statement`) gold payments: each amount, at
     the last line stating it (an amendment's corrected amount is on its amendment line)."""

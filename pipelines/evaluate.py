@@ -26,10 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.batch import Method
 from memagent.config import JOB_PRESET, AgentConfig, preset
-from memagent.data.ruler import RulerItems
+from memagent.data.ruler import NIAH as NIAH_SPECS, RulerItems
 from memagent.engines import EngineConfig
-from memagent.evaluate import plot_accuracy_vs_length, plot_heatmap, results_markdown, summarize
+from memagent.evaluate import plot_accuracy_vs_length, plot_heatmap, results_markdown, retention_markdown, summarize, \
+    summarize_retention
 from memagent.redact import redact
+from memagent.retention import row_retention
 from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 from pipelines.job import JobConfig
 
@@ -161,6 +163,29 @@ def read_predictions(out: Path, methods: list[str], item_ids: set[str]) -> list[
     return records
 
 
+NIAH_TASKS = list(NIAH_SPECS)
+RETENTION_INPUTS = ["id", "method", "task", "length", "steps", "context", "answers", "gold_positions"]
+
+
+def read_retention(out: Path, item_ids: set[str]) -> list[dict[str, Any]]:
+    """Per memory-agent row with known evidence (NIAH needles, qa_2 supporting paragraphs): method, task, length
+    and :func:`memagent.retention.row_retention`'s counts. Read in batches: a row holds its whole context."""
+    path = out / "predictions" / "memagent"
+    if not path.exists():
+        return []
+    ds = pads.dataset(path, format="parquet", exclude_invalid_files=True)
+    columns = [c for c in RETENTION_INPUTS if c in ds.schema.names]  # given items may lack answers/gold_positions
+    if not {"id", "task", "steps", "context"} <= set(columns):
+        return []
+    records = []
+    for batch in ds.to_batches(columns=columns, filter=pads.field("task").isin(["qa_2", *NIAH_TASKS]), batch_size=64):
+        for row in batch.to_pylist():
+            counts = row_retention(row) if row["id"] in item_ids else None
+            if counts is not None:
+                records.append({k: row[k] for k in ("method", "task", "length")} | counts)
+    return records
+
+
 def run_evaluation(cfg: EvalConfig) -> EvalSummary:
     """Generate/reuse items, run each method through the batch job, write the report."""
     out = Path(cfg.out)
@@ -187,7 +212,9 @@ def run_evaluation(cfg: EvalConfig) -> EvalSummary:
         notes.append(f"full-context reads at most the model's window of {window} tokens (prompt + answer); "
                      "longer documents lose their middle.")
     table.to_csv(out / "results.csv", index=False)
-    (out / "results.md").write_text(results_markdown(table, notes))
+    retention = summarize_retention(read_retention(out, item_ids))
+    retention.to_csv(out / "retention.csv", index=False)
+    (out / "results.md").write_text(results_markdown(table, notes) + "\n" + retention_markdown(retention))
     heatmap = plot_heatmap(table, out / "heatmap.png", title=f"Accuracy (%) — {cfg.engine.model}")
     lines = plot_accuracy_vs_length(table, out / "accuracy_vs_length.png")
     result = EvalSummary(out=str(out), items=n_items, results_csv=str(out / "results.csv"),

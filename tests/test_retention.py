@@ -60,3 +60,35 @@ def test_ruler_hotpot_and_records_evidence_point_at_their_values():
     assert len(ev) == len(doc["gold"]) > 0
     for item in ev:
         assert f"{item.value}" in doc["text"][item.start:item.end]
+
+
+def test_rows_summarised_per_length_in_the_evaluation(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.evaluate import retention_markdown, summarize_retention
+    from pipelines.evaluate import read_retention
+
+    ctx = "aaaa 1234567 bbbb 7654321 cccc"
+    def row(i, length, memories, task="niah_multivalue"):
+        ends = [13, len(ctx)][: len(memories)]
+        steps = [{"kind": "memory", "char_end": e, "memory": m} for e, m in zip(ends, memories)]
+        return {"id": f"r{i}", "method": "memagent", "task": task, "length": length, "steps": steps, "context": ctx,
+                "answers": ["1234567", "7654321"], "gold_positions": []}
+    rows = [row(0, 4096, ["1234567", "1234567 7654321"]),  # both kept
+            row(1, 4096, ["1234567", "7654321"]),          # the first lost
+            row(2, 8192, ["nothing", "nothing"]),          # none captured
+            row(3, 8192, ["x", "1234567 7654321"], task="vt"),  # no evidence for vt
+            row(4, 8192, ["1234567", "7654321"])]          # not a current item
+    out = tmp_path / "predictions" / "memagent"
+    out.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), out / "part.parquet")
+    records = read_retention(tmp_path, {"r0", "r1", "r2", "r3"})
+    assert [(r["length"], r["n_read"], r["n_captured"], r["n_retained"]) for r in records] == \
+        [(4096, 2, 2, 2), (4096, 2, 2, 1), (8192, 2, 0, 0)]
+    table = summarize_retention(records)
+    assert table[["length", "n", "needles_read", "capture", "retention"]].values.tolist() == \
+        [[4096, 2, 4, 1.0, 0.75], [8192, 1, 2, 0.0, 0.0]]
+    md = retention_markdown(table)
+    assert "| NIAH multivalue |" in md
+    assert "75 / 100 (read 4)" in md and "0 / 0 (read 2)" in md
