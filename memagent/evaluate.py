@@ -71,27 +71,35 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-RETENTION_COLUMNS = ["method", "task", "length", "n", "needles_read", "capture", "retention"]
+RETENTION_COLUMNS = ["method", "task", "length", "n", "needles_read", "capture", "retention", "end_to_end"]
 
 
 def summarize_retention(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per (method, task, length) whose rows have evidence: capture and retention over every item read.
+    """One row per (method, task, length) whose rows have evidence: capture (captured / read), retention
+    (retained / captured) and end to end (retained / read), summed over the cell's items.
 
     ``records`` carry method, task, length and the :func:`memagent.retention.row_retention` counts
     ``n_read``, ``n_captured``, ``n_retained`` (rows without evidence left out). Shape: at most one row
-    per cell of :func:`summarize`, :data:`RETENTION_COLUMNS`; rates over no item read are NaN.
+    per cell of :func:`summarize`, :data:`RETENTION_COLUMNS`; a rate over no item is NaN.
     """
     df = pd.DataFrame(list(records), columns=["method", "task", "length", "n_read", "n_captured", "n_retained"])
     rows = []
     for (method, task, length), g in df.groupby(["method", "task", "length"], sort=True):
-        read = int(g["n_read"].sum())
-        rate = (lambda col: float(g[col].sum()) / read) if read else (lambda col: math.nan)
-        rows.append((method, task, int(length), len(g), read, rate("n_captured"), rate("n_retained")))
+        read, cap, ret = (int(g[c].sum()) for c in ("n_read", "n_captured", "n_retained"))
+        rows.append((method, task, int(length), len(g), read, _ratio(cap, read), _ratio(ret, cap), _ratio(ret, read)))
     return pd.DataFrame(rows, columns=RETENTION_COLUMNS)
 
 
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else math.nan
+
+
+def _pct(x: float) -> str:
+    return "–" if math.isnan(x) else f"{100 * x:.0f}"
+
+
 def retention_markdown(summary: pd.DataFrame) -> str:
-    """Task × length table per method: 'retention% / capture% (needles read)'; empty without rows."""
+    """Task × length table per method: 'capture% / retention% (items read)'; empty without rows."""
     if summary.empty:
         return ""
     lengths = sorted(summary["length"].unique())
@@ -104,12 +112,12 @@ def retention_markdown(summary: pd.DataFrame) -> str:
             for length in lengths:
                 r = t[t["length"] == length]
                 cells.append("–" if r.empty or not r.iloc[0].needles_read else
-                             f"{100 * r.iloc[0].retention:.0f} / {100 * r.iloc[0].capture:.0f} "
-                             f"(read {r.iloc[0].needles_read})")
+                             f"{_pct(r.iloc[0].capture)} / {_pct(r.iloc[0].retention)} (read {r.iloc[0].needles_read})")
             lines.append(f"| {TASK_LABELS.get(task, task)} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines.append("Retention % / capture % of the evidence read (needles, supporting paragraphs' titles): captured = "
-                 "held by the memory at or after the step that read it, retained = held by the memory the answer reads.")
+    lines.append("Capture % / retention % of the evidence read (needles; supporting paragraphs' titles): capture = "
+                 "items held by the memory at or after the step that read them / items read; retention = of those, "
+                 "items the memory the answer reads still holds.")
     return "\n".join(lines) + "\n"
 
 

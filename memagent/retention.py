@@ -79,12 +79,13 @@ def item_outcomes(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]]
 
 def summarise(outcomes: Sequence[ItemOutcome]) -> dict[str, Any]:
     """One document's counts and rates: ``n_evidence``, ``n_read``, ``n_captured``, ``n_retained``, ``capture``
-    (captured / read), ``retention`` (retained / read) and ``kept`` (retained / captured); a rate over nothing is None."""
+    (captured / read: what the memory took in), ``retention`` (retained / captured: what it kept of that) and
+    ``end_to_end`` (retained / read = capture × retention); a rate over nothing is None."""
     n_read = sum(o.read_at is not None for o in outcomes)
     n_cap = sum(o.captured for o in outcomes)
     n_ret = sum(o.retained for o in outcomes)
     return {"n_evidence": len(outcomes), "n_read": n_read, "n_captured": n_cap, "n_retained": n_ret,
-            "capture": _rate(n_cap, n_read), "retention": _rate(n_ret, n_read), "kept": _rate(n_ret, n_cap)}
+            "capture": _rate(n_cap, n_read), "retention": _rate(n_ret, n_cap), "end_to_end": _rate(n_ret, n_read)}
 
 
 def _rate(num: int, den: int) -> float | None:
@@ -171,3 +172,27 @@ def records_evidence(doc: Mapping[str, Any]) -> list[Evidence]:
         i = max(rec["lines"])
         out.append(Evidence(f"{rec['payer']} {rec['date']}", rec["amount"], starts[i], starts[i] + len(lines[i]), "number"))
     return out
+
+
+def plot_timeline(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]], path: Any, title: str = "") -> Any:
+    """One document's evidence over its steps: a row per item, a column per step; grey where not yet read,
+    green where the memory holds it, red where read and not held (lost, or never captured). Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    table = timeline(evidence, steps)  # n_steps × n_evidence of (read, held)
+    grid = [[0 if not table[t][j][0] else 2 if table[t][j][1] else 1 for t in range(len(table))]
+            for j in range(len(evidence))]  # n_evidence × n_steps
+    fig, ax = plt.subplots(figsize=(0.25 * max(len(table), 8) + 2, 0.35 * max(len(evidence), 2) + 1.2))
+    ax.imshow(grid, cmap=ListedColormap(["#dddddd", "#d62728", "#2ca02c"]), vmin=0, vmax=2, aspect="auto",
+              interpolation="nearest")
+    ax.set_yticks(range(len(evidence)), [e.label for e in evidence])
+    ax.set_xlabel("memory step  (grey: unread · green: held · red: read, not held)")
+    ax.set_title(title or "Evidence in memory per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

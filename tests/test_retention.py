@@ -20,7 +20,7 @@ def test_known_capture_and_loss():
     assert [(o.captured, o.retained) for o in out] == [(True, False), (True, True), (False, False)]
     s = summarise(out)
     assert (s["n_read"], s["n_captured"], s["n_retained"]) == (3, 2, 1)
-    assert s["capture"] == 2 / 3 and s["retention"] == 1 / 3 and s["kept"] == 1 / 2
+    assert s["capture"] == 2 / 3 and s["retention"] == 1 / 2 and s["end_to_end"] == 1 / 3
 
 
 def test_held_before_read_is_no_capture_and_matching_is_bounded():
@@ -35,7 +35,7 @@ def test_held_before_read_is_no_capture_and_matching_is_bounded():
 def test_unread_items_and_empty_chains():
     out = item_outcomes(EV, [(16, "needle-one")])  # centre truncation: the rest never read
     assert [o.read_at for o in out] == [0, None, None]
-    assert summarise(out)["retention"] == 1.0
+    assert summarise(out)["retention"] == 1.0 and summarise(out)["end_to_end"] == 1.0
     assert summarise(item_outcomes(EV, []))["capture"] is None
 
 
@@ -87,8 +87,16 @@ def test_rows_summarised_per_length_in_the_evaluation(tmp_path):
     assert [(r["length"], r["n_read"], r["n_captured"], r["n_retained"]) for r in records] == \
         [(4096, 2, 2, 2), (4096, 2, 2, 1), (8192, 2, 0, 0)]
     table = summarize_retention(records)
-    assert table[["length", "n", "needles_read", "capture", "retention"]].values.tolist() == \
-        [[4096, 2, 4, 1.0, 0.75], [8192, 1, 2, 0.0, 0.0]]
+    assert table[["length", "n", "needles_read", "capture", "retention", "end_to_end"]].fillna(-1).values.tolist() == \
+        [[4096, 2, 4, 1.0, 0.75, 0.75], [8192, 1, 2, 0.0, -1, 0.0]]
     md = retention_markdown(table)
     assert "| NIAH multivalue |" in md
-    assert "75 / 100 (read 4)" in md and "0 / 0 (read 2)" in md
+    assert "100 / 75 (read 4)" in md and "0 / – (read 2)" in md
+
+
+def test_timeline_drawing(tmp_path):
+    from memagent.retention import plot_timeline
+
+    steps = [(16, "Needle-One"), (26, "NEEDLE-ONE and 4,821"), (len(TEXT), "the number: 4821.00")]
+    path = plot_timeline(EV, steps, tmp_path / "t.png", title="scripted")
+    assert path.stat().st_size > 2000
