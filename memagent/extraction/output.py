@@ -43,6 +43,7 @@ import pyarrow as pa
 from memagent.extraction.grounding import value_evidence
 from memagent.extraction.kinds import ITEM_KIND, KINDS, to_arrow
 from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType, iter_leaves
+from memagent.extraction.resolve import without_nulls
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
@@ -129,7 +130,7 @@ def null_columns(schema: ExtractionSchema) -> dict[str, None]:
 def parse_reply(schema: ExtractionSchema, text: str | None) -> dict[str, Any]:
     """The reply as a JSON object valid under the schema; :class:`InvalidOutput` saying why not."""
     try:
-        obj = parse_json_answer(text or "")
+        obj = without_nulls(parse_json_answer(text or ""))
     except ValueError as exc:
         raise InvalidOutput(str(exc)) from None
     errors = schema.reply_errors(obj)

@@ -127,6 +127,14 @@ class Resolved:
         return [_line(e) for e in _errors(self.items[name], values)]
 
 
+def without_nulls(obj: Any) -> Any:
+    """``obj`` with every ``null`` property taken out, objects walked: a null states nothing, as an absent
+    key does (the grammar writes neither; a server's model may write null for an optional value)."""
+    if not isinstance(obj, dict):
+        return obj
+    return {k: without_nulls(v) for k, v in obj.items() if v is not None}
+
+
 def _errors(schema: Mapping[str, Any], obj: Any) -> list[Any]:
     found = validator(json.dumps(schema, ensure_ascii=False, sort_keys=True)).iter_errors(obj)
     return sorted(found, key=lambda e: (-len(e.absolute_path), list(map(str, e.absolute_path))))
@@ -170,7 +178,9 @@ def _without_records(node: Any) -> Any:
     return {**node, "properties": keep, "required": required}
 
 
-def _fill_nulls(node: Mapping[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
+def _fill_nulls(node: Mapping[str, Any], obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``obj`` with each absent nullable property null, objects walked."""
+    obj = dict(obj)
     for name, prop in (node.get("properties") or {}).items():
         if name not in obj and prop.get(NULLABLE):
             obj[name] = None

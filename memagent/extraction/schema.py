@@ -42,7 +42,7 @@ from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
     check_size, clean, iter_leaves, parse_schema,
 )
-from memagent.extraction.resolve import Resolved, resolve, validator
+from memagent.extraction.resolve import Resolved, resolve, validator, without_nulls
 from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RECORD_COLUMNS, RESULT_COLUMNS
 
 __all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "load_schema", "schema_from",
@@ -198,6 +198,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         """The items of a records reply valid under record type ``name``'s item schema (formats checked:
         ``2021-02-31`` is no date), and how many were not: one bad item never costs its neighbours."""
         item = validator(json.dumps(self.records_schema(name)["items"], ensure_ascii=False))
+        items = [without_nulls(x) for x in items]
         valid = [x for x in items if not any(True for _ in item.iter_errors(x))
                  and not self.mention_errors(name, x)]
         return valid, len(items) - len(valid)
