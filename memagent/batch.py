@@ -44,6 +44,7 @@ from memagent.result_schema import (
     EXTRACTION_COLUMN, N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA, SCHEMA_ERRORS_COLUMN,
     TALLY_COLUMNS,
 )
+from memagent.retention import retention_columns
 from memagent.verify import METRICS
 from memagent.verify import score as score_metric
 
@@ -112,6 +113,7 @@ def result_record(
         method=method,
     )
     record.update(attribute(result.steps, prediction, answers, row.get("context"), metric).columns())
+    record.update(retention_columns(row, result.steps))
     record.update(resumed_at_chunk=result.resumed_at_chunk)
     return record
 

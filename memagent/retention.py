@@ -160,6 +160,16 @@ def row_retention(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return summarise(item_outcomes(evidence, memory_steps(row["steps"])))
 
 
+def retention_columns(row: Mapping[str, Any], steps: Iterable[Any]) -> dict[str, int | None]:
+    """A batch output row's ``evidence_read``, ``evidence_captured``, ``evidence_retained`` (all None for a row
+    without known evidence, or a read without memory steps: the full-context baseline)."""
+    evidence, mem = row_evidence(row), memory_steps(steps)
+    if not evidence or not mem:
+        return dict.fromkeys(("evidence_read", "evidence_captured", "evidence_retained"))
+    s = summarise(item_outcomes(evidence, mem))
+    return {"evidence_read": s["n_read"], "evidence_captured": s["n_captured"], "evidence_retained": s["n_retained"]}
+
+
 def records_evidence(doc: Mapping[str, Any]) -> list[Evidence]:
     """A generated statement's (:func:`memagent.data.records_corpus.statement`) gold payments: each amount, at
     the last line stating it (an amendment's corrected amount is on its amendment line)."""

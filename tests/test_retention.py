@@ -100,3 +100,33 @@ def test_timeline_drawing(tmp_path):
     steps = [(16, "Needle-One"), (26, "NEEDLE-ONE and 4,821"), (len(TEXT), "the number: 4821.00")]
     path = plot_timeline(EV, steps, tmp_path / "t.png", title="scripted")
     assert path.stat().st_size > 2000
+
+
+def test_batch_rows_carry_the_evidence_counts(tiny_engine):
+    import asyncio
+    import re
+
+    from memagent.batch import answer_row
+    from memagent.config import AgentConfig
+    from memagent.engines.base import Completion, Engine, EngineStats
+
+    class Copier(Engine):  # keeps the needle numbers of each section, forgets the rest
+        def __init__(self, tokenizer):
+            self.name, self.context_window, self.tokenizer, self.stats = "copier", 4096, tokenizer, EngineStats()
+
+        async def chat(self, messages, params):
+            content = messages[-1]["content"]
+            section = content.split("<section>", 1)[-1] if "<section>" in content else content
+            text = " ".join(re.findall(r"\b\d{7}\b", section)) or "none"
+            return Completion(text=text, prompt_tokens=1, completion_tokens=1, finish_reason="stop")
+
+    filler = "The grass is green and the sky is blue. " * 40
+    context = f"{filler}The magic number is: 1234567. {filler}The magic number is: 7654321. {filler}{filler}"
+    row = {"id": "r", "question": "What are the magic numbers?", "context": context, "task": "niah_multivalue",
+           "answers": ["1234567", "7654321"], "metric": "string_match_all"}
+    cfg = AgentConfig(chunk_tokens=128, memory_tokens=16, answer_tokens=8, query_tokens=64)
+    record = asyncio.run(answer_row(Copier(tiny_engine.tokenizer), row, cfg))
+    assert record["error"] is None
+    assert (record["evidence_read"], record["evidence_captured"], record["evidence_retained"]) == (2, 2, 0)
+    plain = asyncio.run(answer_row(Copier(tiny_engine.tokenizer), {**row, "task": None}, cfg))
+    assert plain["evidence_read"] is None
