@@ -231,7 +231,8 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         required = [f.name for f in self._fields if f.required]
         optional = [f.name for f in self._fields if not f.required]
         text = f"Reply with one JSON object with the keys {', '.join(self.names)} and nothing else"
-        text += " (dates as YYYY-MM-DD)." if any(f.kind == "date" for f in self._fields) else "."
+        text += " (dates as YYYY-MM-DD)." if any(f.kind == "date" for _, f, _ in iter_leaves(self._fields, {})) \
+            else "."
         if optional:
             text += f" Leave out {', '.join(optional)} when the memory holds no value for it."
         if required:

@@ -5,13 +5,16 @@ question; :func:`memagent.agent.read_document` reads it chunk by chunk over the 
 (concurrent requests' calls batch together as batch rows do). ``usage`` counts every token the
 chain read and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
 update is a reasoning delta before the answer. With ``response_format`` json_schema the extraction
-chain runs: the schema's fields are the question, the reply its JSON object (records in the
-extension field). Cancelling the request (a disconnect) cancels the chain.
+chain runs: the schema's fields are the question, the reply the user's whole object (any schema the
+extraction job takes: Pydantic's ``$defs``, nested models, lists of models, records nested back where
+the schema has them; the per-record evidence in the extension field). ``json_object`` answers the
+question as one JSON object. Cancelling the request (a disconnect) cancels the chain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
@@ -22,6 +25,7 @@ from memagent.agent import InputError, Result, Step, check_config, read_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.extraction.schema import schema_from
+from memagent.prompts import parse_json_answer
 from memagent.serve.chat import Event, Reply, check_max_tokens, first_line
 from memagent.serve.guard import check_schema
 from memagent.serve.protocol import APIError, ChatRequest
@@ -57,9 +61,8 @@ class MemAgentModel:
         if asked:
             config = config.model_copy(update={"answer_tokens": asked})
         rf = req.response_format
-        if rf is not None and rf.type == "json_object":
-            raise APIError(400, "the memagent model takes response_format json_schema (its fields are what it "
-                           "extracts), not json_object", param="response_format")
+        if rf is not None and rf.type == "json_object":  # a JSON answer to the question (see _as_object)
+            config = config.model_copy(update={"answer_style": "json"})
         if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
             where = "response_format.json_schema.schema"
             try:
@@ -100,12 +103,40 @@ class MemAgentModel:
                 result = chain.result()
             except (InputError, ValueError) as exc:
                 raise APIError(400, first_line(str(exc)), param="messages") from None
-            yield "reply", _reply(result)
+            yield "reply", _reply(result, config, req)
         finally:
             chain.cancel()  # a disconnect (the generator closed) stops the chain
 
 
-def _reply(result: Result) -> Reply:
+def _content(result: Result, config: AgentConfig, req: ChatRequest) -> str:
+    """The answer the client parses: an extraction's whole object in the user's schema's shape (records
+    nested where the schema has them), a ``json_object`` answer as one JSON object, else the reply's text."""
+    schema = config.extraction
+    if schema is not None:
+        try:
+            doc = json.loads(result.response or "")
+        except ValueError:
+            return result.response  # cut at max_tokens: finish_reason says so
+        records = {name: [getattr(r, "values", r) for r in found] for name, found in (result.records or {}).items()}
+        return json.dumps(schema.assemble(doc if isinstance(doc, dict) else {}, records), ensure_ascii=False,
+                          default=str)
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object" and result.steps[-1].finish_reason == "stop":
+        return _as_object(result.response)
+    return result.response
+
+
+def _as_object(text: str) -> str:
+    """A reply as one JSON object: itself when it is one, else ``{"answer": value}`` (json_object promises an
+    object; a small model may answer with a bare string or number)."""
+    try:
+        value = parse_json_answer(text)
+    except ValueError:
+        value = text.strip()
+    return json.dumps(value if isinstance(value, dict) else {"answer": value}, ensure_ascii=False)
+
+
+def _reply(result: Result, config: AgentConfig, req: ChatRequest) -> Reply:
     answer = result.steps[-1]
     trace: dict[str, Any] = {"steps": [asdict(s) for s in result.steps], "n_chunks": result.n_chunks,
                              "context_tokens": result.context_tokens, "truncated": result.truncated,
@@ -114,5 +145,5 @@ def _reply(result: Result) -> Reply:
         trace["records"] = {name: [asdict(r) if not isinstance(r, dict) else r for r in rows]
                             for name, rows in result.records.items()}
     reasoning = "\n".join(s.memory for s in result.steps if s.kind == "memory")
-    return Reply(result.response, answer.finish_reason, sum(s.prompt_tokens for s in result.steps),
+    return Reply(_content(result, config, req), answer.finish_reason, sum(s.prompt_tokens for s in result.steps),
                  sum(s.completion_tokens for s in result.steps), extra={"memagent": trace}, reasoning=reasoning)
