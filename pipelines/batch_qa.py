@@ -43,7 +43,7 @@ from pipelines.admission import AdmissionPlan, OccupancyLedger
 from pipelines.batch_config import BatchQAConfig
 from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows, unreadable_input
 from pipelines.job import ray_init_address
-from pipelines.summary import RECORD_COUNT_COLUMNS, BatchSummary
+from pipelines.summary import EVIDENCE_COLUMNS, RECORD_COUNT_COLUMNS, BatchSummary
 from pipelines.worker import AgentWorker, EngineBuilder
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,8 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     """Read back the small columns of this run's output rows and count them."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     has_answers = "answers" in plan.output_schema.names
-    counts = [c for c in plan.output_schema.names if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS.values()]
+    counts = [c for c in plan.output_schema.names if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS.values()
+              or c in EVIDENCE_COLUMNS]
     with storage.output_errors(cfg.output, cfg.s3):
         table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
                                      ["id", "error", "score", "context_tokens", "resumed_at_chunk",

@@ -20,6 +20,7 @@ RECORD_COUNT_COLUMNS = {"record_splits": RECORD_SPLITS_COLUMN, "record_failed_pi
                         "record_runaway_pieces": RECORD_RUNAWAY_COLUMN, "record_invalid_items": RECORD_INVALID_COLUMN,
                         "dropped_values": DROPPED_VALUES_COLUMN, "dropped_records": DROPPED_RECORDS_COLUMN,
                         "record_incomplete": RECORD_INCOMPLETE_COLUMN}
+EVIDENCE_COLUMNS = ("evidence_read", "evidence_captured", "evidence_retained")  # memagent/result_schema.py
 
 
 @dataclass
@@ -68,6 +69,10 @@ class BatchSummary:
     dropped_records: int = 0
     record_incomplete: int = 0  # merged records dropped at the end: a required value never stated (or grounded)
     require_grounding: bool = False
+    # Known evidence (NIAH needles, qa_2 supporting paragraphs; memagent/retention.py), summed over the rows.
+    evidence_read: int = 0
+    evidence_captured: int = 0
+    evidence_retained: int = 0
 
     @classmethod
     def from_rows(cls, table: pa.Table, *, rows_in: int, skipped: int, seconds: float, output: str,
@@ -96,6 +101,7 @@ class BatchSummary:
             output=output,
             **_resume_counts(table),
             **_record_counts(table),
+            **{c: _sum(table, c) for c in EVIDENCE_COLUMNS if c in table.column_names},
             require_grounding=require_grounding,
         )
 
@@ -149,6 +155,7 @@ class BatchSummary:
             f"output:         {self.output}",
             *self.resume_lines(),
             *self.records_lines(),
+            *self.evidence_lines(),
             *self.occupancy_lines(),
             *self.speculation_lines(),
         ]
@@ -184,6 +191,15 @@ class BatchSummary:
             lines.append(f"  grounding:    {self.dropped_values} value(s) and {self.dropped_records} record(s) dropped "
                          "(not found where the record was read; --require-grounding)")
         return lines
+
+    def evidence_lines(self) -> list[str]:
+        if not self.evidence_read:
+            return []
+        kept = f" ({self.evidence_retained / self.evidence_captured:.0%} of those captured)" \
+            if self.evidence_captured else ""
+        return [f"evidence:       {self.evidence_read} known item(s) read, {self.evidence_captured} captured by the "
+                f"memory ({self.evidence_captured / self.evidence_read:.0%}), {self.evidence_retained} still held at "
+                f"the answer{kept}"]
 
     def speculation_lines(self) -> list[str]:
         if not self.decode_steps:

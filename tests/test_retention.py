@@ -130,3 +130,18 @@ def test_batch_rows_carry_the_evidence_counts(tiny_engine):
     assert (record["evidence_read"], record["evidence_captured"], record["evidence_retained"]) == (2, 2, 0)
     plain = asyncio.run(answer_row(Copier(tiny_engine.tokenizer), {**row, "task": None}, cfg))
     assert plain["evidence_read"] is None
+
+
+def test_job_summary_line_sums_the_evidence():
+    import pyarrow as pa
+
+    from pipelines.summary import BatchSummary
+
+    table = pa.table({"id": ["a", "b", "c"], "error": [None, None, None], "score": [1.0, 0.0, None],
+                      "context_tokens": [10, 10, 10], "evidence_read": pa.array([4, 4, None], pa.int32()),
+                      "evidence_captured": pa.array([4, 2, None], pa.int32()),
+                      "evidence_retained": pa.array([3, 1, None], pa.int32())})
+    s = BatchSummary.from_rows(table, rows_in=3, skipped=0, seconds=1.0, output="out")
+    assert (s.evidence_read, s.evidence_captured, s.evidence_retained) == (8, 6, 4)
+    assert "evidence:       8 known item(s) read, 6 captured by the memory (75%), 4 still held at the answer " \
+        "(67% of those captured)" in s.lines()
