@@ -92,7 +92,7 @@ def test_a_nested_pydantic_model_resolves_to_record_types_tied_to_their_parent()
                             {"invoices": [{"number": "A-1", "issued": "2024-01-02"}],
                              "invoices.lines": [{"invoices_number": "a-1", "item": "bolts", "amount": 2.5}]})
     assert Filing.model_validate(whole).invoices[0].lines == [Line(item="bolts", amount=2.5)]
-    assert whole["lender"]["role"] is None and whole["borrowers"] == []
+    assert "role" not in whole["lender"] and whole["borrowers"] == [] and whole["total"] is None  # required, nullable
 
 
 def test_model_spec_loads_from_a_module(tmp_path, monkeypatch):
@@ -149,3 +149,24 @@ def test_a_records_union_of_objects_merges_their_properties():
     [extractions] = schema.record_types
     assert [p for p, _, _ in extractions.leaves({})] == ["person", "person_attributes.age", "place"]
     assert json.loads(schema.records_schema_json("extractions"))["items"]["required"] == []
+
+
+def test_langextract_schemas_from_its_own_builder_are_accepted():
+    """The schema LangExtract's OpenAI provider builds from examples (an array of anyOf objects, attributes
+    as anyOf unions of lists, scalars and null) is accepted as one record type of every class's fields."""
+    import langextract as lx
+    from langextract.providers.schemas.openai import OpenAISchema
+
+    examples = [lx.data.ExampleData(text="Romeo loves Juliet.", extractions=[
+        lx.data.Extraction("character", "Romeo", attributes={"mood": "loving", "aliases": ["Montague"]}),
+        lx.data.Extraction("relation", "loves", attributes={"strength": 3})]),
+        lx.data.ExampleData(text="Juliet, a Capulet.", extractions=[
+            lx.data.Extraction("character", "Juliet", attributes={"mood": "hopeful", "aliases": "Capulet"})])]
+    built = OpenAISchema.from_examples(examples).schema_dict
+    schema = schema_from(built)
+    [extractions] = schema.record_types
+    leaves = {p: f.kind for p, f, _ in extractions.leaves({})}
+    assert leaves["character"] == "string" and leaves["character_attributes.aliases"] == "string"
+    ok, bad = schema.valid_records("extractions", [{"character": "Romeo", "character_attributes": {
+        "mood": "sad", "aliases": ["Montague"]}}, {"relation": "loves", "relation_attributes": {"strength": 3}}])
+    assert bad == 0 and len(ok) == 2

@@ -10,7 +10,8 @@ user's schema has it (:meth:`Resolved.assemble`) and to check it there (:meth:`R
   the target; ``allOf`` members are merged. A recursive reference is refused, naming the cycle.
 - ``anyOf``/``oneOf``/a type list/``nullable`` with ``null``: the value is optional (``null`` when
   absent). Other unions: scalars as the widest kind (integer|number -> number; with a string ->
-  string), objects merged (properties of every branch, those all branches require required),
+  string; with a list of scalars -> string holding the JSON text), the branches kept for the grammar
+  and validation, objects merged (properties of every branch, those all branches require required),
   arrays by their items' union. A union of an object or array with a scalar is refused.
 - ``const`` is a one-value ``enum``; an enum of integers, numbers or booleans keeps its type.
 - ``format`` ``date`` is the date kind; ``date-time``, ``time``, ``email``, ``uri`` become a
@@ -60,7 +61,7 @@ FORMAT_PATTERNS = {
 }
 MAX_INLINED_NODES = 20_000  # $refs used many times multiply; past this the schema is no field list
 KIND = "x-kind"  # the column kind of a union of scalars (kinds.kind_of reads it)
-NULLABLE = "x-nullable"  # marks a derived property whose user's schema takes null (filled on assembly)
+NULLABLE = "x-nullable"  # a property the user's schema requires but lets be null (absent is filled as null)
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,9 @@ def _union(alts: list[dict[str, Any]], path: str) -> dict[str, Any]:
         wide = "string" if "string" in types or "boolean" in types else "number" if "number" in types else "integer"
         # The branches stay for the grammar and validation; the column is the widest kind.
         return {"anyOf": [_leaf(a) for a in alts], KIND: wide}
+    if types <= {*SCALARS, "array"} and all(a.get("type") != "array" or _is_scalar_array(a) for a in alts):
+        # A value or a list of values (LangExtract's attributes): the branches stay, the column holds JSON text.
+        return {"anyOf": [_leaf(a) for a in alts], KIND: "string"}
     if types == {"object"}:
         props: dict[str, Any] = {}
         for a in alts:
@@ -369,6 +373,11 @@ def _union(alts: list[dict[str, Any]], path: str) -> dict[str, Any]:
     shown = ", ".join(sorted(str(t) for t in types))
     raise ValueError(f"{_where(path)}: a union of {shown} has no one column type; make it one type (or split it "
                      "into separate properties)")
+
+
+def _is_scalar_array(node: Mapping[str, Any]) -> bool:
+    items = node.get("items")
+    return isinstance(items, dict) and items.get("type") in SCALARS
 
 
 def _is_records(node: Mapping[str, Any]) -> bool:
@@ -448,7 +457,7 @@ class _Builder:
                 value = {**value, "items": _leaf(items)}
             else:
                 value = _leaf(value)
-            if nullable:
+            if nullable and name in wanted:  # required but may be null: absent is written as null
                 value[NULLABLE] = True
             props[name] = value
             if name in wanted and not nullable:
