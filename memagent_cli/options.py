@@ -17,7 +17,7 @@ CLI_PRESET = JOB_PRESET
 
 
 def add_agent_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = (), schema: bool = False) -> None:
-    """The AgentConfig flags, ``--prompts FILE`` and (``schema``: commands that extract) ``--schema FILE``."""
+    """The AgentConfig flags, ``--prompts FILE`` and (``schema``: commands that extract) ``--schema FILE|module:Model``."""
     if not schema:  # a records option: only commands that extract offer it
         exclude = (*exclude, "require_grounding", "ground_elsewhere")
     flags = add_model_flags(parser, AgentConfig, "agent", exclude=exclude, show_defaults=False,
@@ -26,9 +26,10 @@ def add_agent_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...]
     flags.group.add_argument("--prompts", metavar="FILE", help="TOML file of prompt templates: memory_update, "
                         "final_answer, optionally full_context (see docs/prompts/)")
     if schema:
-        flags.group.add_argument("--schema", metavar="FILE", help="extract: a JSON Schema file of the fields to pull "
-                                 "out of every document (one typed column each; see docs/extraction.md); the field "
-                                 "list is the question")
+        flags.group.add_argument("--schema", metavar="FILE|module:Model",
+                                 help="extract: a JSON Schema file, or a Pydantic model as module:Model, of what to "
+                                 "pull out of every document (typed columns, records; see docs/extraction.md); the "
+                                 "field list is the question")
     parser.set_defaults(_agent_flags=flags)
 
 
