@@ -16,8 +16,9 @@ there is labelled ``elsewhere`` (never ``exact``): small numbers, years and comm
 somewhere in a long document, so such a match proves nothing. By default such a value has no span.
 With ``require_grounding`` it counts as not found either way: free values (string, date, number,
 integer, array items; not enum labels or booleans, which the schema bounds) without a span are
-removed, and a record is dropped when a key value has none or when no value at all lies in the
-window (the passage does not state it); both are counted.
+removed, and a record is dropped when a key value is not found in the window (a text key: or
+through the memory, an alias) or when no value at all lies in the window (the passage does not
+state it); both are counted.
 
 The values of one record are placed in one sentence (:func:`anchored`): a payer named on many lines
 of a table takes the line that holds the record's other values.
@@ -32,6 +33,8 @@ from typing import Any, Mapping, Sequence
 from memagent.extraction.grounding import FUZZY_THRESHOLD, Span, locate, occurrences
 from memagent.extraction.kinds import ITEM_KIND, KINDS, FieldKind
 from memagent.extraction.parse import RecordType
+
+ALIASED_KINDS = ("string", "string_array")  # a key carried by the memory identifies a record as a name only
 
 SENTENCE_END = re.compile(r"\n|[.!?](?=\s)|[。！？]")  # a line break, or a sentence's last character
 
@@ -141,6 +144,8 @@ def ground_value(kind: FieldKind, value: Any, text: str, window: tuple[int, int]
     """One record value's span: in the window, else through the memory, else (``elsewhere``) anywhere in
     the document, labelled so (see the module docstring); None when not found."""
     span = locate(kind, value, text, window, threshold=threshold, document=False)
+    if span is None:
+        span = _cut_at_start(kind, value, text, window)
     if span is None and chain is not None:
         span = chain.locate(ITEM_KIND.get(kind, kind), value, text)
     if span is None and elsewhere:
@@ -149,8 +154,27 @@ def ground_value(kind: FieldKind, value: Any, text: str, window: tuple[int, int]
     return span
 
 
+def _cut_at_start(kind: FieldKind, value: Any, text: str, window: tuple[int, int]) -> Span | None:
+    """The value written across the window's start (``37837|8376.35``: the boundary cut the number), found in
+    the sentence that start cuts: the call read its rest, the chain its beginning. Only a match that spans
+    the boundary counts (one wholly before it was the chunk before's to read)."""
+    lo = window[0]
+    if lo <= 0 or lo >= window[1]:
+        return None
+    start = _sentence(text, lo, 0, window[1])[0]
+    hits = occurrences(kind, value, text, (start, min(window[1], lo + 200))) if start < lo else []
+    return next((h for h in hits if h.start < lo < h.end), None)
+
+
 def _grounded(span: Span | None) -> bool:
     return span is not None and span.where != "elsewhere"
+
+
+def _identifies(span: Span | None, kind: FieldKind) -> bool:
+    """A key value identifies its record where it was read: in the window, or through the memory as a name
+    (an alias). A number or a date the memory carries grounds a value, never a key: a record made up of a
+    key stated elsewhere would otherwise pass (a date a memory's unfinished line holds)."""
+    return span is not None and (span.where == "window" or span.where == "memory" and kind in ALIASED_KINDS)
 
 
 def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text: str,
@@ -159,8 +183,8 @@ def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text:
     """Spans of every value of the records one call emitted after reading ``text[window[0]:window[1]]``;
     ``elsewhere``: a value the window and the memory lack is searched for in the whole document.
 
-    With ``require_grounding``: a record is dropped when a key value is not grounded (window or
-    memory) or no value lies in the window; an ungrounded free value is removed from its record (an
+    With ``require_grounding``: a record is dropped when a key value does not identify it (the
+    window; a text key also the memory: :func:`_identifies`) or no value lies in the window; an ungrounded free value is removed from its record (an
     array loses the item); both counted.
     """
     out = GroundedChunk()
@@ -175,7 +199,8 @@ def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text:
         ungrounded = [(path, leaves[path][0]) for path, span in spans.items() if not _grounded(span)]
         if require_grounding:
             keys = set(record.key)
-            if any(w in keys for w, _ in ungrounded) or not any(s and s.where == "window" for s in spans.values()):
+            if any(not _identifies(spans[p], leaves[p][0]) for p in keys if p in spans) \
+                    or not any(s and s.where == "window" for s in spans.values()):
                 out.dropped_records += 1
                 continue
             drop = [(w, kd) for w, kd in ungrounded if KINDS[ITEM_KIND.get(kd, kd)].droppable]
