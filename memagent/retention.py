@@ -102,12 +102,6 @@ def memory_steps(steps: Iterable[Any]) -> list[tuple[int, str]]:
     return out
 
 
-def retention_of(evidence: Sequence[Evidence], steps: Iterable[Any]) -> dict[str, Any]:
-    """:func:`summarise` of a trace's steps, with each item's outcome (``items``: label, read_at, held_at, captured, retained)."""
-    outcomes = item_outcomes(evidence, memory_steps(steps))
-    return {**summarise(outcomes), "items": [vars(o) | {"held_at": list(o.held_at)} for o in outcomes]}
-
-
 # -- evidence of the generated data sets -------------------------------------------------------------
 
 

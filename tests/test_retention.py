@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memagent.data.records_corpus import statement
-from memagent.retention import Evidence, hotpot_evidence, item_outcomes, records_evidence, retention_of, \
+from memagent.retention import Evidence, hotpot_evidence, item_outcomes, memory_steps, records_evidence, \
     ruler_evidence, summarise, timeline
 
 TEXT = "aaaa NEEDLE-ONE bbbb 4821 cccc Paris dddd"
@@ -43,9 +43,10 @@ def test_trace_dicts_and_answer_steps():
     steps = [{"kind": "memory", "char_end": 16, "memory": "needle-one"},
              {"kind": "memory", "char_end": len(TEXT), "memory": "Paris"},
              {"kind": "answer", "char_end": None, "memory": "Paris"}]
-    r = retention_of(EV, steps)
+    out = item_outcomes(EV, memory_steps(steps))
+    r = summarise(out)
     assert (r["n_captured"], r["n_retained"]) == (2, 1)
-    assert r["items"][0] == {"label": "one", "read_at": 0, "held_at": [0], "captured": True, "retained": False}
+    assert (out[0].read_at, out[0].held_at, out[0].captured, out[0].retained) == (0, (0,), True, False)
 
 
 def test_ruler_hotpot_and_records_evidence_point_at_their_values():
