@@ -121,6 +121,12 @@ def test_eval_cli_end_to_end_and_rerun(tiny_llama_dir, tmp_path):
     assert all(p["truncated"] and p["steps"][0]["prompt_tokens"] <= 768 for p in long)  # window respected
     mem = pads.dataset(out / "predictions" / "memagent", format="parquet").to_table().to_pylist()
     assert all(p["n_chunks"] >= 4 for p in mem if p["length"] == 1024)
+    # Known evidence (the needles) per row and per (task, length); vt has none.
+    assert all(p["evidence_read"] == 1 for p in mem if p["task"] == "niah_single_1")
+    assert all(p["evidence_read"] is None for p in mem if p["task"] == "vt")
+    retention = pd.read_csv(out / "retention.csv")
+    assert set(retention["task"]) == {"niah_single_1"} and list(retention["needles_read"]) == [2, 2]
+    assert "## Evidence kept in memory" in (out / "results.md").read_text()
 
     files = sorted(p.name for p in (out / "predictions").rglob("*.parquet"))
     stamp = (out / "items.parquet").stat().st_mtime_ns
