@@ -166,3 +166,19 @@ def test_a_single_memory_state_is_no_state_of_four_heads(tiny_engine):
 def test_config_rejects_heads_too_small():
     with pytest.raises(ValueError, match="a head needs 8 or more"):
         AgentConfig(memory_tokens=48, memory_heads=8, chunk_tokens=64)
+
+
+def test_the_labels_count_in_the_window_check(tiny_engine):
+    from memagent.agent import check_config
+
+    check_config(tiny_engine, HEADS4)
+    # The heads' labels and template push a config that just fits with one memory over the window.
+    big = AgentConfig(chunk_tokens=3300, memory_tokens=256, answer_tokens=64, query_tokens=64)
+    for chunk in range(3300, 0, -8):
+        try:
+            check_config(tiny_engine, big.with_overrides(chunk_tokens=chunk))
+            break
+        except ValueError:
+            continue
+    with pytest.raises(ValueError, match="budgets do not fit"):
+        check_config(tiny_engine, big.with_overrides(chunk_tokens=chunk, memory_heads=8))
