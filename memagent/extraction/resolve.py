@@ -173,8 +173,12 @@ def _without_records(node: Any) -> Any:
             value, _ = _value(prop, "", set())
         except ValueError:
             value = {}
-        if not _is_records(value):
-            keep[name] = _without_records(prop)
+        if _is_records(value):
+            continue
+        kept = _without_records(prop)
+        if isinstance(kept, dict) and prop.get("properties") and not kept.get("properties"):
+            continue  # an object of record types only: the document holds none of it
+        keep[name] = kept
     required = [r for r in node.get("required") or [] if r in keep]
     return {**node, "properties": keep, "required": required}
 
@@ -438,7 +442,7 @@ class _Builder:
                 if pending is None:
                     self.records(value, where, (*names, name), None)
                 else:
-                    pending.append((value, where, (name,)))
+                    pending.append((value, where, (*names, name)))
                 continue
             if value.get("type") == "object":
                 value = {**self.object(value, where, (*names, name), pending),

@@ -1,0 +1,124 @@
+"""Generated Pydantic models read end to end by the memory agent over a perfect reader, on two engine paths:
+the real OpenAI engine over HTTP to a constrained perfect server, and the real hf engine (chat template,
+the JSON-Schema grammar of the derived schema, ``max_tokens``) over a scripted perfect causal LM.
+
+Invariant: for every model the strategy draws (nested models, lists of models inside lists, Optional,
+Literal, unions, constraints, aliases), the read's document values and merged records, assembled into
+the user's shape, validate through the model and equal the gold object, with no ``schema_errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memagent.agent import read_document
+from memagent.config import AgentConfig
+from memagent.engines.openai import OpenAIEngine
+from memagent.extraction import schema_from
+from memagent.extraction.output import conform_reply, parse_reply
+from memagent.extraction.resolve import without_nulls
+from tests.oracle.servers import oracle_app
+from tests.pydantic_models import instances, models
+from tests.reliability_helpers import free_port, serving
+from tests.test_schema_resolve import flatten
+
+pytestmark = pytest.mark.slow  # a server, and the packaged model's tokenizer behind the scripted LM
+
+
+class Reader:
+    """A perfect reader of one gold object stated in a one-chunk document (swapped per example)."""
+
+    def __init__(self) -> None:
+        self.doc: dict = {}
+        self.records: dict[str, list] = {}
+
+    def load(self, schema, gold: dict) -> None:
+        doc, records = flatten(schema, gold)
+        self.doc, self.records = without_nulls(doc), {t: [without_nulls(r) for r in rs] for t, rs in records.items()}
+
+    def reply(self, prompt: str) -> str:
+        asked = re.search(r"Reply with a JSON array of the (\S+) records", prompt)
+        if asked:
+            return compact(self.records[asked.group(1)])
+        if "Reply with one JSON object" in prompt:
+            return compact(self.doc)
+        return "The memory holds every value the document states."
+
+
+def compact(value) -> str:
+    """JSON as a constrained server writes it (no spaces: the hf grammar's separators)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def statement(gold: dict) -> str:
+    """A document that states the gold object (one chunk): what is read matters less than the plumbing."""
+    return "The filing states: " + json.dumps(gold, ensure_ascii=False) + "."
+
+
+def config(schema) -> AgentConfig:
+    return AgentConfig(chunk_tokens=4000, memory_tokens=4000, answer_tokens=4000, query_tokens=4000,
+                       extraction=schema)
+
+
+def check(model, schema, gold: dict, result) -> None:
+    doc, dropped = conform_reply(schema, parse_reply(schema, result.response))
+    records = {t: [r.values for r in rs] for t, rs in (result.records or {}).items()}
+    whole = schema.assemble(doc, records)
+    assert dropped == [] and schema.errors(whole) == []
+    assert model.model_validate(whole) == model.model_validate(gold)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer):
+    reader = Reader()
+    with serving(oracle_app(reader.reply, tokenizer), free_port()) as url:
+        yield reader, url
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_openai_engine_reads_generated_models_back(server, tokenizer, data):
+    """Over HTTP: a perfect server's replies under the derived schema assemble into the gold object."""
+    reader, url = server
+    model, fields = data.draw(models())
+    gold = data.draw(instances(fields))
+    schema = schema_from(model)
+    reader.load(schema, gold)
+    engine = OpenAIEngine(url, "oracle", tokenizer, 65536)
+    check(model, schema, gold, asyncio.run(read_document(engine, None, statement(gold), config(schema))))
+
+
+@pytest.fixture(scope="module")
+def hf_engine():
+    from tests.oracle.scripted_lm import scripted_engine
+
+    reader = Reader()
+    return reader, scripted_engine(reader.reply)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hf_grammar_reads_generated_models_back(hf_engine, data):
+    """Through the hf engine's grammar of the derived schema: the scripted reader's replies decode whole
+    and assemble into the gold object."""
+    reader, engine = hf_engine
+    model, fields = data.draw(models())
+    gold = data.draw(instances(fields))
+    schema = schema_from(model)
+    reader.load(schema, gold)
+    check(model, schema, gold, asyncio.run(read_document(engine, None, statement(gold), config(schema))))
