@@ -8,7 +8,9 @@ Generates one NIAH document of ``--tokens`` tokens (~32 chunks at the ``small`` 
 reads it once per mode with the same engine and model: ``none`` (no speculation), ``ngram``
 (prompt lookup), ``aligned`` (drafts from the prompt aligned with the reply: the previous
 memory), ``both`` (the engine's default: per row the better proposal); ``MODE:K`` drafts a fixed
-``K`` tokens each step instead of the adaptive length (``K`` caps both drafters). The reads run in
+``K`` tokens each step instead of the adaptive length (``K`` caps both drafters); ``MODE+learn`` lets
+the adaptive length learn from the wall clock and earlier rows (``--draft-learning``, greedy replies
+then vary run to run; the default is a function of the row's own drafts). The reads run in
 lockstep (chunk i of every mode, then chunk i + 1, ...; one call at a time), so all see the same
 load on a shared CPU; each call is timed alone. Also measures the forward cost table behind the
 adaptive draft length (``--cost``: B rows × t tokens over a ~1,100-token context), under the
@@ -138,7 +140,11 @@ class DrafterCounts(DecodeForwards):
 
 
 def spec_for(mode: str, base):
-    """The engine's speculation settings for ``mode`` (``none``, ``ngram``, ``aligned``, ``both``, ``MODE:K``)."""
+    """The engine's speculation settings for ``mode`` (``none``, ``ngram``, ``aligned``, ``both``, ``MODE:K``;
+    ``MODE+learn``: the draft length learnt from measured forward times and earlier rows, ``draft_learning``)."""
+    mode, learn, _ = mode.partition("+learn")
+    if learn:
+        return replace(spec_for(mode, base), learn=True)
     name, _, k = mode.partition(":")
     if name == "none":
         return replace(base, max_draft=0)
@@ -192,7 +198,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=33_000, help="document length (small preset: ~1 chunk per 1K)")
     ap.add_argument("--preset", default="small")
     ap.add_argument("--modes", default="none,both",
-                    help="comma-separated: none, ngram, aligned, both; MODE:K drafts a fixed K tokens a step")
+                    help="comma-separated: none, ngram, aligned, both; MODE:K drafts a fixed K tokens a step; "
+                         "MODE+learn learns the draft length from forward times and earlier rows")
     ap.add_argument("--cost", action="store_true", help="also measure the forward cost table (B × t)")
     ap.add_argument("--no-read", action="store_true", help="only the cost table")
     add_threads_option(ap)

@@ -161,3 +161,40 @@ def test_idle_batcher_exits_and_restarts(tiny_engine, monkeypatch):
 
     first, second = asyncio.run(run())
     assert first.completion_tokens <= 2 and second.completion_tokens <= 2
+
+
+def test_a_stop_string_ends_the_decode(tiny_engine):
+    """The reply ends where the stop string first occurs: its text just before it, every decoded token counted."""
+    p = SamplingParams(max_tokens=200)
+    full = asyncio.run(tiny_engine.chat(msgs("stop somewhere"), p))
+    assert full.completion_tokens == 200 and len(full.text) > 40  # the random model runs to the limit
+    stop = full.text[30:34]
+    cut = asyncio.run(tiny_engine.chat(msgs("stop somewhere"), SamplingParams(max_tokens=200, stop=[stop])))
+    assert cut.text == full.text[: full.text.index(stop)] and cut.finish_reason == "stop"
+    assert cut.token_ids == full.token_ids[: cut.completion_tokens] and cut.completion_tokens < 40
+    assert stop in tiny_engine.tokenizer.decode(cut.token_ids)  # the token that completed it is kept and counted
+    assert stop not in tiny_engine.tokenizer.decode(cut.token_ids[:-1])
+
+
+def test_a_stop_token_ends_the_decode_and_is_kept(tiny_engine):
+    full = asyncio.run(tiny_engine.chat(msgs("stop token"), SamplingParams(max_tokens=40)))
+    token = full.token_ids[10]
+    first = full.token_ids.index(token)
+    cut = asyncio.run(tiny_engine.chat(msgs("stop token"), SamplingParams(max_tokens=40, stop_token_ids=[token])))
+    assert cut.token_ids == full.token_ids[: first + 1] and cut.finish_reason == "stop"
+
+
+def test_stop_strings_end_a_sliding_window_models_decode(tiny_engine, monkeypatch):
+    """model.generate (sliding-window models) stops each row at its own stop string too."""
+    monkeypatch.setattr(tiny_engine, "_sliding_window", True)
+    p = SamplingParams(max_tokens=120)
+
+    async def both(stop):
+        return await asyncio.gather(tiny_engine.chat(msgs("slide"), SamplingParams(max_tokens=120, stop=[stop])),
+                                    tiny_engine.chat(msgs("another prompt"), p))
+
+    full = asyncio.run(tiny_engine.chat(msgs("slide"), p))
+    stop = full.text[30:34]
+    cut, other = asyncio.run(both(stop))
+    assert cut.text == full.text[: full.text.index(stop)] and cut.finish_reason == "stop"
+    assert cut.completion_tokens < 40 and other.completion_tokens == 120

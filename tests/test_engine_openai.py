@@ -120,6 +120,17 @@ def test_logprobs_come_back_when_asked(server_url, tokenizer, tiny_engine):
     assert remote.logprobs == pytest.approx(local.logprobs, abs=1e-4)
 
 
+def test_stop_strings_end_the_remote_decode(server_url, tokenizer, tiny_engine):
+    """``stop`` goes to the server, which ends the decode there: the text before it, far fewer tokens."""
+    full = asyncio.run(tiny_engine.chat(HELLO, SamplingParams(max_tokens=200)))
+    stop = full.text[30:34]
+    remote = chat(client(server_url, tokenizer), max_tokens=200, stop=[stop])
+    assert remote.text == full.text[: full.text.index(stop)] and remote.finish_reason == "stop"
+    assert remote.completion_tokens < 40
+    body = client(server_url, tokenizer)._request_body(HELLO, SamplingParams(max_tokens=4, stop_token_ids=[7]))
+    assert body["stop_token_ids"] == [7] and "stop" not in body  # vLLM's extension, only when asked for
+
+
 def test_concurrent_clients_are_batched_by_the_server(server_url, tokenizer, served_engine):
     before = served_engine.stats.batch_sizes.copy()
     engine = client(server_url, tokenizer, max_concurrency=8)

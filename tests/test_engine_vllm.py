@@ -70,6 +70,8 @@ def test_sampling_kwargs():
     sampled = sampling_kwargs(SamplingParams(max_tokens=9, temperature=0.7, top_p=0.9, logprobs=True))
     assert sampled == dict(max_tokens=9, temperature=0.7, top_p=0.9, detokenize=True, logprobs=0)
     assert sampling_kwargs(SamplingParams(max_tokens=3, top_p=0.5))["top_p"] == 1.0  # greedy ignores top_p
+    stopping = sampling_kwargs(SamplingParams(max_tokens=3, stop=["\nObservation:"], stop_token_ids=[2]))
+    assert stopping["stop"] == ["\nObservation:"] and stopping["stop_token_ids"] == [2]  # vLLM ends the decode there
 
 
 def test_speculation_maps_to_vllm_ngram_speculative_config():

@@ -112,16 +112,28 @@ def test_disconnect_stops_the_decode(url, engine):
     assert engine.stats.completion_tokens - before - 1 < whole / 2
 
 
-def test_stop_sequences_cut_the_reply(url):
-    """A stop sequence taken from the free reply ends the reply just before it, with finish_reason stop."""
-    with httpx.Client(base_url=url, timeout=60) as c:
-        body = {"messages": HI, "max_tokens": 30, "seed": 3, "temperature": 1.0}
-        full = c.post(CHAT, json=body).json()["choices"][0]["message"]["content"]
-        assert len(full) > 6
-        stop = full[4:7]
+def test_stop_sequences_end_the_decode(url, engine):
+    """A stop sequence taken from the free reply ends the decode there (far below max_tokens), the text just
+    before it, finish_reason stop; streamed, the same text and usage arrive in pieces."""
+    body = {"messages": HI, "max_tokens": 400, "seed": 3, "temperature": 1.0}
+    with httpx.Client(base_url=url, timeout=120) as c:
+        full = c.post(CHAT, json=body).json()
+        text = full["choices"][0]["message"]["content"]
+        assert full["usage"]["completion_tokens"] == 400 and len(text) > 40  # the random model runs to the limit
+        stop = text[30:34]
+        before = engine.stats.completion_tokens
         r = c.post(CHAT, json={**body, "stop": [stop, "\u0000never"]}).json()
-    assert r["choices"][0]["message"]["content"] == full[: full.index(stop)]
+        decoded = engine.stats.completion_tokens - before
+        with c.stream("POST", CHAT, json={**body, "stop": [stop, "\u0000never"], "stream": True,
+                                          "stream_options": {"include_usage": True}}) as s:
+            chunks = [e for e in events(s) if e != "[DONE]"]
+    assert r["choices"][0]["message"]["content"] == text[: text.index(stop)]
     assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == decoded < 60  # the tokens decoded, the decode ended at the stop
+    pieces = [e["choices"][0]["delta"].get("content") or "" for e in chunks if e["choices"]]
+    assert "".join(pieces) == r["choices"][0]["message"]["content"] and sum(map(bool, pieces)) > 1
+    assert [e["choices"][0]["finish_reason"] for e in chunks if e["choices"]][-1] == "stop"
+    assert chunks[-1]["usage"] == r["usage"]
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -35,8 +35,17 @@ class SamplingParams:
     # Sampling seed of this request (None: the engine's shared RNG): the same seeded request
     # samples the same reply (hf: a generator of its own per row; vLLM: its per-request seed).
     seed: int | None = None
+    # The reply ends where one of these strings first occurs in its text (excluded from the text,
+    # its tokens counted, finish_reason "stop"; memagent.engines.stop), or at one of these tokens
+    # (kept, as EOS is). Lists are stored as tuples, so params stay hashable.
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {list(self.stop)!r}")
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
         if self.temperature < 0:

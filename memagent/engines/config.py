@@ -73,7 +73,8 @@ class EngineConfig(BaseModel):
     speculate: bool | None = Field(None, description=(
         "Prompt-lookup speculative decoding (hf, vllm): draft tokens by matching the reply's last n-gram "
         "in its prompt and generated text, verify them in one forward pass; the output is unchanged "
-        "(greedy: identical tokens). Unset: on for hf (measured faster), off for vllm (not yet measured). "
+        "(greedy: the model's tokens; docs/serve.md says when they repeat exactly). Unset: on for hf "
+        "(measured faster), off for vllm (not yet measured). "
         "For openai, enable it on the server (docs/engines.md)."),
         json_schema_extra=_only("hf", "vllm"))
     speculative_tokens: int = Field(8, gt=0, description=(
@@ -93,9 +94,15 @@ class EngineConfig(BaseModel):
         "runs; the engine drafts fewer when verification would cost more than it yields)."),
         json_schema_extra=_only("hf"))
     adaptive_draft: bool = Field(True, description=(
-        "hf: choose each step's draft length from a forward-cost model refitted from the engine's own "
-        "forwards (shorter drafts, down to none, when verification would cost more than it yields); "
+        "hf: choose each step's draft length from a forward-cost model (the device's prior) and the row's "
+        "acceptance so far (shorter drafts, down to none, when verification would cost more than it yields); "
         "off: every step drafts each proposal in full, up to speculative_tokens / aligned_draft_tokens."),
+        json_schema_extra=_only("hf"))
+    draft_learning: bool = Field(False, description=(
+        "hf: let the adaptive draft length learn from the engine's history: refit the cost model from measured "
+        "forward times and start each row's acceptance from all earlier rows'. Greedy replies then depend on "
+        "the wall clock and on earlier requests (a bf16 near-tie flips with the verification's shape); off, "
+        "the same request gives the same tokens."),
         json_schema_extra=_only("hf"))
     vllm_draft_method: Literal["ngram", "suffix"] = Field("ngram", description=(
         "vllm: how vLLM drafts when speculating: 'ngram' (prompt lookup, built in) or 'suffix' (suffix "

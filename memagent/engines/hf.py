@@ -31,6 +31,7 @@ from memagent.engines.gqa_attention import use_gqa_sdpa
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.speculation import AcceptanceTracker, CostModel
+from memagent.engines.stop import StopStrings, cut_at_stop
 from memagent.models import quiet_weight_loading
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,25 @@ class _PerRowTokenLimit(StoppingCriteria):
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         generated = input_ids.shape[1] - self.prompt_len
         return (generated >= self.limits).to(input_ids.device)
+
+
+class _PerRowStop(StoppingCriteria):
+    """Stops row i at one of its stop tokens or once one of its stop strings occurs; ``keep[i]``: the
+    tokens row i keeps (None until it stops)."""
+
+    def __init__(self, prompt_len: int, stop_ids: list[frozenset[int]], matchers: list[StopStrings | None]):
+        self.prompt_len, self.stop_ids, self.matchers = prompt_len, stop_ids, matchers
+        self.keep: list[int | None] = [None] * len(matchers)
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        for i, (ids, matcher) in enumerate(zip(self.stop_ids, self.matchers)):
+            if self.keep[i] is None and (ids or matcher is not None):
+                tokens = input_ids[i, self.prompt_len:].tolist()
+                if tokens and tokens[-1] in ids:
+                    self.keep[i] = len(tokens)
+                elif matcher is not None:
+                    self.keep[i] = matcher.scan(tokens, 1)
+        return torch.tensor([k is not None for k in self.keep], device=input_ids.device)
 
 
 def chosen_log_probs(step_logits: Sequence[torch.Tensor], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -149,8 +169,9 @@ class TransformersEngine(Engine):
         self.num_layers = int(text_config.num_hidden_layers)
         self.stats = EngineStats()
         self.speculation = Speculation.from_config(config)
-        self.cost = CostModel()  # forward cost, refitted from every decode step (adaptive draft length)
-        # Running acceptance over all rows, per drafter ("ngram", "aligned"): each new row's prior.
+        # Forward cost (adaptive draft length): the device's prior, refitted only with draft_learning.
+        self.cost = CostModel.for_device(self.device)
+        # With draft_learning, the running acceptance over all rows per drafter: each new row's prior.
         self.acceptance: dict[str, AcceptanceTracker] = {}
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
@@ -253,12 +274,19 @@ class TransformersEngine(Engine):
         cache, prefix_mask = self._prefill(batch, prompt_len, capacity)
         rows = [Row(r.prompt_ids, r.params.max_tokens, r.params.temperature, r.params.top_p, r.params.logprobs,
                     r.constraint, generator=self._generator(r.params.seed), abandoned=r.future.cancelled,
-                    on_tokens=r.on_tokens) for r in batch]
-        loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost, self.acceptance)
+                    on_tokens=r.on_tokens, stop_ids=frozenset(r.params.stop_token_ids),
+                    stop_strings=self._stop_strings(r.params)) for r in batch]
+        loop = DecodeLoop(self.model, self.eos_ids, self.pad_id, spec, self.cost,
+                          self.acceptance if spec.learn else None)
         loop.run(rows, cache, prefix_mask)
         self.stats.batch_sizes[len(batch)] += 1
         return [self._completion(r.prompt_ids, row.tokens, row.stopped, row.token_logprobs if row.logprobs else None,
-                                 row) for r, row in zip(batch, rows)]
+                                 row, r.params.stop) for r, row in zip(batch, rows)]
+
+    def _stop_strings(self, params: SamplingParams) -> StopStrings | None:
+        if not params.stop:
+            return None
+        return StopStrings(params.stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _generator(self, seed: int | None) -> torch.Generator | None:
         """A seeded request's own RNG, on the device that samples (None: the loop's shared one)."""
@@ -267,9 +295,10 @@ class TransformersEngine(Engine):
         return torch.Generator(device=self.model.device).manual_seed(seed)
 
     def _completion(self, prompt_ids: list[int], tokens: list[int], stopped: bool, logprobs: list[float] | None,
-                    row: Row | None = None) -> Completion:
+                    row: Row | None = None, stops: tuple[str, ...] = ()) -> Completion:
+        """The reply of ``tokens``; its text ends before the first of ``stops`` (the tokens are all counted)."""
         return self.stats.count(Completion(
-            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            text=cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), stops),
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(tokens),
             finish_reason="stop" if stopped else "length",
@@ -316,6 +345,8 @@ class TransformersEngine(Engine):
             input_ids[i, prompt_len - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
             attention[i, prompt_len - len(r.prompt_ids) :] = 1
         limits = torch.tensor([r.params.max_tokens for r in batch])
+        stops = _PerRowStop(prompt_len, [frozenset(r.params.stop_token_ids) for r in batch],
+                            [self._stop_strings(r.params) for r in batch])
         params = batch[0].params
         sampling: dict[str, Any] = (
             {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
@@ -326,7 +357,7 @@ class TransformersEngine(Engine):
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
             max_new_tokens=int(limits.max()),
-            stopping_criteria=StoppingCriteriaList([_PerRowTokenLimit(prompt_len, limits)]),
+            stopping_criteria=StoppingCriteriaList([_PerRowTokenLimit(prompt_len, limits), stops]),
             pad_token_id=self.pad_id,
             eos_token_id=sorted(self.eos_ids),
             return_dict_in_generate=True,
@@ -340,12 +371,13 @@ class TransformersEngine(Engine):
         self.stats.batch_sizes[len(batch)] += 1
         completions = []
         for i, r in enumerate(batch):
-            tokens = new_tokens[i, : r.params.max_tokens].tolist()
+            tokens = new_tokens[i, : stops.keep[i] or r.params.max_tokens].tolist()
             stop_at = next((j for j, t in enumerate(tokens) if t in self.eos_ids), None)
             if stop_at is not None:
                 tokens = tokens[: stop_at + 1]  # the response ends with (and includes) EOS
             logprobs = step_logprobs[i, : len(tokens)].tolist() if step_logprobs is not None else None
-            completions.append(self._completion(r.prompt_ids, tokens, stop_at is not None, logprobs))
+            stopped = stop_at is not None or stops.keep[i] is not None
+            completions.append(self._completion(r.prompt_ids, tokens, stopped, logprobs, stops=r.params.stop))
         return completions
 
     def _prefill_per_row(self, batch: list[_Request]) -> bool:

@@ -11,9 +11,15 @@ reserved buffer, :class:`~memagent.engines.kv_cache.ReservedCache`) and the slot
 keep below that are masked out for good. Alone, a row leaves no holes; in a batch the holes per
 step are the spread of the rows' acceptances.
 
-Rows stop at EOS (kept in the reply, as before), at their own ``max_tokens`` (drafts are cut so a
-step never overshoots), or when their constraint is finished. Finished rows stay in the batch
-(their slots masked) until the batch ends, as ``generate`` kept them.
+Rows stop at EOS or a stop token (kept in the reply), at their own ``max_tokens`` (drafts are cut
+so a step never overshoots), when their constraint is finished, or at a stop string (checked after
+every step; the tokens after the one that completed it are dropped). Finished rows stay in the
+batch (their slots masked) until the batch ends, as ``generate`` kept them.
+
+Greedy rows repeat exactly: each step's draft length is a function of the batch's drafts and its
+rows' acceptance so far (the cost model is the device's fixed prior), so the same batch runs the
+same forwards, the same shapes, and bf16 rounds the same way (``Speculation.learn`` trades that
+for a cost model refitted from the wall clock).
 
 Constrained rows (``SamplingParams.json_schema``) never draft: their replies are short JSON, and
 drafting under a grammar would need the grammar state advanced through each drafted token and
@@ -51,13 +57,14 @@ from memagent.engines.speculation import (
     pick_proposal,
     sampling_probs,
 )
+from memagent.engines.stop import StopStrings
 
 # DEBUG: one record per decode forward, its ``decode_forward`` attribute (k, rows, active rows,
 # seconds): where the adaptive draft length went, and its ``decode_drafters`` attribute (per
 # drafter name: rows that drafted from it, tokens drafted, tokens kept) (benchmarks collect them).
 log = logging.getLogger(__name__)
 
-# Every this many forwards an adaptive loop drafts in full anyway: the cost model then sees long
+# Every this many forwards a learning loop drafts in full anyway: the cost model then sees long
 # verifications too (a fit from k <= 1 steps alone can wrongly keep k small forever).
 EXPLORE_EVERY = 16
 
@@ -73,6 +80,10 @@ class Speculation:
     aligned_draft: int = 0  # most tokens the aligned drafter drafts (0: no aligned drafter)
     ngram: bool = True  # draft by n-gram lookup (False: only the aligned drafter, if on)
     adaptive: bool = True  # choose k per step from the cost model; False: each proposal in full
+    # Learn from the engine's history: refit the cost model from measured forward times, start each
+    # row's acceptance from all earlier rows'. Off (the default), each step's k is a function of the
+    # batch's own drafts and acceptance so far, so the same batch runs the same forwards (same bits).
+    learn: bool = False
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Speculation:
@@ -81,7 +92,8 @@ class Speculation:
         return cls(max_draft=config.speculative_tokens if on else 0,
                    ngram_min=config.prompt_lookup_min, ngram_max=config.prompt_lookup_max,
                    aligned_draft=config.aligned_draft_tokens if on and config.draft_from != "ngram" else 0,
-                   ngram=config.draft_from != "aligned", adaptive=config.adaptive_draft)
+                   ngram=config.draft_from != "aligned", adaptive=config.adaptive_draft,
+                   learn=config.draft_learning)
 
     @property
     def longest(self) -> int:
@@ -102,10 +114,12 @@ class Row:
     generator: torch.Generator | None = None  # a seeded request's own RNG (None: the loop's)
     abandoned: Callable[[], bool] | None = None  # True once nobody awaits the reply: the row stops
     on_tokens: Callable[[list[int]], None] | None = None  # called with each step's kept tokens (streaming)
+    stop_ids: frozenset[int] = frozenset()  # tokens that end the reply besides EOS (kept, as EOS is)
+    stop_strings: StopStrings | None = None  # strings that end the reply (the tokens up to one are kept)
     # Filled by the loop:
     tokens: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
-    stopped: bool = False  # EOS or a finished constraint (vs the max_tokens limit)
+    stopped: bool = False  # EOS, a stop token or string, or a finished constraint (vs the max_tokens limit)
     done: bool = False
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -176,7 +190,8 @@ class DecodeLoop:
                                 attention_mask=mask[:, : n + t], cache=cache, use_cache=True).logits
             keep = self._verify(rows, drafts, logits)
             seconds = time.perf_counter() - t0
-            self.cost.update(b, t, seconds)
+            if self.spec.learn:  # the wall clock steers k only when asked to: greedy replies then vary
+                self.cost.update(b, t, seconds)
             if log.isEnabledFor(logging.DEBUG):
                 self._log_forward(rows, drafts, chosen, drafters, keep, t - 1, seconds)
             grown = 0
@@ -203,7 +218,8 @@ class DecodeLoop:
         for proposal, drafter, tracker in zip(proposals, drafters, trackers):
             observed, agreed = matched_prefix(proposal, kept)
             tracker.record(observed, agreed)
-            self._global(drafter.name).record(observed, agreed)
+            if self.spec.learn:
+                self._global(drafter.name).record(observed, agreed)
         kept = self._finish(row, kept)
         history.extend(kept)
         for drafter in drafters:
@@ -238,8 +254,9 @@ class DecodeLoop:
         """
         spec = self.spec
         caps = {"ngram": spec.max_draft, "aligned": spec.aligned_draft}
-        # The drafters' acceptance over all rows: the same prior for every row this step.
-        prior = {name: self._global(name).alpha() for name in {d.name for ds in drafters for d in ds}}
+        # Learning: the drafters' acceptance over all earlier rows is every row's prior; else the trackers' own.
+        names = {d.name for ds in drafters for d in ds}
+        prior = {name: self._global(name).alpha() for name in names} if spec.learn else dict.fromkeys(names)
         proposals: list[list[list[int]]] = []
         alphas: list[list[float]] = []
         for r, h, ds, trs in zip(rows, history, drafters, trackers):
@@ -258,8 +275,8 @@ class DecodeLoop:
                                  self.cost, spec.longest)
             chosen = [pick_proposal(p, a, k) if p else None for p, a in zip(proposals, alphas)]
             found = [p[j] if j is not None else [] for p, j in zip(proposals, chosen)]
-        if self._forwards % EXPLORE_EVERY == 0:
-            k = max(k, spec.max_draft)  # the cost model also sees long verifications
+        if spec.learn and self._forwards % EXPLORE_EVERY == 0:
+            k = max(k, spec.max_draft)  # the refitted cost model also sees long verifications
         return [d[:k] for d in found], proposals, chosen
 
     def _log_forward(self, rows: list[Row], drafts: list[list[int]], chosen: list[int | None], drafters: list[list],
@@ -308,19 +325,26 @@ class DecodeLoop:
         return out
 
     def _finish(self, r: Row, kept: list[int]) -> list[int]:
-        """Append ``kept`` to the reply up to EOS / the limit / a finished constraint (or an abandoned
-        row); mark done; hand what was kept to ``on_tokens``."""
+        """Append ``kept`` to the reply up to EOS / a stop token / the limit / a finished constraint (or an
+        abandoned row), then cut it after a stop string; mark done; hand what was kept to ``on_tokens``."""
         for j, tok in enumerate(kept):
             if r.constraint is not None:
                 r.constraint.accept(tok)
             r.tokens.append(tok)
-            stop = tok in self.eos_ids or (r.constraint is not None and r.constraint.is_finished())
+            stop = (tok in self.eos_ids or tok in r.stop_ids
+                    or (r.constraint is not None and r.constraint.is_finished()))
             if stop or len(r.tokens) >= r.max_tokens or (r.abandoned is not None and r.abandoned()):
                 r.stopped, r.done = stop, True
-                if r.logprobs:
-                    del r.token_logprobs[len(r.tokens):]
                 kept = kept[: j + 1]
                 break
+        if r.stop_strings is not None:
+            keep = r.stop_strings.scan(r.tokens, len(kept))
+            if keep is not None:  # a stop string ends the reply: the drafted tokens after it go
+                kept = kept[: len(kept) - (len(r.tokens) - keep)]
+                del r.tokens[keep:]
+                r.stopped, r.done = True, True
+        if r.logprobs:
+            del r.token_logprobs[len(r.tokens):]
         if r.on_tokens is not None:
             r.on_tokens(kept)
         return kept

@@ -192,6 +192,10 @@ class OpenAIEngine(Engine):
             body["priority"] = params.priority
         if params.json_schema is not None:
             body["response_format"] = response_format(params.json_schema)
+        if params.stop:  # the server ends the decode there (OpenAI: at most 4 strings)
+            body["stop"] = list(params.stop)
+        if params.stop_token_ids:  # vLLM's extension of the protocol; other servers may reject it
+            body["stop_token_ids"] = list(params.stop_token_ids)
         return body
 
     def _completion(self, data: dict[str, Any], messages: Messages, params: SamplingParams) -> Completion:

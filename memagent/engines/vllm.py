@@ -150,7 +150,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     ``logprobs=0`` asks for the sampled token's log-prob only (no top-k alternatives).
     Greedy requests (temperature 0) get top_p 1 so vLLM does not warn about an unused top_p.
     A ``json_schema`` becomes ``structured_outputs`` (the keywords of vLLM's
-    ``StructuredOutputsParams``) holding the schema every engine constrains to.
+    ``StructuredOutputsParams``) holding the schema every engine constrains to. ``stop`` and
+    ``stop_token_ids`` are passed as they are.
     """
     kw: dict[str, Any] = {
         "max_tokens": params.max_tokens,
@@ -162,6 +163,10 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         kw["logprobs"] = 0
     if params.json_schema is not None:
         kw["structured_outputs"] = {"json": render_schema(params.json_schema)}
+    if params.stop:  # vLLM ends the decode there and leaves the string out of the text, as the hf engine does
+        kw["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        kw["stop_token_ids"] = list(params.stop_token_ids)
     return kw
 
 

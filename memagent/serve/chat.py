@@ -16,6 +16,7 @@ from typing import Any
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
+from memagent.engines.stop import final_text
 from memagent.serve import tools
 from memagent.serve.guard import check_schema
 from memagent.serve.protocol import APIError, ChatRequest, usage
@@ -98,8 +99,9 @@ def _too_long(context_window: int, prompt_tokens: int, asked: int | None) -> API
 
 
 def sampling(req: ChatRequest, prompt_tokens: int, context_window: int, cap: int | None,
-             schema: str | None) -> SamplingParams:
-    """Decoding settings; 400 in OpenAI's words when prompt + reply exceed the window."""
+             schema: str | None, stops: list[str] | None = None) -> SamplingParams:
+    """Decoding settings; 400 in OpenAI's words when prompt + reply exceed the window. ``stops``: the
+    stop strings the engine ends the decode at (default: the request's)."""
     asked = req.max_completion_tokens or req.max_tokens
     max_tokens = asked or context_window - prompt_tokens  # default: the rest of the window (within the cap)
     if not asked and cap is not None:
@@ -107,7 +109,7 @@ def sampling(req: ChatRequest, prompt_tokens: int, context_window: int, cap: int
     if (asked and prompt_tokens + asked > context_window) or max_tokens < 1:
         raise _too_long(context_window, prompt_tokens, asked)
     return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, logprobs=req.logprobs,
-                          json_schema=schema, seed=req.seed)
+                          json_schema=schema, seed=req.seed, stop=tuple(req.stops() if stops is None else stops))
 
 
 def first_line(text: str, limit: int = 500) -> str:
@@ -118,12 +120,6 @@ def first_line(text: str, limit: int = 500) -> str:
 def _streams(engine: Engine) -> bool:
     """Whether ``engine.chat`` takes ``on_tokens`` (the hf engine, for models without a sliding window)."""
     return "on_tokens" in inspect.signature(engine.chat).parameters and not getattr(engine, "_sliding_window", False)
-
-
-def cut_at_stop(text: str, stops: list[str]) -> str | None:
-    """``text`` up to the first stop sequence (excluded, as OpenAI does), or None when none occurs."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[: min(hits)] if hits else None
 
 
 class EngineModel:
@@ -154,13 +150,16 @@ class EngineModel:
         except Exception as exc:  # a template that refuses a role or an order of messages
             raise APIError(400, f"messages: the chat template refused them: {first_line(str(exc))}",
                            param="messages") from None
-        return messages, sampling(req, prompt_tokens, self.engine.context_window, self.max_tokens, schema), plan
+        # Tool calls are JSON under a grammar: a stop string inside the arguments would break the call.
+        stops = req.stops() if plan is None else []
+        return messages, sampling(req, prompt_tokens, self.engine.context_window, self.max_tokens, schema, stops), plan
 
     async def events(self, req: ChatRequest, prepared: tuple) -> AsyncIterator[Event]:
-        """("content", text) as the engine decodes (when it can stream and the text is final as it
-        comes: no tools, no stop sequences), then ("reply", Reply)."""
+        """("content", text) as the engine decodes (when it can stream and the reply is text, not tool
+        calls), then ("reply", Reply). The engine ends the reply at a stop string; until then the text
+        that could still begin one waits (:func:`final_text`), so what streams is the reply's prefix."""
         messages, params, plan = prepared
-        live = req.stream and plan is None and not req.stops() and _streams(self.engine)
+        live = req.stream and plan is None and _streams(self.engine)
         tokens: asyncio.Queue[list[int] | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         kw = {"on_tokens": lambda ids: loop.call_soon_threadsafe(tokens.put_nowait, list(ids))} if live else {}
@@ -171,7 +170,7 @@ class EngineModel:
             sent = ""
             while (new := await tokens.get()) is not None:
                 ids += new
-                text = self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+                text = final_text(self.engine.tokenizer.decode(ids, skip_special_tokens=True), params.stop)
                 if len(text) > len(sent) and text.startswith(sent) and not text.endswith("\ufffd"):
                     yield "content", text[len(sent):]  # an incomplete UTF-8 character waits for its end
                     sent = text
@@ -189,9 +188,6 @@ class EngineModel:
             reply.content, reply.tool_calls = tools.parse_reply(c.text, plan)
             if reply.tool_calls:
                 reply.finish_reason = "stop" if plan.mode == "named" else "tool_calls"
-        elif req.stops() and (cut := cut_at_stop(c.text, req.stops())) is not None:
-            reply.content, reply.finish_reason, reply.logprobs = cut, "stop", None
-            reply.completion_tokens = len(self.engine.tokenizer(cut, add_special_tokens=False)["input_ids"])
         return reply
 
     def _logprobs(self, c: Completion) -> dict[str, Any] | None:

@@ -12,7 +12,8 @@ model's (:mod:`.acceptance`: greedy keeps the argmax chain, sampling keeps the d
   memory, which sits in the prompt, so a pointer into the prompt follows the reply and drafts
   the rest of the memory; after an edit :func:`resync` finds the reply's last three, two or one
   tokens in the prompt nearest to the pointer, so drafting resumes on the first copied token.
-- :mod:`.cost`: the forward cost model ``c0 + c_row·B + c_tok·B·t``, refitted online
+- :mod:`.cost`: the forward cost model ``c0 + c_row·B + c_tok·B·t``, the device's fixed prior
+  (refitted online only when asked to: greedy replies then follow the wall clock)
   (:class:`CostModel`), and the draft length ``k`` that maximises expected tokens per second
   (:func:`choose_draft_len`). Each step a row takes the proposal, n-gram or aligned, with the
   higher expected yield under its own acceptance for that drafter at the step's ``k``

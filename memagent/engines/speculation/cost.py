@@ -18,6 +18,9 @@ import numpy as np
 PRIOR_C0 = 0.055
 PRIOR_C_ROW = 0.0114
 PRIOR_C_TOK = 0.0063
+# Off the CPU (CUDA): a verification of 64 tokens costs about one decode step (weights read once,
+# the extra tokens' compute nearly free). Assumed, not measured on this project's GPUs yet.
+GPU_PRIOR = (0.010, 0.0005, 0.00002)
 
 
 def expected_tokens(alpha: float, d: int) -> float:
@@ -43,7 +46,11 @@ def pick_proposal(proposals: Sequence[Sequence[int]], alphas: Sequence[float], k
 
 
 class CostModel:
-    """Seconds of one forward of ``rows × tokens``: ``c0 + c_row · rows + c_tok · rows · tokens``, refitted online.
+    """Seconds of one forward of ``rows × tokens``: ``c0 + c_row · rows + c_tok · rows · tokens``.
+
+    The engine keeps the device's prior (:meth:`for_device`) fixed, so the draft length, and with
+    it each forward's shape and bf16 rounding, does not follow the wall clock; with
+    ``draft_learning`` it is refitted online (:meth:`update`).
 
     ``c0`` reads the weights, ``c_row`` reads each row's KV cache (once per row, however many
     tokens it verifies), ``c_tok`` is the per-token compute. A least-squares fit over recent steps
@@ -59,6 +66,11 @@ class CostModel:
         self._xtx = np.zeros((3, 3))
         self._xty = np.zeros(3)
         self._scale = np.array([1.0, 16.0, 64.0])  # typical feature sizes: the ridge is per scaled feature
+
+    @classmethod
+    def for_device(cls, device: str) -> CostModel:
+        """The prior for ``device``: the CPU one measured here, or :data:`GPU_PRIOR` off the CPU."""
+        return cls() if device == "cpu" else cls(*GPU_PRIOR)
 
     @property
     def c0(self) -> float:
