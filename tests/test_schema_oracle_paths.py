@@ -14,7 +14,7 @@ import json
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memagent.agent import read_document
@@ -42,6 +42,12 @@ class Reader:
         doc, records = flatten(schema, gold)
         self.doc, self.records = without_nulls(doc), {t: [without_nulls(r) for r in rs] for t, rs in records.items()}
 
+    def fits(self, tokenizer, budget: int) -> bool:
+        """Every reply within ``budget`` tokens: a records reply over the memory budget is split and the
+        pieces re-read, which this reader (it states every record whatever the piece) cannot follow."""
+        replies = [compact(self.doc), *(compact(r) for r in self.records.values())]
+        return all(len(tokenizer(r, add_special_tokens=False)["input_ids"]) <= budget for r in replies)
+
     def reply(self, prompt: str) -> str:
         asked = re.search(r"Reply with a JSON array of the (\S+) records", prompt)
         if asked:
@@ -62,7 +68,7 @@ def statement(gold: dict) -> str:
 
 
 def config(schema) -> AgentConfig:
-    return AgentConfig(chunk_tokens=4000, memory_tokens=4000, answer_tokens=4000, query_tokens=4000,
+    return AgentConfig(chunk_tokens=1500, memory_tokens=1500, answer_tokens=1500, query_tokens=3000,
                        extraction=schema)
 
 
@@ -71,7 +77,23 @@ def check(model, schema, gold: dict, result) -> None:
     records = {t: [r.values for r in rs] for t, rs in (result.records or {}).items()}
     whole = schema.assemble(doc, records)
     assert dropped == [] and schema.errors(whole) == []
-    assert model.model_validate(whole) == model.model_validate(gold)
+    got, want = model.model_validate(whole).model_dump(mode="json"), model.model_validate(gold).model_dump(mode="json")
+    assert got == want, _diff(got, want)
+
+
+def _diff(got, want, path="") -> str:
+    """The first path where the read and the gold object differ (a readable failure)."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for k in sorted(set(got) | set(want)):
+            if got.get(k) != want.get(k):
+                return _diff(got.get(k), want.get(k), f"{path}.{k}")
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        for i, (a, b) in enumerate(zip(got, want)):
+            if a != b:
+                return _diff(a, b, f"{path}[{i}]")
+    if isinstance(got, list) and isinstance(want, list):
+        return f"{path}: read {len(got)} items, gold {len(want)}: read {json.dumps(got)[-300:]}, gold {json.dumps(want)[-300:]}"
+    return f"{path}: read {json.dumps(got)[:300]}, gold {json.dumps(want)[:300]}"
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +110,7 @@ def server(tokenizer):
         yield reader, url
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_openai_engine_reads_generated_models_back(server, tokenizer, data):
@@ -98,6 +120,7 @@ def test_openai_engine_reads_generated_models_back(server, tokenizer, data):
     gold = data.draw(instances(fields))
     schema = schema_from(model)
     reader.load(schema, gold)
+    assume(reader.fits(tokenizer, 1200))
     engine = OpenAIEngine(url, "oracle", tokenizer, 65536)
     check(model, schema, gold, asyncio.run(read_document(engine, None, statement(gold), config(schema))))
 
@@ -110,10 +133,10 @@ def hf_engine():
     return reader, scripted_engine(reader.reply)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                                                  HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_hf_grammar_reads_generated_models_back(hf_engine, data):
+def test_hf_grammar_reads_generated_models_back(hf_engine, tokenizer, data):
     """Through the hf engine's grammar of the derived schema: the scripted reader's replies decode whole
     and assemble into the gold object."""
     reader, engine = hf_engine
@@ -121,4 +144,5 @@ def test_hf_grammar_reads_generated_models_back(hf_engine, data):
     gold = data.draw(instances(fields))
     schema = schema_from(model)
     reader.load(schema, gold)
+    assume(reader.fits(tokenizer, 1200))
     check(model, schema, gold, asyncio.run(read_document(engine, None, statement(gold), config(schema))))
