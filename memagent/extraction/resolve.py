@@ -8,8 +8,8 @@ user's schema has it (:meth:`Resolved.assemble`) and to check it there (:meth:`R
 
 - ``$ref`` to ``$defs``/``definitions`` (any local JSON pointer) is inlined, its siblings kept over
   the target; ``allOf`` members are merged. A recursive reference is refused, naming the cycle.
-- ``anyOf``/``oneOf``/a type list/``nullable`` with ``null``: the value is optional (``null`` when
-  absent). Other unions: scalars as the widest kind (integer|number -> number; with a string ->
+- ``anyOf``/``oneOf``/a type list/``nullable`` with ``null``: the value is optional (absent when
+  not stated; written as ``null`` where the user's schema requires the key). Other unions: scalars as the widest kind (integer|number -> number; with a string ->
   string; with a list of scalars -> string holding the JSON text), the branches kept for the grammar
   and validation, objects merged (properties of every branch, those all branches require required),
   arrays by their items' union. A union of an object or array with a scalar is refused.
