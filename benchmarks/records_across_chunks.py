@@ -21,12 +21,13 @@ Per distance: documents (as many as ``--seconds`` of this process's CPU time all
 distances, at most ``--max-docs``), the measured chunk distance between each invoice's two sentences
 (min / median / max: the chunk holding each sentence's end), gold records, recall and precision (a record is
 right when all five values equal the gold), ``incomplete`` (records dropped at the end lacking a value:
-the open invoices of the ``partial`` documents), conflicts, values dropped by grounding, the grounding labels of the returned values
-(how many came through the memory), document tokens read per gold record, and every failing document
-(seed, what was lost, invented or wrong). ``example``: one record of the 16-chunk distance with each value's
-chunk, grounding label and the text it is grounded in. Peak RSS of this process. A measurement, never
-an assertion. The embedded-model arm is not run: a 135M model does not keep invoices in its memory over
-64 chunks, and its read would not fit this benchmark's minutes on 2 cores.
+the open invoices of the ``partial`` documents), conflicts, values dropped by grounding, the grounding
+labels of the returned values (how many came through the memory), document tokens read per gold record,
+and every failing document (seed, what was lost, invented or wrong). ``example``: one record of the
+16-chunk distance with each value's chunk, grounding label and the text it is grounded in. Peak RSS of
+this process. A measurement, never an assertion. No embedded-model arm: a real model's read of these
+documents was not run (skipped for time on a shared 2-core machine), so nothing here says how a real
+model keeps a half record over 64 chunks.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def read_one(distance: int, k: int, gap: int, tokenizer: Any, schema: Any) -> di
                                                                for a, b in allowed_spans(inv, path)):
                 outside += 1
     tally = result.records_tally
-    row = {"seed": seed, "table": spec.table, "memory_as_spelled": oracle.copy, "partial": oracle.partial, "chars": len(doc.text),
+    row = {"seed": seed, "table": spec.table, "memory_as_spelled": oracle.copy, "partial": oracle.partial,
+           "chars": len(doc.text),
            "chunks": result.n_chunks, "tokens": result.context_tokens, "gold": len(expected), "returned": len(got),
            "right": len(right), "chunk_distances": distances, "incomplete": tally.incomplete,
            "conflicts": sum(len(r.conflicts) for r in got), "dropped_values": tally.dropped_values,
@@ -125,11 +127,11 @@ def read_one(distance: int, k: int, gap: int, tokenizer: Any, schema: Any) -> di
                                     for r in got if r not in right],
                           "incomplete_notes": result.records_incomplete}
     if distance == 16 and k < 4:
-        row["example"] = example(doc.text, got, chunk_of, distances)
+        row["example"] = example(doc.text, got, chunk_of)
     return row
 
 
-def example(text: str, got: list[Any], chunk_of: Any, distances: list[int]) -> dict[str, Any] | None:
+def example(text: str, got: list[Any], chunk_of: Any) -> dict[str, Any] | None:
     """A record with a value grounded through the memory (one read in the chunk it was stated in preferred): each
     value, its chunk, label and span."""
     def clean(r: Any) -> bool:
