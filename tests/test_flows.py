@@ -193,7 +193,7 @@ EXTRACT_AGENT = {**TINY_AGENT, "memory_tokens": 48, "answer_tokens": 64, "query_
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"extraction": {"type": "object", "properties": {"a": {"type": "object"}}}}, "property 'a': type \"object\""),
+    ({"extraction": {"type": "object", "properties": {"a": {"type": "object"}}}}, "properties.a.properties: an object needs at least one property"),
     ({"extraction": {"type": "object", "properties": {}}}, "has no properties"),
     ({"extraction": {"type": "object", "properties": {"id": {"type": "string"}}}}, "property 'id' clashes"),
     ({"corpus": {"min_tokens": 900, "max_tokens": 100}}, "min_tokens=900 is over max_tokens=100"),

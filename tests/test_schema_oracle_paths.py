@@ -36,16 +36,19 @@ class Reader:
 
     def __init__(self) -> None:
         self.doc: dict = {}
+        self.gold: dict = {}
         self.records: dict[str, list] = {}
 
     def load(self, schema, gold: dict) -> None:
+        self.gold = gold
         doc, records = flatten(schema, gold)
         self.doc, self.records = without_nulls(doc), {t: [without_nulls(r) for r in rs] for t, rs in records.items()}
 
     def fits(self, tokenizer, budget: int) -> bool:
         """Every reply within ``budget`` tokens: a records reply over the memory budget is split and the
-        pieces re-read, which this reader (it states every record whatever the piece) cannot follow."""
-        replies = [compact(self.doc), *(compact(r) for r in self.records.values())]
+        pieces re-read, and a document over one chunk is read in two, which this reader (it states every
+        record whatever the piece) cannot follow."""
+        replies = [compact(self.doc), *(compact(r) for r in self.records.values()), statement(self.gold)]
         return all(len(tokenizer(r, add_special_tokens=False)["input_ids"]) <= budget for r in replies)
 
     def reply(self, prompt: str) -> str:

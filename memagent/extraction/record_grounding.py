@@ -161,7 +161,9 @@ def _cut_at_start(kind: FieldKind, value: Any, text: str, window: tuple[int, int
     lo = window[0]
     if lo <= 0 or lo >= window[1]:
         return None
-    start = _sentence(text, lo, 0, window[1])[0]
+    # From the sentence's start, or 200 characters back: an abbreviation's period (``Mar. 28, 20|20``) is no
+    # sentence end, and a hit must cross the boundary anyway.
+    start = min(_sentence(text, lo, 0, window[1])[0], max(0, lo - 200))
     hits = occurrences(kind, value, text, (start, min(window[1], lo + 200))) if start < lo else []
     return next((h for h in hits if h.start < lo < h.end), None)
 
