@@ -19,7 +19,6 @@ Guarantees:
 from __future__ import annotations
 
 import gc
-import logging
 import re
 import signal
 import threading
@@ -34,19 +33,15 @@ from ray.data import ActorPoolStrategy, DataContext
 from ray.data.datasource import FilenameProvider
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from memagent.agent import check_config
-from memagent.engines.budget import token_budget
 from memagent.error_kinds import InfrastructureFailure
-from memagent.result_schema import N_RECORDS_PREFIX
-from pipelines import checkpoints, fingerprint, lease, records_output, resources, storage
+from pipelines import checkpoints, fingerprint, lease, resources, storage
 from pipelines.admission import AdmissionPlan, OccupancyLedger
 from pipelines.batch_config import BatchQAConfig
-from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows, unreadable_input
+from pipelines.driver import ActorSnapshots, run_phases, summarise
+from pipelines.input_plan import InputPlan, plan_input, unreadable_input
 from pipelines.job import ray_init_address
-from pipelines.summary import EVIDENCE_COLUMNS, RECORD_COUNT_COLUMNS, BatchSummary
+from pipelines.summary import BatchSummary
 from pipelines.worker import AgentWorker, EngineBuilder
-
-log = logging.getLogger(__name__)
 
 __all__ = ["BatchQAConfig", "InputPlan", "plan_input", "run_batch_qa", "summarise"]
 
@@ -54,43 +49,32 @@ __all__ = ["BatchQAConfig", "InputPlan", "plan_input", "run_batch_qa", "summaris
 def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = None) -> BatchSummary:
     """Run the job to completion and summarise what this run wrote.
 
-    plan (validate input and output, find done ids) -> start (Ray, the ledger) -> build the
-    dataset -> write -> summarise, all under the output's lease (:mod:`pipelines.lease`), taken
-    before Ray starts or any model loads. ``build_engine`` builds each actor's engine instead of
-    ``make_engine(cfg.engine)``.
+    The phases of :func:`pipelines.driver.run_phases` (plan, sweeps, write, summary, under the output's
+    lease, taken before Ray starts or any model loads), the rows written by Ray Data. ``build_engine``
+    builds each actor's engine instead of ``make_engine(cfg.engine)``.
     """
-    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
-    storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)  # a bad output named before the lease
-    with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:
-        t0 = time.perf_counter()
-        plan = plan_input(cfg)
-        if build_engine is None and cfg.method == "memagent":  # budgets from the tokenizer, before any model loads
-            check_config(token_budget(cfg.engine), cfg.agent)
-        take_out_redo_rows(cfg, plan)
-        # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
-        checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
-        records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records of rows never committed
-        if plan.skipped >= plan.total_rows:  # nothing to read (no rows, or all done): no Ray, no model
-            log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
-            return summarise(cfg, plan, time.perf_counter() - t0)
-        run = _start(cfg, AdmissionPlan.for_job(cfg.job, cfg.engine), held.holder.run_id)
-        # An actor no node can hold is refused now, not after the no-progress timeout.
-        resources.check_job_fits(cfg.job, shutdown_on_refusal=run.started_ray)
-        # The ledger lives on the driver's node: a lost worker node must not take it (and the job) along.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        ledger = ray.remote(OccupancyLedger).options(name=run.ledger_name, num_cpus=0,
-                                                     scheduling_strategy=here).remote()
-        try:
-            _write(cfg, plan, run, _dataset(cfg, plan, run, build_engine), t0)
-            # Retried calls' records: no actor of this run writes now (of a forced lease's old run, one may).
-            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
-            _remove_stray_logs(cfg)
-            summary = summarise(cfg, plan, time.perf_counter() - t0)
-            summary.add_actor_snapshots(ray.get(ledger.read.remote()), run.admission.max_in_flight)
-        finally:
-            if ray.is_initialized():  # a stopped job's _write shuts down the Ray it started
-                ray.kill(ledger)
-        return summary
+    def write_rows(plan: InputPlan, run_id: str, started: float) -> ActorSnapshots:
+        return _write_with_ray(cfg, plan, run_id, started, build_engine)
+
+    return run_phases(cfg, write_rows, check_budget=build_engine is None and cfg.method == "memagent")
+
+
+def _write_with_ray(cfg: BatchQAConfig, plan: InputPlan, run_id: str, started: float,
+                    build_engine: EngineBuilder | None) -> ActorSnapshots:
+    """start (Ray, the occupancy ledger) -> build the dataset -> write; the actors' last snapshots."""
+    run = _start(cfg, AdmissionPlan.for_job(cfg.job, cfg.engine), run_id)
+    # An actor no node can hold is refused now, not after the no-progress timeout.
+    resources.check_job_fits(cfg.job, shutdown_on_refusal=run.started_ray)
+    # The ledger lives on the driver's node: a lost worker node must not take it (and the job) along.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    ledger = ray.remote(OccupancyLedger).options(name=run.ledger_name, num_cpus=0,
+                                                 scheduling_strategy=here).remote()
+    try:
+        _write(cfg, plan, run, _dataset(cfg, plan, run, build_engine), started)
+        return ActorSnapshots(ray.get(ledger.read.remote()), run.admission.max_in_flight)
+    finally:
+        if ray.is_initialized():  # a stopped job's _write shuts down the Ray it started
+            ray.kill(ledger)
 
 
 @dataclass(frozen=True)
@@ -168,7 +152,7 @@ def _dataset(cfg: BatchQAConfig, plan: InputPlan, run: _Run, build_engine: Engin
     )
 
 
-def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset, t0: float) -> None:
+def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset, started: float) -> None:
     """Write the answers; a tripped circuit breaker or a failing output ends the job with one line."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     rows_per_file = cfg.job.batch_size if run.admission.rows_per_call < cfg.job.batch_size else None
@@ -197,36 +181,9 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
         ray.shutdown()
     if failed is not None:
         raise failed
-    written = summarise(cfg, plan, time.perf_counter() - t0)
+    written = summarise(cfg, plan, time.perf_counter() - started)
     raise InfrastructureFailure(f"{stopped} ({written.rows_out} row(s) written this run, "
                                 f"{written.infra_errors} of them infrastructure errors)")
-
-
-def _remove_stray_logs(cfg: BatchQAConfig) -> None:
-    """The run ended: only the logs of rows a rerun redoes (``infra:`` errors) stay under ``_progress``."""
-    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
-    try:
-        with storage.output_errors(cfg.output, cfg.s3):
-            _, retry = storage.output_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
-            checkpoints.remove_stray(cfg.output, cfg.s3, retry.to_pylist())
-    except OSError as exc:  # every row is written: a sweep that fails is the next run's, not this run's failure
-        log.warning("output %s: checkpoint logs not swept (%s); the next run sweeps them", cfg.output, exc)
-
-
-def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSummary:
-    """Read back the small columns of this run's output rows and count them."""
-    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
-    has_answers = "answers" in plan.output_schema.names
-    counts = [c for c in plan.output_schema.names if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS.values()
-              or c in EVIDENCE_COLUMNS]
-    with storage.output_errors(cfg.output, cfg.s3):
-        table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
-                                     ["id", "error", "score", "context_tokens", "resumed_at_chunk",
-                                      "checkpoint_ignored", *(["answers"] if has_answers else []), *counts])
-    if len(plan.done_ids):
-        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
-    return BatchSummary.from_rows(table, rows_in=plan.total_rows, skipped=plan.skipped, seconds=seconds,
-                                  output=cfg.output, require_grounding=cfg.agent.require_grounding)
 
 
 def drop_done(batch: pa.Table, done_ids: pa.Array | ray.ObjectRef) -> pa.Table:

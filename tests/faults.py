@@ -1,13 +1,20 @@
 """The batch job in miniature, every store call under tests/fault_fs.py's injector: checkpoints, records,
 output files and the lease, on local disk or S3 (a moto server on loopback).
 
-:func:`run_job` runs the real product code a batch run runs, in one process and without Ray:
+:func:`run_job` runs, in one process and without Ray:
 
-- the driver: ``lease.acquire``, ``plan_input`` (quarantine, done and redo ids), ``take_out_redo_rows``,
-  the sweeps (``remove_logs``, ``remove_orphans``, the stray logs) and ``release``;
-- the actor, per row: ``ChainLog.resume_args`` and ``answer_row`` with a ``RecordsWriter``;
-- the write task, per row: ``lease.check_held``, then the row's Parquet file, named as Ray Data names
-  it (a retried write task writes the same name); the checkpoint sweep once the file has landed.
+- the product's driver, unchanged: :func:`pipelines.driver.run_phases` (the output check, the lease,
+  ``plan_input``, ``take_out_redo_rows``, the sweeps of done logs, orphan records and stray logs, the
+  summary), in the order ``run_batch_qa`` runs it;
+- in place of Ray Data's row phase, a stand-in that calls the product functions Ray's tasks call:
+  per row ``ChainLog.resume_args`` and ``answer_row`` with a ``RecordsWriter`` (what ``AgentWorker``
+  does per row), then ``lease.check_held`` and the row's Parquet file named as Ray Data names it (a
+  retried write task writes the same name), then ``checkpoints.remove_logs`` for the row.
+
+What it does not cover: Ray itself (``AgentWorker``, its admission gate, ``read_parquet``, the
+repartition, ``write_parquet`` with ``LeasedFilenames``, the ``Sweeper`` thread, actor restarts); the
+stand-in writes one row per file and retries as Ray would. tests/test_faults_kills.py kills the real
+processes of a Ray job for those.
 
 A kill (``kill_before``/``kill_after``) in the actor is the actor's death: Ray restarts it and retries
 the row; in a write task, Ray retries the write; in the driver, the run ends with the lease left
@@ -30,7 +37,6 @@ from typing import Any, Iterator
 from unittest import mock
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -41,8 +47,9 @@ from memagent.engines import EngineConfig
 from memagent.extraction import schema_from
 from pipelines import checkpoints, fingerprint, lease, records_output, storage
 from pipelines.batch_config import BatchQAConfig
-from pipelines.batch_qa import _remove_stray_logs
-from pipelines.input_plan import plan_input, take_out_redo_rows
+from pipelines.batch_qa import drop_done
+from pipelines.driver import run_phases
+from pipelines.input_plan import InputPlan
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
 from tests.fault_fs import FaultyStore, Injector, Killed, MemoryCounts, Preempted, faulty
@@ -109,41 +116,28 @@ class _Job:
             stack.enter_context(mock.patch.object(storage, "filesystem", fs))
             stack.enter_context(mock.patch.object(lease, "_store", lambda o, s3: FaultyStore(real_store(o, s3), injector)))
             stack.enter_context(mock.patch.object(lease.Holder, "me", staticmethod(me)))
+            stack.enter_context(mock.patch.object(lease, "hold", _hold_until_killed))
             yield
 
     def run(self) -> None:
-        """One run of the job (raises Killed where the driver died, OSError where the job failed)."""
-        cfg = self.cfg
-        held = lease.acquire(cfg.output, cfg.s3)
-        try:
-            plan = plan_input(cfg)
-            take_out_redo_rows(cfg, plan)
-            checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
-            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
-            if plan.skipped < plan.total_rows:
-                self._rows(plan, held.holder.run_id)
-                records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
-                _remove_stray_logs(cfg)
-        except Exception:
-            held.release()
-            raise
-        except Killed:
-            held._stop.set()  # the process died: its heartbeat with it, the lease left behind
-            raise
-        held.release()
+        """One run of the job (raises Killed where the driver died, OSError where the job failed): the
+        product's phases (:func:`pipelines.driver.run_phases`) with this harness's row phase."""
+        run_phases(self.cfg, self._rows, check_budget=False)
 
-    def _rows(self, plan: Any, run_id: str) -> None:
+    def _rows(self, plan: InputPlan, run_id: str, started: float) -> None:
+        """The row phase in one process: read, drop done ids, fingerprint; per row the actor, then the
+        write task, then the checkpoint sweep once the row's file landed (the Sweeper's job)."""
         cfg = self.cfg
         in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
         table = storage.read_columns(in_fs, plan.files, ["id", "context"])
-        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
+        table = drop_done(table, plan.done_ids)
         table = fingerprint.add_fingerprints(table, question=fingerprint.job_question(cfg),
                                              key=fingerprint.answer_key(cfg))
         write_uuid = uuid.uuid4().hex[:12]
         for index, row in enumerate(table.to_pylist()):
             record = self._actor(row)
             self._write_task(pa.Table.from_pylist([record], schema=plan.output_schema), write_uuid, index, run_id)
-            if record["error"] is None:  # the checkpoint sweep, once the row's file landed
+            if record["error"] is None:
                 checkpoints.remove_logs(cfg.output, cfg.s3, [row["id"]])
 
     def _actor(self, row: dict) -> dict:
@@ -176,6 +170,23 @@ class _Job:
             except Killed:
                 if attempt == RETRIES:
                     raise
+
+
+@contextmanager
+def _hold_until_killed(output: str, s3: S3Options | None = None, *, force: str | None = None) -> Iterator[lease.Lease]:
+    """``lease.hold``, but a killed process runs no ``finally``: its heartbeat stops, its lease stays behind
+    (the next run takes it over as stale); on any other exit it is released as ``lease.hold`` releases it."""
+    held = lease.acquire(output, s3, force=force)
+    try:
+        yield held
+    except Killed:
+        held._stop.set()
+        raise
+    finally:
+        if not held._stop.is_set():
+            held.release()
+    if held.lost:
+        raise lease.LeaseLost(lease.lost_message(output, held.lost))
 
 
 def config(input_dir: str, output: str, s3: S3Options | None, every_steps: int) -> BatchQAConfig:

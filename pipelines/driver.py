@@ -1,0 +1,98 @@
+"""The phases of a batch run, in their order: one function for the product and its fault harness.
+
+    check the output ─► take its lease ─► plan ─► [token budgets] ─► take out redo rows
+        ─► sweep the logs of done ids and orphan records ─► (nothing to do: summary)
+        ─► write the rows ─► sweep orphan records and stray logs ─► summary
+
+:func:`run_batch_qa <pipelines.batch_qa.run_batch_qa>` calls :func:`run_phases` with Ray Data's row
+phase (the actors and the writer); the fault harness (tests/faults.py) with an in-process one, so the
+faults it injects land in this order, not in a copy of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow.compute as pc
+
+from memagent.agent import check_config
+from memagent.engines.budget import token_budget
+from memagent.result_schema import N_RECORDS_PREFIX
+from pipelines import checkpoints, lease, records_output, storage
+from pipelines.batch_config import BatchQAConfig
+from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows
+from pipelines.summary import EVIDENCE_COLUMNS, RECORD_COUNT_COLUMNS, BatchSummary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActorSnapshots:
+    """What the row phase's actors reported: each actor's last gate and meter snapshot."""
+
+    snapshots: dict[str, dict]
+    max_in_flight: int
+
+
+class RowPhase(Protocol):
+    """Answers and writes the rows ``plan`` leaves to do, each output file only while ``run_id`` holds
+    the lease; ``started`` is the run's start (``time.perf_counter``), for a stopped job's summary."""
+
+    def __call__(self, plan: InputPlan, run_id: str, started: float) -> ActorSnapshots | None: ...
+
+
+def run_phases(cfg: BatchQAConfig, write_rows: RowPhase, *, check_budget: bool) -> BatchSummary:
+    """Run the phases (module doc) under the output's lease, taken before any row is read or any
+    model loads; ``check_budget``: refuse budgets the engine's tokenizer cannot meet, first."""
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)  # a bad output named before the lease
+    with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:
+        started = time.perf_counter()
+        plan = plan_input(cfg)
+        if check_budget:  # budgets from the tokenizer, before any model loads
+            check_config(token_budget(cfg.engine), cfg.agent)
+        take_out_redo_rows(cfg, plan)
+        # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
+        checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
+        records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records of rows never committed
+        if plan.skipped >= plan.total_rows:  # nothing to read (no rows, or all done): no Ray, no model
+            log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
+            return summarise(cfg, plan, time.perf_counter() - started)
+        actors = write_rows(plan, held.holder.run_id, started)
+        # Retried calls' records: no actor of this run writes now (of a forced lease's old run, one may).
+        records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
+        remove_stray_logs(cfg)
+        summary = summarise(cfg, plan, time.perf_counter() - started)
+        if actors is not None:
+            summary.add_actor_snapshots(actors.snapshots, actors.max_in_flight)
+        return summary
+
+
+def remove_stray_logs(cfg: BatchQAConfig) -> None:
+    """The run ended: only the logs of rows a rerun redoes (``infra:`` errors) stay under ``_progress``."""
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    try:
+        with storage.output_errors(cfg.output, cfg.s3):
+            _, retry = storage.output_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
+            checkpoints.remove_stray(cfg.output, cfg.s3, retry.to_pylist())
+    except OSError as exc:  # every row is written: a sweep that fails is the next run's, not this run's failure
+        log.warning("output %s: checkpoint logs not swept (%s); the next run sweeps them", cfg.output, exc)
+
+
+def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSummary:
+    """Read back the small columns of this run's output rows and count them."""
+    out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
+    has_answers = "answers" in plan.output_schema.names
+    counts = [c for c in plan.output_schema.names
+              if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS.values() or c in EVIDENCE_COLUMNS]
+    with storage.output_errors(cfg.output, cfg.s3):
+        table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
+                                     ["id", "error", "score", "context_tokens", "resumed_at_chunk",
+                                      "checkpoint_ignored", *(["answers"] if has_answers else []), *counts])
+    if len(plan.done_ids):
+        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
+    return BatchSummary.from_rows(table, rows_in=plan.total_rows, skipped=plan.skipped, seconds=seconds,
+                                  output=cfg.output, require_grounding=cfg.agent.require_grounding)
