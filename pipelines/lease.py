@@ -38,7 +38,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -58,8 +57,6 @@ STALE_AFTER_S = 300.0  # a lease of another PID namespace without a heartbeat th
 # Assumption: hosts' clocks agree within this (NTP keeps them within milliseconds). A heartbeat further
 # in the future than this is not one a live holder with a sane clock wrote: the lease is taken as stale.
 MAX_CLOCK_SKEW_S = 60.0
-# ``host`` as :meth:`Holder.encode` writes it (a host name holds no space or parenthesis).
-_WHERE = re.compile(r"(?P<host>[^ ()]+) \(boot (?P<boot>[^ ,()]+), pid namespace (?P<ns>[^ ,()]+)\)")
 _MAX_TIME = 2.0**36  # a timestamp past year 4000 is not one (time.gmtime overflows further on)
 FORCE_UNLOCK_HELP = ("The run id of a run on another host that still seems to hold the output's lease (as the "
                      "'in use by run ...' error names it): take its lease anyway, only when that run is known to be "
@@ -85,11 +82,10 @@ class Holder:
     pid_start: str | None  # the process's start time (Linux /proc), so a reused pid is not taken for it
     started: float
     heartbeat: float
-    # Where ``pid`` means something: the kernel's boot id and the PID namespace (its inode). Two
-    # containers with one hostname (``--network host``) differ in the namespace; leases written
-    # before these fields existed have None and are judged by their heartbeat.
-    boot_id: str | None = None
-    pid_ns: str | None = None
+    # Where ``pid`` means something: the kernel's boot id and the PID namespace (its inode), None where
+    # /proc does not say. Two containers with one hostname (``--network host``) differ in the namespace.
+    boot_id: str | None
+    pid_ns: str | None
 
     @classmethod
     def me(cls) -> Holder:
@@ -98,13 +94,8 @@ class Holder:
                    *_namespace())
 
     def local(self) -> bool:
-        """Whether ``pid`` names a process this one can see: same host, boot and PID namespace (a lease
-        written without them, by an older version, is judged by its hostname as it was then)."""
-        if self.host != socket.gethostname():
-            return False
-        if self.boot_id is None and self.pid_ns is None:
-            return True
-        return (self.boot_id, self.pid_ns) == _namespace()
+        """Whether ``pid`` names a process this one can see: same host, boot and PID namespace."""
+        return self.host == socket.gethostname() and (self.boot_id, self.pid_ns) == _namespace()
 
     def describe(self, now: float | None = None) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
@@ -119,26 +110,16 @@ class Holder:
         return age > STALE_AFTER_S or age < -MAX_CLOCK_SKEW_S  # silent, or stamped past the skew bound
 
     def encode(self) -> bytes:
-        """The lease's bytes: the six fields every version reads, the boot and PID namespace inside ``host``
-        (``vm (boot …, pid namespace …)``). A version before them decodes it and, the host not being its own,
-        judges the holder by its heartbeat: never takes a live lease from this version."""
-        fields = asdict(self)
-        boot, ns = fields.pop("boot_id"), fields.pop("pid_ns")
-        if boot is not None or ns is not None:
-            fields["host"] = f"{self.host} (boot {boot}, pid namespace {ns})"
-        return json.dumps(fields, sort_keys=True).encode()
+        """The lease's bytes: every field, as JSON (the one encoding :meth:`decode` reads)."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Holder | None:
         """The holder a lease file names, or None for torn, foreign or hand-edited content (a
-        holder that is gone): every field is checked, since anything may have touched the file."""
+        holder that is gone): every field is checked, since anything may have touched the file; a
+        field missing or one too many is not a lease :meth:`encode` wrote."""
         try:
-            fields = json.loads(data)
-            where = _WHERE.fullmatch(fields.get("host", "")) if isinstance(fields.get("host"), str) else None
-            if where and "boot_id" not in fields:
-                fields["host"] = where["host"]
-                fields["boot_id"], fields["pid_ns"] = (None if v == "None" else v for v in where.group("boot", "ns"))
-            holder = cls(**fields)
+            holder = cls(**json.loads(data))
         except (ValueError, TypeError, RecursionError, AttributeError):
             return None
         ok = (isinstance(holder.run_id, str) and isinstance(holder.host, str)

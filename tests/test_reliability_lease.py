@@ -67,7 +67,8 @@ def test_second_run_refused_naming_the_holder_then_free_after_release(where):
     output, s3, read = where
     first = lease.acquire(output, s3)
     held = json.loads(read())
-    assert held["host"].startswith(f"{socket.gethostname()} (boot ") and held["pid"] == os.getpid() and held["run_id"]
+    assert held["host"] == socket.gethostname() and held["pid"] == os.getpid() and held["run_id"]
+    assert held["boot_id"] and held["pid_ns"]  # where this pid means something
     with pytest.raises(lease.OutputBusy) as err:
         lease.acquire(output, s3)
     msg = str(err.value)
@@ -91,15 +92,16 @@ def test_released_on_error(where):
 def test_stale_leases_taken_over_live_ones_refused(where, monkeypatch):
     output, s3, read = where
     now = time.time()
-    gone = lease.Holder("deadbeef0001", socket.gethostname(), dead_pid(), None, now, now)
+    gone = lease.Holder("deadbeef0001", socket.gethostname(), dead_pid(), None, now, now, *lease._namespace())
     put_raw(output, s3, gone)  # this host, process gone: stale at once
     taken = lease.acquire(output, s3)
     assert json.loads(read())["run_id"] == taken.holder.run_id
     taken.release()
-    quiet = lease.Holder("feed00000002", "another-host", 1, None, now - 3600, now - lease.STALE_AFTER_S - 5)
+    quiet = lease.Holder("feed00000002", "another-host", 1, None, now - 3600, now - lease.STALE_AFTER_S - 5,
+                         None, None)
     put_raw(output, s3, quiet)  # another host, no heartbeat for too long
     lease.acquire(output, s3).release()
-    alive = lease.Holder("feed00000003", "another-host", 1, None, now - 3600, now - 5)
+    alive = lease.Holder("feed00000003", "another-host", 1, None, now - 3600, now - 5, None, None)
     put_raw(output, s3, alive)
     with pytest.raises(lease.OutputBusy, match="in use by run feed00000003 \\(host another-host, pid 1.*if it is "
                        "gone, rerun with --force-unlock feed00000003$"):
@@ -131,7 +133,8 @@ def test_force_unlock_never_takes_the_lease_of_a_run_alive_on_this_host(where):
 def test_two_takers_of_a_stale_lease_one_wins(where):
     output, s3, _ = where
     now = time.time()
-    put_raw(output, s3, lease.Holder("deadbeef0004", socket.gethostname(), dead_pid(), None, now, now))
+    put_raw(output, s3, lease.Holder("deadbeef0004", socket.gethostname(), dead_pid(), None, now, now,
+                                     *lease._namespace()))
     results: list = []
     barrier = threading.Barrier(4)
 
@@ -163,7 +166,7 @@ def test_heartbeat_renews_and_a_lost_lease_is_reported(where, monkeypatch):
                 assert time.monotonic() < deadline, "no heartbeat"
                 time.sleep(0.1)
             now = time.time()
-            taker = lease.Holder("feed00000005", "another-host", 1, None, now, now)
+            taker = lease.Holder("feed00000005", "another-host", 1, None, now, now, None, None)
             lease._store(output, s3).put(taker.encode(), expect=None, force=True)  # taken from another host
             other = lease.acquire(output, s3, force="feed00000005")
             held.renew()
@@ -313,8 +316,8 @@ def test_a_hand_edited_lease_is_taken_over_never_a_traceback(tmp_path, edit):
     """A lease file is data anything may have touched: a field of the wrong type or range makes
     it a lease of nobody (taken over with a warning), not a TypeError or OverflowError."""
     now = time.time()
-    fields = {**dataclasses.asdict(lease.Holder("feed00000009", socket.gethostname(), os.getpid(), None, now, now)),
-              **edit}
+    mine = lease.Holder("feed00000009", socket.gethostname(), os.getpid(), None, now, now, *lease._namespace())
+    fields = {**dataclasses.asdict(mine), **edit}
     out = tmp_path / "out"
     out.mkdir()
     (out / lease.LEASE_NAME).write_text(json.dumps(fields))

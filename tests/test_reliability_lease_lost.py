@@ -40,7 +40,7 @@ def test_a_run_whose_lease_is_taken_stops_writing_at_once(ray_local, tiny_llama_
         while not list(out.glob("*.parquet")) and time.monotonic() < deadline:
             time.sleep(0.05)
         now = time.time()
-        other = lease.Holder("feed0000aaaa", "another-host", 1, None, now, now)
+        other = lease.Holder("feed0000aaaa", "another-host", 1, None, now, now, None, None)
         lease._store(str(out), None).put(other.encode(), expect=None, force=True)
         taken["files"], taken["t"] = len(list(out.glob("*.parquet"))), time.monotonic()
 
