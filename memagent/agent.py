@@ -32,7 +32,7 @@ from memagent.extraction.record_grounding import MemoryChain
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
-from memagent.heads import initial_memory, labelled, last_updated, next_head, write_head
+from memagent.heads import initial_memory, labelled, last_updated, next_head, unlabelled, write_head
 from memagent.prompts import (
     Messages,
     PromptTemplates,
@@ -294,11 +294,15 @@ class _Chain:
         priority = -(len(self.chunks) - k + 1)  # a chain: the document with most conversations left goes first
         messages, params, head = self._update_request(memory, chunk.text)
         update = asyncio.ensure_future(self.engine.chat(messages, replace(params, priority=priority)))
+
+        def written(reply: Completion, before: str = memory) -> str:  # K heads: the reply is head `head`'s text,
+            text = strip_thinking(reply.text).strip()                  # the others carried verbatim
+            return text if head is None else write_head(before, self.config.memory_heads, head, text, len(self.steps))
+
         reply, records = await asyncio.gather(update, _chunk_records(
-            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, update))
-        memory = strip_thinking(reply.text).strip()
-        if head is not None:  # K heads: the reply is head `head`'s new text; the others are carried verbatim
-            memory = write_head(self.state.memory, self.config.memory_heads, head, memory, len(self.steps))
+            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, update, written,
+            self.config.memory_heads))
+        memory = written(reply)
         self._record("memory", chunk, memory, reply, t0)
         self.found.add(records)
         nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
@@ -342,17 +346,20 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
 
 
 async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,
-                         chunks: list[Chunk], k: int, priority: int, update: Awaitable[Completion]) -> ChunkRecords:
+                         chunks: list[Chunk], k: int, priority: int, update: Awaitable[Completion],
+                         write: Callable[[Completion], str], heads: int = 1) -> ChunkRecords:
     """The records chunk ``k`` states (none without record types), read with the memory its update reads
     (and the chain of memory steps behind it, which grounds a value resolved through the memory); a
-    split piece reads the memory ``update`` writes from the chunk."""
+    split piece reads the memory ``write`` makes of ``update``'s reply. K heads: every memory without its
+    labels (:func:`memagent.heads.unlabelled`), so a label's digits ground nothing."""
     if call is None:
         return ChunkRecords()
-    chain = MemoryChain(memory, tuple((s.memory, s.char_start or 0, s.char_end or 0) for s in steps
-                                      if s.kind == "memory"))
+    shown = (lambda m: m) if heads == 1 else (lambda m: unlabelled(m, heads))
+    chain = MemoryChain(shown(memory), tuple((shown(s.memory), s.char_start or 0, s.char_end or 0) for s in steps
+                                             if s.kind == "memory"))
 
     async def written() -> str:
-        return strip_thinking((await update).text).strip()
+        return shown(write(await update))
 
     start, owned_from, end = records_reach(context, chunks, k)
     read = ChunkRead(call, chain, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))

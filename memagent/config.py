@@ -125,13 +125,18 @@ class AgentConfig(BaseModel):
         if self.memory_heads > 1 and self.memory_tokens // self.memory_heads < 8:
             raise ValueError(f"memory_heads={self.memory_heads} leaves {self.memory_tokens // self.memory_heads} "
                              f"tokens a head (memory_tokens={self.memory_tokens}); a head needs 8 or more")
-        if self.memory_heads > 1 and self.extraction is not None:  # its budgets are checked against one memory
-            raise ValueError("memory_heads > 1 is not supported with an extraction schema; leave memory_heads at 1")
         if self.extraction is not None:
             if self.answer_style != "json":
                 raise ValueError(f"an extraction schema answers in JSON: answer_style must be 'json' (or unset), "
                                  f"got {self.answer_style!r}")
-            self.extraction.check_budgets(self.memory_tokens, self.answer_tokens)
+            # Per head: the head a step rewrites may be the only one holding a field's value, so one head
+            # must hold them all (K = 1: the whole memory).
+            per_head, need = self.memory_tokens // self.memory_heads, self.extraction.memory_tokens_needed()
+            if self.memory_heads > 1 and per_head < need:
+                raise ValueError(f"memory_heads={self.memory_heads} leaves {per_head} tokens a head, and each head must "
+                                 f"hold the schema's fields ({need} tokens); raise memory_tokens to "
+                                 f"{need * self.memory_heads} or more, or lower memory_heads")
+            self.extraction.check_budgets(per_head, self.answer_tokens)
         if self.require_grounding and self.ground_elsewhere:
             raise ValueError("ground_elsewhere labels record values found only outside the text their call read, and "
                              "require_grounding drops those very values: set one of them")

@@ -87,3 +87,9 @@ def write_head(memory: str, count: int, head: int, text: str, step: int) -> str:
     texts, written = split_heads(memory, count)
     texts[head], written[head] = clean_head(text), step
     return labelled(texts, written)
+
+
+def unlabelled(memory: str, count: int) -> str:
+    """The heads' texts of ``memory`` joined by blank lines, without their labels: what a records call reads
+    and grounds through (a label's numbers and words are no value the document stated)."""
+    return "\n\n".join(split_heads(memory, count)[0])

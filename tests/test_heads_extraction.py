@@ -1,0 +1,131 @@
+"""Extraction with a memory of K heads: records assembled across chunks come out as with one memory.
+
+The perfect memory-keeping reader (:class:`tests.oracle.invoices.MemoryOracle`) is shown every head and
+writes its whole state (the half-seen invoices, the cut line) into the head the step rewrites. A records
+call reads the heads without their labels, so a label's digits can ground no value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memagent.agent import read_document
+from memagent.config import AgentConfig
+from memagent.extraction.record_grounding import MemoryChain, ground_value
+from memagent.heads import labelled, split_heads, unlabelled
+from tests.oracle.invoices import InvoiceDoc, InvoiceSpec, MemoryOracle, invoices
+from tests.oracle.records_oracle import CUT_MARK, RECORDS_REQUEST, between
+from tests.oracle.servers import OracleEngine
+from tests.test_records_across_chunks import INVOICES, check_invoices, documents
+
+HEAD_PROMPT = re.compile(r"New text of head (\d+):\s*$")
+LABEL_LINE = re.compile(r"^## Memory head \d+ of \d+ .*$", re.M)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
+
+
+class HeadsReader:
+    """The oracle behind a K-head read: it reads all heads as one memory, keeps the one cut line that ends
+    right before the passage (stale heads hold older ones), and answers a head's rewrite as a memory update."""
+
+    def __init__(self, doc: InvoiceDoc, oracle: MemoryOracle):
+        self.doc, self.oracle = doc, oracle
+        self.records_prompts: list[str] = []
+
+    def _memory(self, prompt: str) -> tuple[str, str]:
+        memory = between(prompt, "<memory>\n", "\n</memory>") or ""
+        passage = between(prompt, "<section>\n", "\n</section>") or ""
+        at = self.doc.text.find(passage) if passage else -1
+        cuts = [ln for ln in memory.splitlines() if ln.startswith(CUT_MARK)]
+        fresh = [c for c in cuts if at > 0 and c[len(CUT_MARK):] in self.doc.text[max(0, at - len(c) - 8):at]]
+        kept = [ln for ln in LABEL_LINE.sub("", memory).splitlines() if ln.strip() and not ln.startswith(CUT_MARK)]
+        return memory, "\n".join(kept + fresh[-1:])
+
+    def reply(self, prompt: str) -> str:
+        memory, merged = self._memory(prompt)
+        if RECORDS_REQUEST in prompt:
+            self.records_prompts.append(memory)
+            i = prompt.rfind("<memory>\n") + len("<memory>\n")
+            return self.oracle.reply(prompt[:i] + merged + prompt[i + len(memory):])
+        if HEAD_PROMPT.search(prompt):
+            passage = between(prompt, "<section>\n", "\n</section>") or ""
+            return self.oracle.memory(f"<memory>\n{merged}\n</memory>\n\n<section>\n{passage}\n</section>\n\n"
+                                      "Updated memory:")
+        return self.oracle.reply(prompt)
+
+
+def heads_config(heads: int, chunk_tokens: int = 256) -> AgentConfig:
+    return AgentConfig(chunk_tokens=chunk_tokens, memory_tokens=4 * chunk_tokens, memory_heads=heads,
+                       answer_tokens=16, query_tokens=400, extraction=INVOICES, require_grounding=True)
+
+
+def check_heads_trace(result, heads: int) -> None:
+    """Each memory step rewrote exactly one head (least recently updated: step t writes head t % K)."""
+    before = split_heads(labelled(["No previous memory"] * heads, [-1] * heads), heads)[0]
+    mem_steps = [s for s in result.steps if s.kind == "memory"]
+    for t, step in enumerate(mem_steps):
+        texts, written = split_heads(step.memory, heads)
+        assert written[t % heads] == t
+        assert [x for h, x in enumerate(texts) if h != t % heads] == [x for h, x in enumerate(before) if h != t % heads]
+        before = texts
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=documents(3), heads=st.sampled_from([2, 4]), partial=st.booleans())
+def test_records_across_chunks_come_out_right_with_k_heads(tokenizer, doc, heads, partial):
+    """With K = 2 or 4 heads every settled invoice comes out once, whole and grounded in its own sentences
+    (window or memory), and no records call sees a head label."""
+    oracle = MemoryOracle([doc], partial=partial)
+    reader = HeadsReader(doc, oracle)
+    result = asyncio.run(read_document(OracleEngine(reader.reply, tokenizer), None, doc.text,
+                                       heads_config(heads, 64)))
+    check_invoices(doc, result, oracle)
+    check_heads_trace(result, heads)
+    assert reader.records_prompts and not any(LABEL_LINE.search(m) for m in reader.records_prompts)
+
+
+@pytest.mark.parametrize("heads", [2, 4])
+def test_far_apart_halves_come_through_the_heads(tokenizer, heads):
+    """Halves many chunks apart (more than K steps): the records come out right, some values grounded
+    through the memory (the carried half survived K rewrites of other heads)."""
+    doc = invoices("far", InvoiceSpec(gaps=(1, 60, 120), settled_first=(True, False, True), stagger=2, open=1), 7)
+    oracle = MemoryOracle([doc])
+    reader = HeadsReader(doc, oracle)
+    result = asyncio.run(read_document(OracleEngine(reader.reply, tokenizer), None, doc.text,
+                                       heads_config(heads, 64)))
+    assert result.n_chunks > 4 * heads
+    check_invoices(doc, result, oracle)
+    check_heads_trace(result, heads)
+    assert any(ev.grounding == "memory" for r in result.records["invoices"] for ev in r.evidence.values())
+
+
+def test_a_label_grounds_nothing():
+    """A number only a head label states (here the step 7) is not grounded through the unlabelled memory
+    the records calls read, though through the labelled memory text it would be."""
+    memory = labelled(["INV-0042: issued 2021-03-14", "No previous memory"], [7, 1])
+    text = "Boxes: 7 of them.\nInvoice INV-0042 was issued on 2021-03-14.\n"
+    window = (text.index("Invoice"), len(text))  # the call's own text: no 7 there
+    steps = ((memory, 0, len(text)),)
+    assert ground_value("number", 7, text, window, MemoryChain(memory, steps)) is not None  # the hazard
+    shown = unlabelled(memory, 2)
+    chain = MemoryChain(shown, ((shown, 0, len(text)),))
+    assert ground_value("number", 7, text, window, chain) is None
+    assert ground_value("string", "INV-0042", text, (0, text.index("Invoice")), chain) is not None
+
+
+def test_heads_budget_is_checked_per_head():
+    """An extraction schema must fit one head (memory_tokens // K): refused with the memory_tokens to raise to."""
+    need = INVOICES.memory_tokens_needed()
+    AgentConfig(chunk_tokens=256, memory_tokens=need * 2, memory_heads=2, extraction=INVOICES, query_tokens=400)
+    with pytest.raises(ValueError, match=rf"memory_heads=4 leaves {need // 2} tokens a head.*{need * 4}"):
+        AgentConfig(chunk_tokens=256, memory_tokens=need * 2, memory_heads=4, extraction=INVOICES, query_tokens=400)
