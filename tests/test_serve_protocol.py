@@ -164,7 +164,7 @@ def test_every_error_is_openai_shaped(url):
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}
     cases = [("POST", "/v1/completions", {"json": {"prompt": "x"}}, 404, "/v1/completions"),
              ("POST", "/v1/embeddings", {"json": {"input": "x"}}, 404, "/v1/embeddings"),
-             ("POST", "/v1/responses", {"json": {"input": "x"}}, 404, "/v1/responses"),
+             ("POST", "/v1/audio/speech", {"json": {"input": "x"}}, 404, "/v1/audio/speech"),
              ("GET", CHAT, {}, 405, "GET"),
              ("POST", CHAT, {"content": b'{"messages": "\xff\xfe"}'}, 400, "UTF-8"),
              ("POST", CHAT, {"content": b'{"messages": ['}, 400, "not JSON"),

@@ -26,7 +26,8 @@ from memagent.serve.streaming import sse
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
-ROUTES = "GET /health, GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions"
+ROUTES = ("GET /health, GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions, POST /v1/responses, "
+          "POST /v1/messages, POST /v1/messages/count_tokens")
 
 
 class ServeConfig(BaseModel):
@@ -82,8 +83,8 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"{'.'.join(loc) or 'body'}: {msg}", (loc[0] if loc else None)
 
 
-def parse_body(raw: bytes) -> ChatRequest:
-    """The request, or a 400 naming what is wrong with the body (not UTF-8, not JSON, too deep, a field)."""
+def load_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 naming what is wrong with it (not UTF-8, not JSON, too deep)."""
     try:
         body = json.loads(raw.decode("utf-8", errors="surrogatepass"))
     except UnicodeDecodeError as exc:
@@ -95,6 +96,12 @@ def parse_body(raw: bytes) -> ChatRequest:
     if not isinstance(body, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}", code="invalid_body")
     check_unicode(body)
+    return body
+
+
+def parse_body(raw: bytes) -> ChatRequest:
+    """The request, or a 400 naming what is wrong with the body (not UTF-8, not JSON, too deep, a field)."""
+    body = load_body(raw)
     try:
         return ChatRequest.model_validate(body)
     except ValidationError as exc:
@@ -215,6 +222,12 @@ def _routes(app: FastAPI, engine: Engine, models: dict[str, Any]) -> None:
         reply = await _unless_disconnected(request, _collect(model.events(req, prepared)))
         return completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs,
                                **reply.extra)
+
+    # The Responses and Messages surfaces: translations onto the same models' runs (they import this module).
+    from memagent.serve import messages, responses
+
+    responses.add_routes(app, engine.name, models)
+    messages.add_routes(app, engine.name, models)
 
 
 def _unknown_model(name: str, models: dict[str, Any]) -> APIError:

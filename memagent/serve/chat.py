@@ -53,6 +53,7 @@ class Reply:
     logprobs: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # top-level extension fields (the memagent trace)
     reasoning: str | None = None  # the memagent model's memory updates
+    stop_sequence: str | None = None  # the stop string that ended it (Anthropic's stop_sequence), when one did
 
     def message(self) -> dict[str, Any]:
         message = {"role": "assistant", "content": self.content, "tool_calls": self.tool_calls}
@@ -110,6 +111,12 @@ def sampling(req: ChatRequest, prompt_tokens: int, context_window: int, cap: int
         raise _too_long(context_window, prompt_tokens, asked)
     return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, logprobs=req.logprobs,
                           json_schema=schema, seed=req.seed, stop=tuple(req.stops() if stops is None else stops))
+
+
+def matched_stop(decoded: str, text: str, stops: tuple[str, ...]) -> str | None:
+    """The stop string that ended a reply: the one that begins where its ``text`` ends in its tokens'
+    ``decoded`` text (which keeps the stop string); None when it ended otherwise (end of turn)."""
+    return next((s for s in stops if decoded.startswith(text + s)), None)
 
 
 def first_line(text: str, limit: int = 500) -> str:
@@ -178,7 +185,11 @@ class EngineModel:
                 c = call.result()
             except ValueError as exc:  # the engine rejected this input: its first line, not a parser dump
                 raise APIError(400, first_line(str(exc))) from None
-            yield "reply", self._reply(req, c, plan)
+            reply = self._reply(req, c, plan)
+            if c.finish_reason == "stop" and params.stop and c.token_ids:
+                reply.stop_sequence = matched_stop(self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                                   c.text, params.stop)
+            yield "reply", reply
         finally:
             call.cancel()  # a disconnect (the generator closed) abandons the decode
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -62,23 +63,26 @@ class Guard:
         self._key = key.encode() if key is not None else None
 
     def _authorized(self, scope: Scope) -> bool:
-        header = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
+        headers = dict(scope.get("headers") or [])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         # compare_digest: the time taken says nothing about how much of the key was right.
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key):
+            return True
+        return b"x-api-key" in headers and hmac.compare_digest(headers[b"x-api-key"].strip(), self._key)  # Anthropic's
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self._key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
             return await send_error(send, APIError(401, "missing or incorrect API key: send `Authorization: Bearer "
-                                                   "KEY`", code="invalid_api_key"), {b"www-authenticate": b"Bearer"})
+                                                   "KEY` (or `x-api-key: KEY`)", code="invalid_api_key"),
+                                    {b"www-authenticate": b"Bearer"}, scope["path"])
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            return await send_error(send, self._too_large(length.decode("latin-1")))
-        body = await self._read(receive, send)
+            return await send_error(send, self._too_large(length.decode("latin-1")), path=scope["path"])
+        body = await self._read(receive, send, scope["path"])
         if body is None:
             return
         replayed = False
@@ -92,7 +96,7 @@ class Guard:
 
         await self.app(scope, replay, send)
 
-    async def _read(self, receive: Receive, send: Send) -> bytes | None:
+    async def _read(self, receive: Receive, send: Send, path: str) -> bytes | None:
         """The whole body, or None (a disconnect, or a 413 already sent)."""
         chunks, size = [], 0
         while True:
@@ -102,7 +106,7 @@ class Guard:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
-                await send_error(send, self._too_large(f"more than {size}"))
+                await send_error(send, self._too_large(f"more than {size}"), path=path)
                 return None
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -112,8 +116,20 @@ class Guard:
                         "bytes (--max-body-bytes)", code="request_too_large")
 
 
-async def send_error(send: Send, error: APIError, headers: dict[bytes, bytes] | None = None) -> None:
-    body = error.body()
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def anthropic_body(error: APIError) -> bytes:
+    """``error`` in Anthropic's shape, which the Messages API's clients read."""
+    kind = ANTHROPIC_ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": error.message}}).encode()
+
+
+async def send_error(send: Send, error: APIError, headers: dict[bytes, bytes] | None = None, path: str = "") -> None:
+    """The error in OpenAI's shape, or in Anthropic's on the Messages API's paths."""
+    body = anthropic_body(error) if path.startswith("/v1/messages") else error.body()
     head = {b"content-type": b"application/json", b"content-length": str(len(body)).encode(), **(headers or {})}
     await send({"type": "http.response.start", "status": error.status, "headers": list(head.items())})
     await send({"type": "http.response.body", "body": body})
