@@ -7,9 +7,10 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from memagent_cli.flags import add_model_flags, build
-from memagent_cli.options import add_agent_flags, add_engine_flags, agent_config, engine_config
+from memagent_cli.options import add_agent_flags, add_engine_flags, add_s3_flags, agent_config, engine_config, s3_options
 
 
 def read_context(path: str | None) -> str:
@@ -86,8 +87,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"at http://{server.host}:{server.port}/v1{key}", file=sys.stderr)
     if server.memagent_model:
         print(f"also serving the memory agent as {server.memagent_model!r}", file=sys.stderr)
-    serve(engine, server, agent)
+    serve(engine, server, agent, extra_routers=_batch_routes(args, config, agent, engine.name, server.max_tokens))
     return 0
+
+
+def _batch_routes(args: argparse.Namespace, engine: Any, agent: Any, name: str, max_tokens: int) -> list:
+    """/v1/files and /v1/batches when --batch-root is set; unfinished batches there resume now."""
+    if not args.batch_root:
+        return []
+    from pipelines.job import JobConfig
+    from pipelines.openai_batch import BatchRunConfig
+    from pipelines.openai_batch_api import BatchService, batch_router
+
+    cfg = BatchRunConfig(engine=engine, agent=agent, job=JobConfig(progress=False), engine_model=name,
+                         max_tokens=max_tokens, s3=s3_options(args))
+    print(f"batches: /v1/files and /v1/batches, state under {args.batch_root}", file=sys.stderr)
+    return [batch_router(BatchService(args.batch_root, cfg).start())]
 
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -105,6 +120,9 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     from memagent.serve import ServeConfig
 
     srv.set_defaults(_serve_flags=add_model_flags(srv, ServeConfig, "server"))
+    srv.add_argument("--batch-root", help="serve OpenAI's Batch API (/v1/files, /v1/batches; docs/serve-batches.md) "
+                     "with files and batch state under this local path or s3:// prefix")
+    add_s3_flags(srv)
     add_agent_flags(srv)
     add_engine_flags(srv)
     srv.set_defaults(func=cmd_serve)

@@ -18,10 +18,10 @@ import threading
 
 from pydantic import ValidationError
 
-from memagent_cli import agent_cmds, data_cmds, job_cmds, output_cmds, train_cmds
+from memagent_cli import agent_cmds, batch_api_cmds, data_cmds, job_cmds, output_cmds, train_cmds
 from memagent_cli.quiet import known_lines_dropped, quiet_ray
 
-COMMAND_MODULES = (agent_cmds, job_cmds, data_cmds, train_cmds, output_cmds)
+COMMAND_MODULES = (agent_cmds, job_cmds, batch_api_cmds, data_cmds, train_cmds, output_cmds)
 
 
 def common_options() -> argparse.ArgumentParser:

@@ -7,11 +7,11 @@ import ipaddress
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
@@ -156,7 +156,7 @@ def _install_handlers(app: FastAPI) -> None:
 
 
 def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engine: bool = True,
-               agent: AgentConfig | None = None) -> FastAPI:
+               agent: AgentConfig | None = None, extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
     """The FastAPI app serving ``engine`` (and the memory agent over it, reading with ``agent``:
     default the paper's budgets) behind ``config``'s guards; it closes the engine on shutdown
     unless told not to. An unset ``auth_key_env`` variable is a ValueError."""
@@ -186,6 +186,8 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
     app.add_middleware(Guard, key=key, max_body_bytes=config.max_body_bytes)  # outermost: before parsing
     _install_handlers(app)
     _routes(app, engine, models)
+    for router in extra_routers:  # routes built outside memagent/ (the Batch API lives in pipelines/)
+        app.include_router(router)
     return app
 
 
@@ -235,11 +237,13 @@ def _unknown_model(name: str, models: dict[str, Any]) -> APIError:
                     f"{', '.join(f'`{m}`' for m in models)}.", param="model", code="model_not_found")
 
 
-def serve(engine: Engine, config: ServeConfig | None = None, agent: AgentConfig | None = None) -> None:
+def serve(engine: Engine, config: ServeConfig | None = None, agent: AgentConfig | None = None,
+          extra_routers: Sequence[APIRouter] = ()) -> None:
     """Serve ``engine`` (and the memory agent reading with ``agent``) with uvicorn until interrupted."""
     import uvicorn
 
     config = config or ServeConfig()
     if warning := config.exposure_warning():
         log.warning(warning)
-    uvicorn.run(create_app(engine, config, agent=agent), host=config.host, port=config.port, log_level=config.log_level)
+    app = create_app(engine, config, agent=agent, extra_routers=extra_routers)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)

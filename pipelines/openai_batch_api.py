@@ -1,0 +1,246 @@
+"""``/v1/files`` and ``/v1/batches`` of ``memagent serve``: OpenAI's Batch API over :mod:`pipelines.openai_batch`.
+
+Every file and every batch's state is a JSON or data file under the storage root (nothing only in
+memory): a server killed mid-batch and started again on the same root picks each unfinished batch up
+(:meth:`BatchService.start`), and the batch job resumes it (finished lines skipped, documents from
+their checkpoints). One batch runs at a time, in a background thread, in the order created.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+
+from memagent.serve.protocol import APIError
+from pipelines.openai_batch import ENDPOINT, BatchRunConfig, Store, jsonl, now, run_requests
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+DAY_S = 24 * 3600
+
+
+class BatchService:
+    """Files and batches under ``root``; batches run by the batch job with ``cfg`` (chat lines on ``engine``)."""
+
+    def __init__(self, root: str, cfg: BatchRunConfig, *, engine: Any = None, build_engine: Any = None):
+        self.store, self.cfg, self.engine, self.build_engine = Store(root, cfg.s3), cfg, engine, build_engine
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        self.lock = threading.Lock()  # batch.json read-modify-writes
+        self.thread: threading.Thread | None = None
+
+    # --- files ---------------------------------------------------------------------------------
+    def add_file(self, data: bytes, filename: str, purpose: str) -> dict:
+        meta = {"id": f"file-{uuid.uuid4().hex[:24]}", "object": "file", "bytes": len(data), "created_at": now(),
+                "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
+                "status_details": None}
+        self.store.put(f"files/{meta['id']}.data", data)
+        self.store.put(f"files/{meta['id']}.json", json.dumps(meta).encode())
+        return meta
+
+    def file(self, file_id: str) -> dict:
+        raw = self.store.get(f"files/{_safe(file_id)}.json")
+        if raw is None:
+            raise APIError(404, f"No such File object: {file_id}", param="file_id", code="file_not_found")
+        return json.loads(raw)
+
+    def content(self, file_id: str) -> bytes:
+        self.file(file_id)
+        return self.store.get(f"files/{_safe(file_id)}.data") or b""
+
+    def files(self) -> list[dict]:
+        names = [n[:-5] for n in self.store.names("files") if n.endswith(".json")]
+        return sorted((self.file(n) for n in names), key=lambda f: (f["created_at"], f["id"]), reverse=True)
+
+    def delete_file(self, file_id: str) -> dict:
+        self.file(file_id)
+        self.store.delete(f"files/{_safe(file_id)}.data")
+        self.store.delete(f"files/{_safe(file_id)}.json")
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # --- batches -------------------------------------------------------------------------------
+    def create(self, body: dict) -> dict:
+        endpoint, window = body.get("endpoint"), body.get("completion_window")
+        if endpoint != ENDPOINT:
+            raise APIError(400, f"endpoint: this server runs batches of {ENDPOINT!r} only, got {endpoint!r}",
+                           param="endpoint")
+        if window != "24h":
+            raise APIError(400, f"completion_window: expected '24h', got {window!r}", param="completion_window")
+        meta = body.get("metadata")
+        if meta is not None and not (isinstance(meta, dict) and len(meta) <= 16):
+            raise APIError(400, "metadata: expected an object of at most 16 keys", param="metadata")
+        input_file = self.file(str(body.get("input_file_id")))
+        if input_file["purpose"] != "batch":
+            raise APIError(400, f"input_file_id: file {input_file['id']} has purpose {input_file['purpose']!r}, "
+                           "not 'batch'", param="input_file_id")
+        t = now()
+        batch = {"id": f"batch_{uuid.uuid4().hex[:24]}", "object": "batch", "endpoint": endpoint, "errors": None,
+                 "input_file_id": input_file["id"], "completion_window": window, "status": "validating",
+                 "output_file_id": None, "error_file_id": None, "created_at": t, "in_progress_at": None,
+                 "expires_at": t + DAY_S, "finalizing_at": None, "completed_at": None, "failed_at": None,
+                 "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+                 "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": meta}
+        self._save(batch)
+        self.queue.put(batch["id"])
+        return batch
+
+    def batch(self, batch_id: str) -> dict:
+        raw = self.store.get(f"batches/{_safe(batch_id)}/batch.json")
+        if raw is None:
+            raise APIError(404, f"No such Batch object: {batch_id}", param="batch_id", code="batch_not_found")
+        return json.loads(raw)
+
+    def batches(self, after: str | None, limit: int) -> dict:
+        all_ = sorted((self.batch(n) for n in self.store.names("batches")), key=lambda b: (b["created_at"], b["id"]),
+                      reverse=True)
+        if after:
+            ids = [b["id"] for b in all_]
+            all_ = all_[ids.index(after) + 1:] if after in ids else []
+        page = all_[:limit]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": len(all_) > limit}
+
+    def cancel(self, batch_id: str) -> dict:
+        with self.lock:
+            batch = self.batch(batch_id)
+            if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+                raise APIError(400, f"batch {batch_id} is {batch['status']}; only a running batch can be cancelled",
+                               param="batch_id")
+            if batch["status"] != "cancelling":
+                batch.update(status="cancelling", cancelling_at=now())
+                self._save(batch)
+        return batch
+
+    def _save(self, batch: dict) -> None:
+        self.store.put(f"batches/{batch['id']}/batch.json", json.dumps(batch).encode())
+
+    def _update(self, batch_id: str, **fields: Any) -> dict:
+        with self.lock:
+            batch = self.batch(batch_id)
+            if batch["status"] == "cancelling" and fields.get("status") in ("in_progress", "finalizing"):
+                fields.pop("status")  # a cancel that came in meanwhile wins
+            batch.update(fields)
+            self._save(batch)
+            return batch
+
+    # --- the runner ------------------------------------------------------------------------------
+    def start(self) -> BatchService:
+        """Queue every batch a previous server left unfinished, then start the runner thread."""
+        active = [b for b in (self.batch(n) for n in self.store.names("batches")) if b["status"] in ACTIVE]
+        for b in sorted(active, key=lambda b: b["created_at"]):
+            self.queue.put(b["id"])
+        self.thread = threading.Thread(target=self._loop, name="memagent-batches", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.queue.put(None)
+
+    def _loop(self) -> None:
+        while (batch_id := self.queue.get()) is not None:
+            try:
+                self.run(batch_id)
+            except Exception as exc:  # noqa: BLE001 - one batch's failure must not stop the others
+                log.exception("batch %s failed", batch_id)
+                self._update(batch_id, status="failed", failed_at=now(),
+                             errors={"object": "list", "data": [{"code": "batch_failed", "message": str(exc)[:500],
+                                                                 "param": None, "line": None}]})
+
+    def run(self, batch_id: str) -> None:
+        """Run (or resume) one batch to completed, or to cancelled when a cancel came in."""
+        batch = self.batch(batch_id)
+        if batch["status"] not in ACTIVE:
+            return
+        data = self.content(batch["input_file_id"])
+        if batch["status"] == "validating":
+            batch = self._update(batch_id, status="in_progress", in_progress_at=now())
+
+        def progress(done: int, total: int) -> None:
+            self._update(batch_id, request_counts={**self.batch(batch_id)["request_counts"], "total": total})
+
+        def cancelled() -> bool:
+            return self.batch(batch_id)["status"] == "cancelling"
+
+        out, err = run_requests(data, self.store, f"batches/{batch_id}", self.cfg, engine=self.engine,
+                                build_engine=self.build_engine, progress=progress, cancelled=cancelled)
+        final = "cancelled" if cancelled() else "completed"
+        self._update(batch_id, status="finalizing", finalizing_at=now())
+        fields = {"status": final, f"{final}_at": now(), "request_counts": {
+            "total": self.batch(batch_id)["request_counts"]["total"] or len(out) + len(err),
+            "completed": len(out), "failed": len(err)}}
+        if out:
+            fields["output_file_id"] = self._result_file(batch_id, "output", out)
+        if err:
+            fields["error_file_id"] = self._result_file(batch_id, "error", err)
+        self._update(batch_id, **fields)
+
+    def _result_file(self, batch_id: str, kind: str, lines: list[dict]) -> str:
+        meta = self.add_file(jsonl(lines), f"{batch_id}_{kind}.jsonl", "batch_output")
+        return meta["id"]
+
+
+def _safe(name: str) -> str:
+    """An id as a path segment: no separators or dots (a path-traversing id is simply not found)."""
+    return "".join(c for c in name if c.isalnum() or c in "-_")
+
+
+def batch_router(service: BatchService) -> APIRouter:
+    """The routes of OpenAI's Files and Batches APIs over ``service``."""
+    router = APIRouter()
+
+    @router.post("/v1/files")
+    async def upload(file: UploadFile = File(...), purpose: str = Form(...)) -> dict:
+        if purpose != "batch":
+            raise APIError(400, f"purpose: this server takes files of purpose 'batch' only, got {purpose!r}",
+                           param="purpose")
+        return service.add_file(await file.read(), file.filename or "upload.jsonl", purpose)
+
+    @router.get("/v1/files")
+    async def list_files() -> dict:
+        return {"object": "list", "data": service.files(), "has_more": False}
+
+    @router.get("/v1/files/{file_id}")
+    async def get_file(file_id: str) -> dict:
+        return service.file(file_id)
+
+    @router.get("/v1/files/{file_id}/content")
+    async def get_content(file_id: str) -> Any:
+        from fastapi.responses import Response
+
+        return Response(service.content(file_id), media_type="application/jsonl")
+
+    @router.delete("/v1/files/{file_id}")
+    async def delete(file_id: str) -> dict:
+        return service.delete_file(file_id)
+
+    @router.post("/v1/batches")
+    async def create(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise APIError(400, f"request body is not JSON: {exc}", code="invalid_body") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "request body must be a JSON object", code="invalid_body")
+        return service.create(body)
+
+    @router.get("/v1/batches")
+    async def list_batches(after: str | None = None, limit: int = 20) -> dict:
+        if not 1 <= limit <= 100:
+            raise APIError(400, f"limit: expected 1 to 100, got {limit}", param="limit")
+        return service.batches(after, limit)
+
+    @router.get("/v1/batches/{batch_id}")
+    async def get_batch(batch_id: str) -> dict:
+        return service.batch(batch_id)
+
+    @router.post("/v1/batches/{batch_id}/cancel")
+    async def cancel(batch_id: str) -> dict:
+        return service.cancel(batch_id)
+
+    return router

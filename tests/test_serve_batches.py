@@ -1,0 +1,270 @@
+"""OpenAI's Batch API (/v1/files, /v1/batches) and ``memagent run-batch`` through the real openai SDK and real Ray."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from memagent.engines import EngineConfig
+from pipelines.job import JobConfig
+from pipelines.openai_batch import BatchRunConfig
+from tests.pipeline_helpers import FAST_AGENT, good_rows
+from tests.test_serve_guard import running
+
+pytestmark = pytest.mark.slow  # Ray, a server
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_config(model_dir: Path) -> BatchRunConfig:
+    # A checkpoint per memory update: a killed read loses at most one chunk.
+    return BatchRunConfig(engine=EngineConfig(model=str(model_dir)), agent=FAST_AGENT, engine_model="tiny-llama",
+                          job=JobConfig(progress=False, batch_size=2, checkpoint_every_steps=1), max_tokens=16)
+
+
+def request_lines(n_docs: int = 2, n_chats: int = 2, tokens: int = 150) -> list[dict]:
+    lines = []
+    for r in good_rows(n_docs, tokens=tokens):
+        lines.append({"custom_id": r["id"], "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": "memagent", "messages": [{"role": "user", "content": r["context"]},
+                                                                 {"role": "user", "content": r["question"]}]}})
+    for i in range(n_chats):
+        lines.append({"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": "tiny-llama", "max_tokens": 5, "temperature": 0,
+                               "messages": [{"role": "user", "content": f"Say {i}"}]}})
+    return lines
+
+
+BAD_LINES = [  # (raw line, line field the error names)
+    ("{not json", "not JSON"),
+    (json.dumps({"custom_id": "bad-url", "method": "POST", "url": "/v1/embeddings", "body": {}}), "url"),
+    (json.dumps({"custom_id": "bad-body", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"model": "tiny-llama"}}), "body.messages"),
+    (json.dumps({"custom_id": "chat-0", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"messages": [{"role": "user", "content": "again"}]}}), "custom_id"),
+    (json.dumps({"custom_id": "bad-method", "method": "GET", "url": "/v1/chat/completions", "body": {}}), "method"),
+]
+
+
+def jsonl_bytes(lines: list[dict], bad: list[str] = ()) -> bytes:
+    return "".join(json.dumps(x) + "\n" for x in lines).encode() + "".join(b + "\n" for b in bad).encode()
+
+
+def parse_jsonl(text: str) -> list[dict]:
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(ray_local, engine, tiny_llama_dir, tmp_path_factory):
+    from memagent.serve import create_app
+    from pipelines.openai_batch_api import BatchService, batch_router
+
+    service = BatchService(str(tmp_path_factory.mktemp("batch-root")), run_config(tiny_llama_dir)).start()
+    with running(create_app(engine, close_engine=False, extra_routers=[batch_router(service)])) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    service.stop()
+
+
+def wait_done(client: openai.OpenAI, batch_id: str, timeout: float = 240) -> object:
+    seen, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if not seen or seen[-1] != batch.status:
+            seen.append(batch.status)
+        if batch.status in ("completed", "failed", "cancelled", "expired"):
+            return batch
+        time.sleep(0.3)
+    raise AssertionError(f"batch {batch_id} still {seen} after {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    from memagent.engines.hf import TransformersEngine
+
+    return TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir)), batch_wait_s=0.02, name="tiny-llama")
+
+
+def test_batch_round_trip_with_bad_lines(client):
+    """Every custom_id lands exactly once in output ∪ error; bad lines are error lines naming line and field."""
+    good = request_lines()
+    f = client.files.create(file=("requests.jsonl", io.BytesIO(jsonl_bytes(good, [b for b, _ in BAD_LINES]))),
+                            purpose="batch")
+    assert f.id.startswith("file-") and f.object == "file" and f.purpose == "batch" and f.bytes > 0
+    assert client.files.retrieve(f.id).filename == "requests.jsonl"
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  metadata={"job": "test"})
+    assert batch.status == "validating" and batch.metadata == {"job": "test"}
+    done = wait_done(client, batch.id)
+    assert done.status == "completed", done
+    assert done.in_progress_at and done.finalizing_at and done.completed_at >= done.created_at
+    out = parse_jsonl(client.files.content(done.output_file_id).text)
+    err = parse_jsonl(client.files.content(done.error_file_id).text)
+    assert done.request_counts.completed == len(out) and done.request_counts.failed == len(err)
+    assert done.request_counts.total == len(good) + len(BAD_LINES)
+    assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in good)  # exactly once each
+    for x in out:
+        body = x["response"]["body"]
+        assert x["id"].startswith("batch_req_") and x["error"] is None and x["response"]["status_code"] == 200
+        assert body["object"] == "chat.completion" and isinstance(body["choices"][0]["message"]["content"], str)
+        assert body["model"] == ("memagent" if x["custom_id"].startswith("doc-") else "tiny-llama")
+        assert body["usage"]["total_tokens"] > 0
+    messages = [e["error"]["message"] for e in err]
+    for n, (_, field) in enumerate(BAD_LINES, start=len(good) + 1):
+        assert any(m.startswith(f"line {n}: ") and field in m for m in messages), (n, field, messages)
+    assert [e["error"]["code"] for e in err if "custom_id" in e["error"]["message"]] == ["duplicate_custom_id"]
+    listed = client.batches.list(limit=5)
+    assert batch.id in [b.id for b in listed.data]
+
+
+def test_refusals_name_the_field(client):
+    """An endpoint other than chat completions, a window other than 24h and an unknown file are 400/404s naming it."""
+    f = client.files.create(file=("r.jsonl", io.BytesIO(jsonl_bytes(request_lines(0, 1)))), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    assert exc.value.body["param"] == "endpoint"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="1h")
+    assert exc.value.body["param"] == "completion_window"
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+    assert client.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f.id)
+
+
+def test_cancel(client):
+    """A batch cancelled before it ends is cancelled, and never lists a custom_id twice."""
+    f = client.files.create(file=("r.jsonl", io.BytesIO(jsonl_bytes(request_lines(2, 4)))), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    done = wait_done(client, batch.id)
+    assert done.status == "cancelled" and done.cancelling_at and done.cancelled_at
+    ids = [x["custom_id"] for fid in (done.output_file_id, done.error_file_id) if fid
+           for x in parse_jsonl(client.files.content(fid).text)]
+    assert len(ids) == len(set(ids))
+    with pytest.raises(openai.BadRequestError):
+        client.batches.cancel(batch.id)
+
+
+# --- a real server process, killed mid-batch -------------------------------------------------------------------
+
+SERVER = """
+import sys, uvicorn
+from memagent.engines import EngineConfig
+from memagent.engines.hf import TransformersEngine
+from memagent.serve import create_app
+from pipelines.openai_batch import BatchRunConfig
+from pipelines.openai_batch_api import BatchService, batch_router
+cfg = BatchRunConfig.model_validate_json(sys.argv[3])
+engine = TransformersEngine.from_config(EngineConfig(model=sys.argv[4]), name="tiny-llama")
+service = BatchService(sys.argv[1], cfg).start()
+uvicorn.run(create_app(engine, extra_routers=[batch_router(service)]), host="127.0.0.1", port=int(sys.argv[2]),
+            log_level="warning")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(root: Path, cfg: BatchRunConfig, model_dir: Path) -> tuple[subprocess.Popen, openai.OpenAI]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(root), str(port), cfg.model_dump_json(),
+                             str(model_dir)], cwd=ROOT, start_new_session=True,
+                            env={**os.environ, "RAY_ADDRESS": ""}, stdout=subprocess.DEVNULL)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            client.models.list()
+            return proc, client
+        except openai.APIConnectionError:
+            assert proc.poll() is None, "the server exited"
+            time.sleep(0.5)
+    raise AssertionError("the server did not start")
+
+
+def answers(client: openai.OpenAI, batch) -> dict[str, object]:
+    lines = [x for fid in (batch.output_file_id, batch.error_file_id) if fid
+             for x in parse_jsonl(client.files.content(fid).text)]
+    ids = [x["custom_id"] for x in lines]
+    assert len(ids) == len(set(ids)), ids  # exactly once
+    return {x["custom_id"]: (x["response"]["body"]["choices"][0]["message"]["content"] if x["response"]
+                             else x["error"]["code"]) for x in lines}
+
+
+def test_server_killed_mid_batch_resumes(tiny_llama_dir, tmp_path):
+    """A server SIGKILLed mid-batch and restarted finishes the batch with each custom_id once and the answers
+    of a run never killed (greedy decoding)."""
+    cfg = run_config(tiny_llama_dir)
+    data = jsonl_bytes(request_lines(n_docs=2, n_chats=3, tokens=600))
+
+    def run(root: Path, kill: bool) -> tuple[dict, dict]:
+        proc, client = start_server(root, cfg, tiny_llama_dir)
+        try:
+            f = client.files.create(file=("r.jsonl", io.BytesIO(data)), purpose="batch")
+            batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                          completion_window="24h")
+            if kill:  # once a document has checkpointed, i.e. mid-read
+                deadline = time.time() + 180
+                while not list(root.glob("batches/*/job_output/_progress/*/*")) and time.time() < deadline:
+                    time.sleep(0.1)
+                assert client.batches.retrieve(batch.id).status == "in_progress"
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                proc, client = start_server(root, cfg, tiny_llama_dir)
+            done = wait_done(client, batch.id)
+            assert done.status == "completed"
+            return answers(client, done), done.request_counts.model_dump()
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    killed, counts = run(tmp_path / "killed", kill=True)
+    clean, clean_counts = run(tmp_path / "clean", kill=False)
+    assert killed == clean and counts == clean_counts and len(clean) == 5
+
+
+def test_run_batch_cli_resumes(tiny_llama_dir, tmp_path):
+    """`memagent run-batch` answers every line once; a rerun redoes nothing and writes the same answers."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(jsonl_bytes(request_lines(2, 2), [BAD_LINES[1][0]]))
+    out = tmp_path / "results.jsonl"
+    cmd = [sys.executable, "-m", "memagent_cli", "run-batch", "-i", str(requests), "-o", str(out), "-q",
+           "--model", str(tiny_llama_dir), "--served-model", "tiny-llama", "--chunk-tokens", "64", "--memory-tokens",
+           "8", "--answer-tokens", "6", "--query-tokens", "64", "--no-progress-timeout", "-1", "--concurrency", "1"]
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    lines = parse_jsonl(out.read_text())
+    assert sorted(x["custom_id"] for x in lines) == ["bad-url", "chat-0", "chat-1", "doc-000", "doc-001"]
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "results.jsonl.work").rglob("*") if p.is_file()
+              and "chat" in p.parts}
+    assert len(stamps) == 2
+    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # no chat line answered again
+    again = parse_jsonl(out.read_text())
+    content = lambda ls: {x["custom_id"]: x["response"] and x["response"]["body"]["choices"][0]["message"]["content"]
+                          for x in ls}
+    assert content(again) == content(lines)
