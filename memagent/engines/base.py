@@ -119,10 +119,17 @@ class Engine(abc.ABC):
     context_window: int
     tokenizer: Any
     stats: EngineStats
+    # Whether :meth:`chat_ids` takes prompt token ids (hf, vLLM): a caller that has encoded the
+    # prompt (the server, in a worker thread) hands them over instead of the messages.
+    takes_prompt_ids: bool = False
 
     @abc.abstractmethod
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
         """Generate the assistant reply to ``messages``. Safe to call from many coroutines at once."""
+
+    async def chat_ids(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """The reply to a prompt already encoded (:meth:`encode_chat`); engines with ``takes_prompt_ids``."""
+        raise NotImplementedError(f"{type(self).__name__} takes messages, not prompt token ids")
 
     def check_window(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse a request whose prompt plus reply cannot fit the context window."""

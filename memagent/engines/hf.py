@@ -187,11 +187,17 @@ class TransformersEngine(Engine):
 
     # -- public API -------------------------------------------------------------------------
 
+    takes_prompt_ids = True
+
     async def chat(self, messages: Messages, params: SamplingParams, *,
                    on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
         """The reply; ``on_tokens`` (optional) is called from the decode thread with each step's new
         tokens as they are kept (streaming; not for sliding-window models, which decode in one call)."""
-        prompt_ids = self.encode_chat(messages)
+        return await self.chat_ids(self.encode_chat(messages), params, on_tokens=on_tokens)
+
+    async def chat_ids(self, prompt_ids: list[int], params: SamplingParams, *,
+                       on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
+        """:meth:`chat` of a prompt already encoded (the server encodes it once, off the event loop)."""
         self.check_window(len(prompt_ids), params.max_tokens)
         constraint = self._constraint(params.json_schema) if params.json_schema is not None else None
         self._ensure_worker()

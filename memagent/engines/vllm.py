@@ -314,12 +314,17 @@ class VLLMEngine(Engine):
 
     # -- generation -------------------------------------------------------------------------
 
+    takes_prompt_ids = True
+
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
+        return await self.chat_ids(self.encode_chat(messages), params)
+
+    async def chat_ids(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """:meth:`chat` of a prompt already encoded (the server encodes it once, off the event loop)."""
         if self._llm is None:
             raise RuntimeError("VLLMEngine is shut down")
         if params.json_schema is not None and self.engine_args.get("speculative_config"):
             raise ValueError(SPECULATION_WITH_SCHEMA)
-        prompt_ids = self.encode_chat(messages)
         self.check_window(len(prompt_ids), params.max_tokens)
         # Cancelling the caller cancels the engine-loop task, and vLLM aborts the request.
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._generate(prompt_ids, params), self._loop))

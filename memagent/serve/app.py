@@ -220,7 +220,10 @@ def _routes(app: FastAPI, engine: Engine, models: dict[str, Any]) -> None:
         prepared = await model.prepare(req)
         if req.stream:
             include = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(sse(model.events(req, prepared), name, include), media_type="text/event-stream")
+            # The engine's model streams tool calls live (("tool_call", delta) events, which sse writes).
+            events = (model.events(req, prepared, tool_deltas=True) if isinstance(model, EngineModel)
+                      else model.events(req, prepared))
+            return StreamingResponse(sse(events, name, include), media_type="text/event-stream")
         reply = await _unless_disconnected(request, _collect(model.events(req, prepared)))
         return completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs,
                                **reply.extra)

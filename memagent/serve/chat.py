@@ -12,7 +12,7 @@ import inspect
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
@@ -125,8 +125,18 @@ def first_line(text: str, limit: int = 500) -> str:
 
 
 def _streams(engine: Engine) -> bool:
-    """Whether ``engine.chat`` takes ``on_tokens`` (the hf engine, for models without a sliding window)."""
-    return "on_tokens" in inspect.signature(engine.chat).parameters and not getattr(engine, "_sliding_window", False)
+    """Whether the engine's decode takes ``on_tokens`` (the hf engine, for models without a sliding window)."""
+    entry = engine.chat_ids if engine.takes_prompt_ids else engine.chat
+    return "on_tokens" in inspect.signature(entry).parameters and not getattr(engine, "_sliding_window", False)
+
+
+class Prepared(NamedTuple):
+    """What :meth:`EngineModel.prepare` settled for one request, for :meth:`EngineModel.events`."""
+
+    messages: list[dict[str, str]]
+    params: SamplingParams
+    plan: tools.ToolPlan | None
+    prompt_ids: list[int] | None = None  # encoded once, off the event loop (engines that take ids)
 
 
 class EngineModel:
@@ -136,70 +146,112 @@ class EngineModel:
         self.engine, self.max_tokens = engine, max_tokens
         self._one_large_prompt = asyncio.Semaphore(1)
 
-    async def count(self, messages: list[dict[str, str]]) -> int:
-        """Prompt tokens, in a thread (a multi-MB prompt takes seconds); large prompts one at a time,
-        so that many of them hold one core, not every core the event loop needs too."""
+    async def _in_thread(self, messages: list[dict[str, str]], work: Any) -> Any:
+        """``work(messages)`` in a worker thread (a multi-MB prompt takes seconds to tokenise, and the
+        event loop serves every stream meanwhile); large prompts one at a time, so that many of them
+        hold one core, not every core the event loop needs too."""
         if sum(len(m["content"]) for m in messages) > LARGE_PROMPT_CHARS:
             async with self._one_large_prompt:
-                return await asyncio.to_thread(self.engine.count_chat_tokens, messages)
-        return await asyncio.to_thread(self.engine.count_chat_tokens, messages)
+                return await asyncio.to_thread(work, messages)
+        return await asyncio.to_thread(work, messages)
 
-    async def prepare(self, req: ChatRequest) -> tuple[list[dict[str, str]], SamplingParams, tools.ToolPlan | None]:
+    async def count(self, messages: list[dict[str, str]]) -> int:
+        """Prompt tokens of ``messages``, counted in a worker thread."""
+        return await self._in_thread(messages, self.engine.count_chat_tokens)
+
+    async def encode(self, messages: list[dict[str, str]]) -> tuple[int, list[int] | None]:
+        """(prompt tokens, prompt ids) in a worker thread: the ids when the engine takes them (it then
+        does not encode the prompt again), else None (the engine is sent the messages)."""
+        if self.engine.takes_prompt_ids:
+            ids = await self._in_thread(messages, self.engine.encode_chat)
+            return len(ids), ids
+        return await self.count(messages), None
+
+    def special_tokens(self) -> list[str]:
+        """The tokenizer's special-token texts (a grammar must never force one into a reply)."""
+        tok = self.engine.tokenizer
+        return [t for t in getattr(tok, "all_special_tokens", []) if isinstance(t, str)]
+
+    async def prepare(self, req: ChatRequest) -> Prepared:
         """The engine's messages and decoding for ``req``; APIError for what cannot be served."""
         schema = check_supported(req)
-        plan = tools.plan(req)
+        plan = tools.plan(req, self.special_tokens())
         if plan is not None:
-            schema = json.dumps(plan.schema)
+            schema = json.dumps(plan.schema) if plan.schema is not None else None
         messages = tools.render_messages(req.messages, plan)
         check_max_tokens(req, self.max_tokens)
         try:
-            prompt_tokens = await self.count(messages)
+            prompt_tokens, prompt_ids = await self.encode(messages)
         except Exception as exc:  # a template that refuses a role or an order of messages
             raise APIError(400, f"messages: the chat template refused them: {first_line(str(exc))}",
                            param="messages") from None
-        # Tool calls are JSON under a grammar: a stop string inside the arguments would break the call.
-        stops = req.stops() if plan is None else []
-        return messages, sampling(req, prompt_tokens, self.engine.context_window, self.max_tokens, schema, stops), plan
+        # A grammar's tool call is JSON: a stop string inside the arguments would break the call.
+        # "auto" decodes free text, stopped as any reply (and at the call's end when one is asked for).
+        stops = req.stops() if plan is None or plan.mode == "auto" else []
+        stops += plan.stops() if plan is not None else []
+        params = sampling(req, prompt_tokens, self.engine.context_window, self.max_tokens, schema, stops)
+        return Prepared(messages, params, plan, prompt_ids)
 
-    async def events(self, req: ChatRequest, prepared: tuple) -> AsyncIterator[Event]:
-        """("content", text) as the engine decodes (when it can stream and the reply is text, not tool
-        calls), then ("reply", Reply). The engine ends the reply at a stop string; until then the text
-        that could still begin one waits (:func:`final_text`), so what streams is the reply's prefix."""
-        messages, params, plan = prepared
-        live = req.stream and plan is None and _streams(self.engine)
+    def _decode(self, prepared: Prepared, on_tokens: Any) -> asyncio.Future:
+        kw = {"on_tokens": on_tokens} if on_tokens is not None else {}
+        if prepared.prompt_ids is not None:
+            return asyncio.ensure_future(self.engine.chat_ids(prepared.prompt_ids, prepared.params, **kw))
+        return asyncio.ensure_future(self.engine.chat(prepared.messages, prepared.params, **kw))
+
+    async def events(self, req: ChatRequest, prepared: Prepared, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+        """("content", text) as the engine decodes (when it can stream), then ("reply", Reply). The
+        engine ends the reply at a stop string; until then the text that could still begin one waits
+        (:func:`final_text`), so what streams is the reply's prefix. With tools, the calls are read
+        out of the text as it grows (:class:`tools.CallStream`); ``tool_deltas``: also yield each
+        call's OpenAI delta entries as ("tool_call", entry) (a consumer that writes them live)."""
+        messages, params, plan, _ = prepared
+        reader = plan.reader() if plan is not None else None
         tokens: asyncio.Queue[list[int] | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        kw = {"on_tokens": lambda ids: loop.call_soon_threadsafe(tokens.put_nowait, list(ids))} if live else {}
-        call = asyncio.ensure_future(self.engine.chat(messages, params, **kw))
+        live = req.stream and _streams(self.engine)
+        call = self._decode(prepared, (lambda ids: loop.call_soon_threadsafe(tokens.put_nowait, list(ids)))
+                            if live else None)
         call.add_done_callback(lambda _: tokens.put_nowait(None))
+        shown = (lambda kind: kind == "content" or tool_deltas)
         try:
             ids: list[int] = []
             sent = ""
             while (new := await tokens.get()) is not None:
                 ids += new
                 text = final_text(self.engine.tokenizer.decode(ids, skip_special_tokens=True), params.stop)
-                if len(text) > len(sent) and text.startswith(sent) and not text.endswith("\ufffd"):
-                    yield "content", text[len(sent):]  # an incomplete UTF-8 character waits for its end
+                if text.endswith("\ufffd"):  # an incomplete UTF-8 character waits for its end
+                    continue
+                if reader is not None:
+                    for event in reader.feed(text):
+                        if shown(event[0]):
+                            yield event
+                elif len(text) > len(sent) and text.startswith(sent):
+                    yield "content", text[len(sent):]
                     sent = text
             try:
                 c = call.result()
             except ValueError as exc:  # the engine rejected this input: its first line, not a parser dump
                 raise APIError(400, first_line(str(exc))) from None
-            reply = self._reply(req, c, plan)
-            if c.finish_reason == "stop" and params.stop and c.token_ids:
+            reply = Reply(c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens, logprobs=self._logprobs(c))
+            if reader is not None:
+                for event in self._read_calls(reply, reader, plan):
+                    if shown(event[0]):
+                        yield event
+            asked = tuple(s for s in params.stop if plan is None or s not in plan.stops())  # not the call's end
+            if c.finish_reason == "stop" and asked and c.token_ids:
                 reply.stop_sequence = matched_stop(self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                                                   c.text, params.stop)
+                                                   c.text, asked)
             yield "reply", reply
         finally:
             call.cancel()  # a disconnect (the generator closed) abandons the decode
 
-    def _reply(self, req: ChatRequest, c: Completion, plan: tools.ToolPlan | None) -> Reply:
-        reply = Reply(c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens, logprobs=self._logprobs(c))
-        if plan is not None:
-            reply.content, reply.tool_calls = tools.parse_reply(c.text, plan)
-            if reply.tool_calls:
-                reply.finish_reason = "stop" if plan.mode == "named" else "tool_calls"
-        return reply
+    @staticmethod
+    def _read_calls(reply: Reply, reader: tools.CallStream, plan: tools.ToolPlan) -> list[Event]:
+        """Sets the reply's content and tool calls from its text; the events not streamed yet."""
+        events, reply.content, reply.tool_calls = reader.finish(reply.content or "", reply.finish_reason)
+        if reply.tool_calls and reply.finish_reason != "length":  # a cut call stays "length", as OpenAI's
+            reply.finish_reason = "stop" if plan.mode == "named" else "tool_calls"
+        return events
 
     def _logprobs(self, c: Completion) -> dict[str, Any] | None:
         if c.logprobs is None:

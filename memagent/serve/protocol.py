@@ -7,6 +7,7 @@ ones are a 400 in OpenAI's error shape naming the field.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any, Literal
@@ -103,13 +104,24 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
+
+
 class FunctionDef(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    name: str = Field(min_length=1, max_length=64)
+    name: str
     description: str | None = None
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _openai_name(cls, name: str) -> str:
+        if not TOOL_NAME.fullmatch(name):
+            raise ValueError(f"tool {name[:80]!r}: a function name must match ^[a-zA-Z0-9_-]{{1,64}}$ (letters, "
+                             "digits, _ and -, at most 64), as OpenAI requires")
+        return name
 
 
 class Tool(BaseModel):

@@ -2,8 +2,10 @@
 
 The first chunk carries the role; reasoning events (the memagent model's memory updates) follow
 as ``delta.reasoning_content`` and ``delta.reasoning`` (both names clients read); then the
-content (pieces as the engine decodes them, then whatever the final reply adds), or the tool calls as OpenAI sends them (the id, type and name first, then the arguments
-in pieces); then a chunk with ``finish_reason``; with ``stream_options.include_usage`` a last
+content (pieces as the engine decodes them, then whatever the final reply adds), and the tool
+calls as OpenAI sends them, live as they are decoded (``("tool_call", entry)`` events: the id, type
+and name first, then the arguments in pieces; whatever was not streamed live follows from the
+reply, in pieces); then a chunk with ``finish_reason``; with ``stream_options.include_usage`` a last
 chunk with empty ``choices`` and the usage; then ``data: [DONE]``. An error once the stream has
 begun is an ``{"error": ...}`` event (as vLLM sends it). When the client goes away Starlette
 cancels this generator, and with it the decode it awaits.
@@ -33,20 +35,29 @@ def _pieces(text: str) -> list[str]:
     return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)] or [""]
 
 
-def reply_deltas(reply: Reply, streamed: str = "") -> list[dict[str, Any]]:
-    """The deltas that spell ``reply`` after the role chunk and the content ``streamed`` so far."""
+def reply_deltas(reply: Reply, streamed: str = "", sent_args: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """The deltas that spell ``reply`` after the role chunk, the content ``streamed`` so far and the
+    tool calls streamed live (``sent_args``: each call's index -> the arguments sent)."""
+    sent_args = sent_args or {}
     if reply.tool_calls:
-        deltas = []
+        deltas = [{"content": p} for p in _rest(reply.content or "", streamed)]
         for i, call in enumerate(reply.tool_calls):
-            head = {"index": i, "id": call["id"], "type": "function",
-                    "function": {"name": call["function"]["name"], "arguments": ""}}
-            deltas.append({"tool_calls": [head]})
+            if i not in sent_args:
+                head = {"index": i, "id": call["id"], "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""}}
+                deltas.append({"tool_calls": [head]})
             deltas += [{"tool_calls": [{"index": i, "function": {"arguments": p}}]}
-                       for p in _pieces(call["function"]["arguments"])]
+                       for p in _rest(call["function"]["arguments"], sent_args.get(i, "")) if p]
         return deltas
     content = reply.content or ""
     rest = content[len(streamed):] if content.startswith(streamed) else content
     return [{"content": p} for p in _pieces(rest)] if rest or not streamed else []
+
+
+def _rest(text: str, sent: str) -> list[str]:
+    """What of ``text`` is left to send after ``sent`` (a prefix of it), in pieces; none when all was sent."""
+    rest = text[len(sent):] if text.startswith(sent) else text
+    return _pieces(rest) if rest else []
 
 
 async def sse(events: AsyncIterator[Event], model: str, include_usage: bool) -> AsyncIterator[bytes]:
@@ -54,6 +65,7 @@ async def sse(events: AsyncIterator[Event], model: str, include_usage: bool) -> 
     cid, created = completion_id(), int(time.time())
     yield _sse(chunk(cid, model, created, {"role": "assistant", "content": ""}))
     streamed = ""
+    sent_args: dict[int, str] = {}  # tool calls sent live: index -> arguments so far
     try:
         async for kind, value in events:
             if kind == "reasoning":
@@ -63,7 +75,12 @@ async def sse(events: AsyncIterator[Event], model: str, include_usage: bool) -> 
                 streamed += value
                 yield _sse(chunk(cid, model, created, {"content": value}))
                 continue
-            for delta in reply_deltas(value, streamed):
+            if kind == "tool_call":
+                index = value["index"]
+                sent_args[index] = sent_args.get(index, "") + value["function"].get("arguments", "")
+                yield _sse(chunk(cid, model, created, {"tool_calls": [value]}))
+                continue
+            for delta in reply_deltas(value, streamed, sent_args):
                 yield _sse(chunk(cid, model, created, delta))
             last = chunk(cid, model, created, {}, value.finish_reason)
             last.update(value.extra)

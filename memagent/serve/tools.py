@@ -1,42 +1,71 @@
-"""Function calling: the tools in the prompt, a grammar from their parameter schemas, the reply as ``tool_calls``.
+"""Function calling: the tools in the prompt, how the reply is decoded, and the reply as ``tool_calls``.
 
-The model answers in JSON under a grammar built from the tools' schemas (the same
-``SamplingParams.json_schema`` path ``response_format`` takes, so every engine constrains it):
+As vLLM serves them (``--enable-auto-tool-choice --tool-call-parser hermes``, and its structured
+outputs for the forced choices):
 
-- ``tool_choice`` a named function: one object ``{"name": NAME, "arguments": {...}}``;
-- ``"required"``: an array of one or more such objects, each of any tool (parallel calls);
-- ``"auto"`` (the default with tools): either such an object or ``{"content": TEXT}``, a plain reply;
-  the model chooses;
+- ``"auto"`` (the default with tools): the model is shown its tools in the Hermes format (Qwen,
+  Hermes and SmolLM2 are trained on it) and decodes freely; a call is the text
+  ``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>``, which the parser
+  (:mod:`memagent.serve.tool_calls`) takes out of the reply, live. Nothing is constrained, so
+  a text reply decodes (and speculates) as any other; with ``parallel_tool_calls: false`` the decode
+  stops at the first call's closing tag;
+- ``tool_choice`` a named function: the reply is that function's arguments, under a grammar of its
+  parameter schema (the ``SamplingParams.json_schema`` path ``response_format`` takes, so every
+  engine constrains it);
+- ``"required"``: a JSON array of 1 to MAX_PARALLEL_CALLS ``{"name": NAME, "arguments": {...}}``
+  objects of any tool under a grammar; with ``parallel_tool_calls: false`` exactly one such object;
 - ``"none"``: the tools are left out of the prompt and nothing is constrained.
 
+Tool names must match OpenAI's ``^[a-zA-Z0-9_-]{1,64}$`` (:mod:`memagent.serve.protocol`). A
+string the grammar would force into the reply (an ``enum`` or ``const`` value, a property name)
+that holds one of the tokenizer's special tokens (``<|im_end|>``) is refused: the grammar would
+have the model write the special token, which ends the reply mid-call. In the prompt, the tools'
+JSON writes ``<`` as ``\\u003c``, so their text never turns into special tokens there.
+
 Earlier calls in the conversation (assistant ``tool_calls``) are shown to the model in the same
-JSON, and ``tool`` messages keep their role, so the chat template renders a round trip as the
-model will continue it.
+Hermes format, and ``tool`` messages keep their role, so the chat template renders a round trip as
+the model will continue it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memagent.serve.guard import check_schema
-from memagent.serve.protocol import APIError, ChatMessage, ChatRequest, NamedToolChoice, Tool, call_id
+from memagent.serve.protocol import APIError, ChatMessage, ChatRequest, NamedToolChoice, Tool
+from memagent.serve.tool_calls import CALL_CLOSE, CALL_OPEN, CallStream
 
-MAX_TEXT_CHARS = 64 * 1024  # the "auto" text branch: max_tokens bounds it first
+# "required": at most this many calls in one reply, so that the array ends (a small model repeats
+# the same call until max_tokens cuts it: three calls for one question, a fourth cut).
+MAX_PARALLEL_CALLS = 8
 
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """How one request uses its tools: ``mode`` is "named", "required" or "auto"."""
+    """How one request uses its tools: ``mode`` is "named", "required" or "auto"; ``schema`` the
+    grammar of the reply (None for "auto": free text, parsed); ``name`` the function of "named"."""
 
     mode: str
     tools: list[Tool]
-    schema: dict[str, Any]
+    schema: dict[str, Any] | None
+    parallel: bool = True
+    name: str | None = None
+
+    def stops(self) -> list[str]:
+        """Stop strings the decode needs: one call asked for ends at its closing tag."""
+        return [CALL_CLOSE] if self.mode == "auto" and not self.parallel else []
+
+    def reader(self) -> CallStream:
+        """A parser of one reply decoded under this plan."""
+        return CallStream(self.mode, self.name, self.parallel)
 
 
-def plan(req: ChatRequest) -> ToolPlan | None:
-    """The request's tool plan, or None when it decodes without tools (none given, or "none")."""
+def plan(req: ChatRequest, special_tokens: Sequence[str] = ()) -> ToolPlan | None:
+    """The request's tool plan, or None when it decodes without tools (none given, or "none").
+    ``special_tokens``: the tokenizer's special-token texts, refused in strings the grammar forces."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
@@ -50,37 +79,54 @@ def plan(req: ChatRequest) -> ToolPlan | None:
     names = [t.function.name for t in req.tools]
     if len(set(names)) != len(names):
         raise APIError(400, f"tools: function names must be unique, got {names}", param="tools")
-    defs = {f"tool{i}": _parameters(t, i) for i, t in enumerate(req.tools)}
-    calls = [_call_schema(t.function.name, i) for i, t in enumerate(req.tools)]
+    parallel = req.parallel_tool_calls is not False
+    if choice in (None, "auto"):
+        return ToolPlan("auto", req.tools, None, parallel)
+    defs = {f"tool{i}": _parameters(t, i, special_tokens) for i, t in enumerate(req.tools)}
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in names:
             raise APIError(400, f"tool_choice names function {choice.function.name!r}, which is not in tools "
                            f"({', '.join(names)})", param="tool_choice")
-        root = calls[names.index(choice.function.name)]
-        return ToolPlan("named", req.tools, {**root, "$defs": defs})
-    if choice == "required":
-        return ToolPlan("required", req.tools, {"type": "array", "minItems": 1, "items": {"anyOf": calls},
-                                                "$defs": defs})
-    text = {"type": "object", "properties": {"content": {"type": "string", "maxLength": MAX_TEXT_CHARS}},
-            "required": ["content"]}
-    return ToolPlan("auto", req.tools, {"anyOf": [*calls, text], "$defs": defs})
+        i = names.index(choice.function.name)
+        return ToolPlan("named", req.tools, {"$ref": f"#/$defs/tool{i}", "$defs": defs}, False, choice.function.name)
+    one = {"anyOf": [_call_schema(t.function.name, i) for i, t in enumerate(req.tools)]}
+    if not parallel:
+        return ToolPlan("required", req.tools, {**one, "$defs": defs}, False)
+    return ToolPlan("required", req.tools, {"type": "array", "minItems": 1, "maxItems": MAX_PARALLEL_CALLS,
+                                            "items": one, "$defs": defs})
 
 
-def _parameters(tool: Tool, i: int) -> dict[str, Any]:
+def _parameters(tool: Tool, i: int, special_tokens: Sequence[str]) -> dict[str, Any]:
     """The function's parameter schema, checked, its ``$ref`` s re-rooted under ``#/$defs/tool{i}``."""
     params = tool.function.parameters or {"type": "object", "properties": {}}
     params = check_schema(params, f"tools.{i}.function.parameters", param="tools")
     params.setdefault("type", "object")
-    stack: list[Any] = [params]
+    stack: list[tuple[Any, str]] = [(params, "")]
     while stack:
-        node = stack.pop()
+        node, at = stack.pop()
         if isinstance(node, dict):
+            _refuse_special(node, f"tools.{i}.function.parameters{at}", tool.function.name, special_tokens)
             if isinstance(node.get("$ref"), str):
                 node["$ref"] = f"#/$defs/tool{i}" + node["$ref"][1:]
-            stack.extend(node.values())
+            stack.extend((v, f"{at}.{k}") for k, v in node.items())
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((v, f"{at}.{j}") for j, v in enumerate(node))
     return params
+
+
+def _refuse_special(node: dict[str, Any], where: str, tool: str, special_tokens: Sequence[str]) -> None:
+    """400 when a string the grammar writes verbatim (enum, const, property name) holds a special token."""
+    forced = [v for v in node.get("enum") or [] if isinstance(v, str)] if isinstance(node.get("enum"), list) else []
+    if isinstance(node.get("const"), str):
+        forced.append(node["const"])
+    if isinstance(node.get("properties"), dict):
+        forced += list(node["properties"])
+    for value in forced:
+        hit = next((t for t in special_tokens if t and t in value), None)
+        if hit is not None:
+            raise APIError(400, f"{where}: tool {tool!r} has the value {value!r}, which holds the model's special "
+                           f"token {hit!r}: decoded, it would end the reply mid-call; rename the value",
+                           param="tools", code="invalid_schema")
 
 
 def _call_schema(name: str, i: int) -> dict[str, Any]:
@@ -88,30 +134,44 @@ def _call_schema(name: str, i: int) -> dict[str, Any]:
             "required": ["name", "arguments"]}
 
 
-def system_prompt(tools: list[Tool], mode: str) -> str:
-    """The instruction that tells the model its functions and the JSON it answers in."""
-    listed = json.dumps([{"name": t.function.name, "description": t.function.description or "",
-                          "parameters": t.function.parameters} for t in tools])
-    how = {"named": 'Call the function: reply with JSON {"name": NAME, "arguments": {...}}.',
-           "required": 'Call one or more functions: reply with a JSON array of {"name": NAME, "arguments": {...}}.',
-           "auto": 'To call a function, reply with JSON {"name": NAME, "arguments": {...}}; to answer without '
-                   'one, reply with JSON {"content": YOUR ANSWER}.'}[mode]
-    return f"You have these functions:\n{listed}\n{how}"
+def _json_for_prompt(value: Any) -> str:
+    """JSON whose ``<`` are written ``\\u003c`` (the same value): no special token forms in the prompt."""
+    return json.dumps(value).replace("<", "\\u003c")
+
+
+def system_prompt(tools: list[Tool], mode: str, parallel: bool = True, name: str | None = None) -> str:
+    """The instruction that tells the model its functions and how it calls them."""
+    listed = "\n".join(_json_for_prompt({"type": "function", "function": {
+        "name": t.function.name, "description": t.function.description or "", "parameters": t.function.parameters}})
+        for t in tools)
+    head = ("You are a function calling AI model. You are provided with function signatures within <tools></tools> "
+            f"XML tags:\n<tools>\n{listed}\n</tools>\n")
+    if mode == "named":
+        return head + f"Call the function {name}: reply with its arguments as a JSON object."
+    if mode == "required":
+        if not parallel:
+            return head + 'Call one function: reply with JSON {"name": NAME, "arguments": {...}}.'
+        return head + 'Call one or more functions: reply with a JSON array of {"name": NAME, "arguments": {...}}.'
+    many = "one or more functions" if parallel else "at most one function"
+    return head + (f"You may call {many} to assist with the user query. For each function call, return a json "
+                   "object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+                   '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
 def render_messages(messages: list[ChatMessage], tool_plan: ToolPlan | None) -> list[dict[str, str]]:
-    """The conversation as chat-template messages: developer as system, earlier calls as their JSON,
-    and the tools' instruction in the system message."""
+    """The conversation as chat-template messages: developer as system, earlier calls in the Hermes
+    format, and the tools' instruction in the system message."""
     out = []
     for m in messages:
         text = m.text()
         if m.tool_calls:
-            calls = [{"name": c.function.name, "arguments": _arguments(c.function.arguments)} for c in m.tool_calls]
-            shown = json.dumps(calls[0] if len(calls) == 1 else calls)
+            shown = "\n".join(f"{CALL_OPEN}\n" + _json_for_prompt(
+                {"name": c.function.name, "arguments": _arguments(c.function.arguments)}) + f"\n{CALL_CLOSE}"
+                for c in m.tool_calls)
             text = f"{text}\n{shown}" if text else shown
         out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
     if tool_plan is not None:
-        prompt = system_prompt(tool_plan.tools, tool_plan.mode)
+        prompt = system_prompt(tool_plan.tools, tool_plan.mode, tool_plan.parallel, tool_plan.name)
         if out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
         else:
@@ -126,17 +186,7 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def parse_reply(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """(content, tool_calls) of a reply decoded under the plan's grammar; a reply cut short (not
-    JSON) stays text."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text, None
-    if isinstance(value, dict) and "content" in value and "name" not in value:
-        return str(value["content"]), None
-    calls = value if isinstance(value, list) else [value]
-    if not all(isinstance(c, dict) and "name" in c for c in calls):
-        return text, None
-    return None, [{"id": call_id(), "type": "function",
-                   "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}))}} for c in calls]
+def parse_reply(text: str, tool_plan: ToolPlan, finish_reason: str = "stop") -> tuple[str | None, list[dict[str, Any]] | None]:
+    """(content, tool_calls) of a whole reply decoded under the plan (:class:`CallStream`)."""
+    _, content, calls = tool_plan.reader().finish(text, finish_reason)
+    return content, calls
