@@ -3,7 +3,7 @@
     nice python -m benchmarks.records_oracle --out benchmarks/results/records_oracle.json
     nice python -m benchmarks.records_oracle --langextract-python PY --out benchmarks/results/records_oracle.json
 
-Documents: :mod:`memagent.data.ledger` (seeded): a dense table of 260 payments and a list of 220, each
+Documents: :mod:`tests.oracle.ledger` (seeded): a dense table of 260 payments and a list of 220, each
 in one chunk (8,000 tokens); a long mixed ledger (prose in several date and amount spellings, CJK
 sentences, aliases defined once and used by role, keys stated again with other amounts, near
 misses, long lines) read in 5,000-token chunks. Each is read twice by the memory agent with the
@@ -36,8 +36,8 @@ from typing import Any
 from benchmarks.common import loadavg, print_table, write_json
 from memagent.agent import read_document
 from memagent.config import AgentConfig
-from memagent.data.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
 from memagent.extraction import schema_from
+from tests.oracle.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
 
 DOCS = {  # id -> (spec, seed, chunk tokens): the dense pages fit one chunk
     "dense-table-260": (LedgerSpec(prose=0, table_rows=260, near_misses=0, filler=0), 42, 8000),

@@ -42,7 +42,6 @@ import pyarrow.parquet as pq
 
 from memagent.batch import answer_row
 from memagent.config import AgentConfig
-from memagent.data.ledger import SCHEMA, Ledger, LedgerSpec, ledger
 from memagent.engines import EngineConfig
 from memagent.extraction import schema_from
 from pipelines import checkpoints, fingerprint, lease, records_output, storage
@@ -53,6 +52,7 @@ from pipelines.input_plan import InputPlan
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
 from tests.fault_fs import FaultyStore, Injector, Killed, MemoryCounts, Preempted, faulty
+from tests.oracle.ledger import SCHEMA, Ledger, LedgerSpec, ledger
 from tests.oracle.records_oracle import ChainedOracle, LedgerOracle
 from tests.oracle.servers import OracleEngine
 

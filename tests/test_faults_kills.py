@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from memagent.data.ledger import SCHEMA, LedgerSpec, ledger
+from tests.oracle.ledger import SCHEMA, LedgerSpec, ledger
 from tests.oracle.records_oracle import ChainedOracle, LedgerOracle
 from tests.oracle.servers import oracle_app
 from tests.pipeline_helpers import read_output, write_rows

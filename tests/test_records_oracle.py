@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from memagent.agent import read_document
 from memagent.config import AgentConfig
-from memagent.data.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
 from memagent.extraction import schema_from
+from tests.oracle.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
 from tests.oracle.records_oracle import LedgerOracle
 from tests.oracle.servers import OracleEngine
 

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memagent.agent import read_document
-from memagent.data.ledger import SCHEMA, LedgerSpec, gold, ledger
 from memagent.engines.openai import OpenAIEngine
+from tests.oracle.ledger import SCHEMA, LedgerSpec, gold, ledger
 from tests.oracle.records_oracle import LedgerOracle
 from tests.oracle.servers import oracle_app
 from tests.reliability_helpers import free_port, serving

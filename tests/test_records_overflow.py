@@ -13,10 +13,10 @@ import pytest
 
 from memagent.agent import read_document
 from memagent.config import AgentConfig
-from memagent.data.ledger import SCHEMA, LedgerSpec, gold, ledger
 from memagent.extraction import schema_from
 from memagent.extraction import reading
 from memagent.extraction.reading import complete_items, repeats_itself
+from tests.oracle.ledger import SCHEMA, LedgerSpec, gold, ledger
 from tests.oracle.records_oracle import LedgerOracle
 from tests.oracle.servers import OracleEngine
 

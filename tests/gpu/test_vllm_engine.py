@@ -261,7 +261,7 @@ def test_records_through_vllm_keep_only_what_their_call_read(engine):
     their call read them (never only elsewhere in the document), and a reply filling its limit is overflow."""
     import json
 
-    from memagent.data.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
+    from tests.oracle.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
     from memagent.extraction import schema_from
     from memagent.extraction.reading import TAIL_CHARS, read_reply
     from memagent.prompts import records_messages

@@ -1,4 +1,6 @@
-"""A ledger corpus for record extraction with the cases that break per-chunk readers, and its ground truth.
+"""A ledger corpus for record extraction with the cases that break per-chunk readers, and its ground truth
+(a test fixture: the perfect reader of tests/oracle/records_oracle.py reads it; its words are those of
+:mod:`memagent.data.records_corpus`, the product's generator of statements).
 
 Every payment a document states is a :class:`Statement`: the record it states (payer, date,
 amount) and the char span of the sentence or line that states it. The ground truth is what a
@@ -28,6 +30,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from memagent.data import records_corpus as corpus
+
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"payments": {
     "type": "array", "x-key": ["payer", "date"], "description": "Every payment stated, one record per payment",
     "items": {"type": "object", "required": ["payer", "date", "amount"], "properties": {
@@ -35,19 +39,13 @@ SCHEMA: dict[str, Any] = {"type": "object", "properties": {"payments": {
         "date": {"type": "string", "format": "date"},
         "amount": {"type": "number"}}}}}}
 
-LATIN = ["Harlow", "Brent", "Calder", "Dunmore", "Elswick", "Fenwick", "Glenrock", "Hartley", "Ivers", "Jarrow",
-         "Kestrel", "Langdon", "Marsden", "Norland", "Oakham", "Penrith", "Quarry", "Redmoor", "Selby", "Tamworth"]
-TRADES = ["Freight", "Textiles", "Foods", "Metals", "Timber", "Print", "Marine", "Dairy", "Glass", "Tools"]
+# The vocabulary of the product's statement generator (memagent.data.records_corpus), one source for both.
+LATIN = corpus.FIRST
+TRADES = corpus.SECOND
 CJK = ["東京物産株式会社", "大阪精機株式会社", "名古屋製紙株式会社", "札幌海運株式会社", "福岡電機株式会社"]
 ROLES = ["Carrier", "Supplier", "Lessee", "Agent", "Guarantor"]
-FILLER = [
-    "The weather was mild that week and nothing else of note happened in the office.",
-    "Staff moved the archive boxes from the second floor to the basement store.",
-    "The quarterly review meeting was postponed because the chair was travelling.",
-    "Minutes of the previous meeting were approved without amendment.",
-    "倉庫の棚卸しは予定どおり金曜日に終わった。",
-]
-NEAR_MISS = ["{payer} was invoiced {amount} on {date}.", "{payer} expects to pay {amount} on {date}."]
+FILLER = [*corpus.FILLER[:3], corpus.FILLER[13], "倉庫の棚卸しは予定どおり金曜日に終わった。"]
+NEAR_MISS = corpus.NEAR_MISS[:2]  # invoiced, expects to pay
 DATE_FORMS = ("iso", "long", "day_month", "dotted")
 AMOUNT_FORMS = ("plain", "grouped", "decimals")
 
