@@ -1,0 +1,175 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) on `memagent serve`,
+driven by the `anthropic` SDK (`messages.create` whole, `messages.stream`, tools, `count_tokens`).
+Before: both paths were a 404, so Claude Code and Anthropic's clients could not reach the server.
+
+Real servers on loopback over the tiny random Llama: the replies are random words, so each test
+asserts the protocol as the SDK parsed it (blocks, events, tool inputs that validate, usage, stop
+reasons, errors), never the wording.
+"""
+
+from __future__ import annotations
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.serve_helpers import engine, url  # noqa: F401 (fixtures)
+from tests.test_serve_guard import running
+
+pytestmark = pytest.mark.slow  # real servers (tests/conftest.py's rule)
+
+WEATHER = {"name": "get_weather", "description": "Weather of a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                            "required": ["city", "days"], "additionalProperties": False}}
+DOC = " ".join(f"Line {i}: the key of box {i} is {i * 7 % 13}." for i in range(60))
+ASK = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+
+
+@pytest.fixture
+def client(url):
+    from anthropic import Anthropic
+
+    return Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_text_reply_usage_and_max_tokens(client, engine):
+    """A text message counts the prompt the chat template renders (system included); cut at max_tokens its
+    stop_reason is max_tokens with that many output tokens."""
+    m = client.messages.create(model="tiny-llama", max_tokens=12, system=[{"type": "text", "text": "Be brief."}],
+                               messages=[{"role": "user", "content": [{"type": "text", "text": "Hello"}]}])
+    assert m.type == "message" and m.role == "assistant" and m.content[0].type == "text"
+    prompt = engine.count_chat_tokens([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}])
+    assert m.usage.input_tokens == prompt
+    assert m.stop_reason in ("end_turn", "max_tokens") and (m.stop_reason == "max_tokens") == (m.usage.output_tokens == 12)
+    cut = client.messages.create(model="tiny-llama", max_tokens=1, messages=[{"role": "user", "content": "A story"}])
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 1
+
+
+def test_stop_sequences_end_the_reply_and_are_named(client):
+    """A reply that a stop sequence ended has stop_reason stop_sequence, names which one, and its text holds none;
+    one that ended otherwise names none."""
+    stops = [" ", "e", "a", "o"]
+    seen = set()
+    for i in range(3):
+        m = client.messages.create(model="tiny-llama", max_tokens=64, stop_sequences=stops,
+                                   messages=[{"role": "user", "content": f"Say a few words {i}"}])
+        seen.add(m.stop_reason)
+        if m.stop_reason == "stop_sequence":
+            assert m.stop_sequence in stops and not any(s in m.content[0].text for s in stops)
+        else:
+            assert m.stop_sequence is None
+    assert "stop_sequence" in seen
+
+
+def test_tools_give_tool_use_blocks_whose_input_validates(client):
+    """tool_choice tool and any give tool_use blocks (stop_reason tool_use) whose input validates the tool's
+    input_schema; a round trip of tool_use and tool_result blocks is answered; none answers text."""
+    m = client.messages.create(model="tiny-llama", max_tokens=256, messages=ASK, tools=[WEATHER],
+                               tool_choice={"type": "tool", "name": "get_weather"})
+    assert m.content[0].type == "tool_use" and m.content[0].name == "get_weather" and m.stop_reason == "tool_use"
+    jsonschema.validate(m.content[0].input, WEATHER["input_schema"])
+    m = client.messages.create(model="tiny-llama", max_tokens=256, messages=ASK, tools=[WEATHER],
+                               tool_choice={"type": "any"})
+    assert m.stop_reason == "tool_use" and all(b.type == "tool_use" for b in m.content)
+    for b in m.content:
+        jsonschema.validate(b.input, WEATHER["input_schema"])
+    turn = [*ASK, {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, {
+                "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "days": 3}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                                         {"type": "text", "text": "Thanks, summarise."}]}]
+    m = client.messages.create(model="tiny-llama", max_tokens=16, messages=turn, tools=[WEATHER, {
+        "type": "web_search_20250305", "name": "web_search"}], tool_choice={"type": "none"})
+    assert m.content[0].type == "text" and m.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_stream_follows_anthropics_event_sequence(client, url):
+    """Streamed, events come as message_start, ping, content blocks, message_delta, message_stop; the text deltas
+    spell the final message's text and a streamed tool_use's input validates."""
+    with client.messages.stream(model="tiny-llama", max_tokens=24, messages=[{"role": "user", "content": "Hi"}]) as s:
+        events = list(s)
+        final = s.get_final_message()
+    kinds = [e.type for e in events]  # the SDK drops the ping
+    assert kinds[:2] == ["message_start", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
+    with httpx.stream("POST", f"{url}/v1/messages", json={"model": "tiny-llama", "max_tokens": 4, "stream": True,
+                                                         "messages": ASK}, timeout=60) as r:
+        names = [line.removeprefix("event: ") for line in r.iter_lines() if line.startswith("event: ")]
+    assert names[:3] == ["message_start", "ping", "content_block_start"] and names[-1] == "message_stop"
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    assert final.content[0].text == text and final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.output_tokens > 0 and final.usage.input_tokens > 0
+    with client.messages.stream(model="tiny-llama", max_tokens=256, messages=ASK, tools=[WEATHER],
+                                tool_choice={"type": "tool", "name": "get_weather"}) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "tool_use" and final.content[0].type == "tool_use"
+    jsonschema.validate(final.content[0].input, WEATHER["input_schema"])
+
+
+def test_count_tokens_matches_the_prompt_a_message_reads(client, engine):
+    """count_tokens equals the chat template's count of the same conversation and the usage.input_tokens of the
+    message it would make; tools add their instruction's tokens."""
+    system, messages = "Be brief.", [{"role": "user", "content": "Hello there"}]
+    counted = client.messages.count_tokens(model="tiny-llama", system=system, messages=messages)
+    oracle = engine.count_chat_tokens([{"role": "system", "content": system}, *messages])
+    assert counted.input_tokens == oracle
+    made = client.messages.create(model="tiny-llama", max_tokens=1, system=system, messages=messages)
+    assert made.usage.input_tokens == oracle
+    with_tools = client.messages.count_tokens(model="tiny-llama", system=system, messages=messages, tools=[WEATHER])
+    assert with_tools.input_tokens > oracle
+
+
+def test_errors_are_in_anthropics_shape(client, url):
+    """A missing max_tokens, an unknown model and an image block answer {"type": "error", "error": {type, message}}
+    naming the problem; with a key configured x-api-key is accepted and a wrong one is an authentication_error."""
+    import anthropic
+
+    r = httpx.post(f"{url}/v1/messages", json={"model": "tiny-llama", "messages": ASK}, timeout=60)
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in r.json()["error"]["message"]
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(model="claude-9", max_tokens=4, messages=ASK)
+    assert err.value.body["error"]["type"] == "not_found_error" and "claude-9" in err.value.body["error"]["message"]
+    image = [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": ""}}]}]
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="tiny-llama", max_tokens=4, messages=image)
+    assert "messages.0.content.0" in err.value.body["error"]["message"]
+
+
+def test_x_api_key_is_the_key_on_a_guarded_server(engine, monkeypatch):
+    """With --auth-key-env the anthropic SDK's x-api-key header is accepted; a wrong key is a 401 in Anthropic's shape."""
+    import anthropic
+
+    from memagent.serve import ServeConfig, create_app
+
+    monkeypatch.setenv("MEMAGENT_TEST_KEY", "s3cret-key")
+    config = ServeConfig(auth_key_env="MEMAGENT_TEST_KEY", max_tokens=8)
+    with running(create_app(engine, config, close_engine=False)) as url:
+        good = anthropic.Anthropic(base_url=url, api_key="s3cret-key", max_retries=0, timeout=60)
+        assert good.messages.create(model="tiny-llama", max_tokens=2, messages=ASK).usage.output_tokens >= 1
+        bad = anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0, timeout=60)
+        with pytest.raises(anthropic.AuthenticationError) as err:
+            bad.messages.create(model="tiny-llama", max_tokens=2, messages=ASK)
+        assert err.value.body["error"]["type"] == "authentication_error"
+
+
+def test_memagent_memory_updates_are_a_thinking_block(engine):
+    """The memagent model's message starts with a thinking block holding every memory update; streamed, one
+    thinking_delta per chunk read comes before any text_delta."""
+    from anthropic import Anthropic
+
+    from memagent.config import AgentConfig
+    from memagent.serve import create_app
+
+    agent = AgentConfig(chunk_tokens=200, memory_tokens=48, answer_tokens=12, query_tokens=64)
+    with running(create_app(engine, close_engine=False, agent=agent)) as url:
+        client = Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=300)
+        ask = [{"role": "user", "content": "What is the key of box 5?"}]
+        m = client.messages.create(model="memagent", max_tokens=12, system=DOC, messages=ask)
+        n = m.model_extra["memagent"]["n_chunks"]
+        assert [b.type for b in m.content] == ["thinking", "text"] and n > 1
+        assert m.content[0].thinking.count("[memory after chunk") == n
+        with client.messages.stream(model="memagent", max_tokens=12, system=DOC, messages=ask) as s:
+            deltas = [e.delta.type for e in s if e.type == "content_block_delta"]
+    thinking = [i for i, d in enumerate(deltas) if d == "thinking_delta"]
+    text = [i for i, d in enumerate(deltas) if d == "text_delta"]
+    assert len(thinking) == n and (not text or max(thinking) < min(text))
