@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from memagent.report import html as rh
 from memagent.report.fields import fields_html, is_number, schema_fields
 from memagent.report.records import Wanted, add_snippets, records_view, schema_record_types
+from memagent.report.retention_view import summary_items as retention_items
 from memagent.result_schema import RECORDS_FILE_COLUMN
 from pipelines import records_output, storage
 from pipelines.storage import S3Options
@@ -44,7 +45,8 @@ BATCH_REPORT_NAME = "_report.html"
 ROW_COLUMNS = ["id", "question", "answers", "context", "prediction", "response", "n_chunks", "context_tokens",
                "truncated", "steps", "score", "error", "model", "config", "seconds", "method", "task", "length",
                "metric", "evidence_step", "evidence_char_start", "evidence_char_end", "answer_spans",
-               "answer_found_step", "answer_lost_step", "extraction", "field_evidence", RECORDS_FILE_COLUMN]
+               "answer_found_step", "answer_lost_step", "extraction", "field_evidence", "gold_positions",
+               RECORDS_FILE_COLUMN]
 EVAL_IMAGES = [("heatmap.png", "Accuracy heatmap: method · task × length"),
                ("accuracy_vs_length.png", "Accuracy against document length (95% intervals)")]
 
@@ -159,6 +161,7 @@ def _summary_items(run: str, kind: str, views: list[dict], meta: dict, tps: list
             items.append((f"accuracy · {m}", rh.fmt_acc(rh.accuracy(v for v in views if v.get("m") == m))))
     else:
         items.append(("accuracy", rh.fmt_acc(rh.accuracy(views))))
+    items += retention_items(views, by_method=bool(methods))
     items += tps + [("model", rh._e(meta.get("model") or "?"))]
     return items + [(k, rh._e(v)) for k, v in extra]
 

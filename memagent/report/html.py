@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from memagent.attribution import attribute, holds, memory_steps
 from memagent.evaluate import TASK_LABELS, length_label, wilson_interval
 from memagent.report.fields import field_view, is_int, is_number
+from memagent.report.retention_view import retention_view
 
 SNIPPET_CHARS = 90  # context kept either side of a highlighted span
 MAX_SNIPPETS = 4
@@ -180,6 +181,7 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
         if row.get(col) is not None:
             view[short] = row[col]
     view.update(field_view(row, context))  # extraction runs: per-field values and evidence spans
+    view["rt"] = retention_view(row)  # known evidence (needles, supporting paragraphs) in the memory per step
     return {k: v for k, v in view.items() if v is not None}
 
 

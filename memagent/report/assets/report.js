@@ -30,7 +30,31 @@ const STATUS = {
   partial: (r) => status(r) === "partial", error: (r) => !!r.e, unscored: (r) => status(r) === "unscored",
   lost: (r) => r.l != null, never: (r) => !r.e && r.a && r.a.length && r.h && r.f == null,
   noev: (r) => !r.e && r.p && !r.ev && hasMem(r),
+  evlost: (r) => !!r.rt && r.rt.c[1] > r.rt.c[2],
 };
+// A row's evidence timeline (rt.i[j][3]): run-length coded states per memory step.
+const RS = {".": ["u", "not yet read"], "?": ["g", "held before it was read"], "h": ["h", "held"], "x": ["x", "read, not held"]};
+function evidenceHtml(rt, n) {
+  const yes = (b) => b ? '<span class="ok">yes</span>' : '<span class="bad">no</span>';
+  let h = '<h3>Evidence in memory</h3><div class="legend">' + esc(rt.c[0]) + " item(s) read, " + esc(rt.c[1]) +
+    " captured (held after their read), " + esc(rt.c[2]) + " retained (held at the answer) · per memory step:" +
+    '<i class="rs-u"></i>not yet read<i class="rs-h"></i>held<i class="rs-x"></i>read, not held' +
+    '<i class="rs-g"></i>held before it was read</div><table class="rtab"><tr><th>evidence</th><th>read at step</th>' +
+    "<th>captured</th><th>retained</th><th>memory steps 0–" + esc(n - 1) + "</th></tr>";
+  for (const it of rt.i) {
+    let at = 0, bar = "";
+    for (const m of String(it[3]).matchAll(/([.?hx])(\d+)/g)) {
+      const len = Number(m[2]), k = RS[m[1]];
+      bar += '<i class="rs rs-' + esc(k[0]) + '" style="left:' + pct(at, n) + ";width:" + pct(len, n) + '" title="steps ' +
+        esc(at) + "–" + esc(at + len - 1) + ": " + esc(k[1]) + '"></i>';
+      at += len;
+    }
+    h += '<tr class="rt-item"><td>' + esc(it[0]) + ' <span class="mut">' + esc(it[1]) + "</span></td><td>" +
+      (it[2] == null ? '<span class="mut">never</span>' : esc(it[2])) + "</td><td>" + yes(it[4]) + "</td><td>" +
+      yes(it[5]) + '</td><td><div class="rbar">' + bar + "</div></td></tr>";
+  }
+  return h + "</table>" + (rt.more ? '<p class="mut">' + esc(rt.more) + " more item(s) not drawn</p>" : "");
+}
 const COLS = [["id", "id", (r) => r.id]];
 if (D.facets.method) COLS.push(["method", "method", (r) => r.m]);
 if (D.facets.task) COLS.push(["task", "task", (r) => r.t]);
@@ -45,7 +69,7 @@ function setup() {
   let h = '<input type="search" id="fq" placeholder="search id, question, prediction, error">';
   h += sel("status", [["", "all rows"], ["correct", "correct"], ["wrong", "wrong"], ["partial", "partial"],
     ["error", "error"], ["unscored", "no answers"], ["lost", "answer lost"], ["never", "answer never in memory"],
-    ["noev", "prediction not in memory"]]);
+    ["noev", "prediction not in memory"], ["evlost", "evidence lost from memory"]]);
   for (const k of ["method", "task", "length"]) {
     if (D.facets[k]) h += sel(k, [["", "all " + k + "s"]].concat(D.facets[k].map((v) => [String(v), String(v)])));
   }
@@ -201,6 +225,7 @@ function showRow(k) {
     for (const x of r.x || []) if (x[3] != null) h += '<i class="fmk" style="left:' + pct(x[3], total) + '" title="' + esc(x[0]) + " at char " + esc(x[3]) + '"></i>';
     h += '</div><div class="ticks"><span style="left:0">0</span><span style="left:100%">' + esc(total) + "</span></div>";
   }
+  if (r.rt) h += evidenceHtml(r.rt, Math.max(1, mem.length));
   if ((r.xs || []).length) {
     h += "<h3>Field evidence in the source text</h3>";
     for (const s of r.xs) {
