@@ -129,3 +129,29 @@ def test_heads_budget_is_checked_per_head():
     AgentConfig(chunk_tokens=256, memory_tokens=need * 2, memory_heads=2, extraction=INVOICES, query_tokens=400)
     with pytest.raises(ValueError, match=rf"memory_heads=4 leaves {need // 2} tokens a head.*{need * 4}"):
         AgentConfig(chunk_tokens=256, memory_tokens=need * 2, memory_heads=4, extraction=INVOICES, query_tokens=400)
+
+
+def test_a_split_piece_reads_every_head_the_step_wrote(tokenizer, monkeypatch):
+    """A records reply cut at its budget is split; each piece reads the memory its step wrote, all heads
+    (the rewritten one and the carried one) without labels, not the rewritten head's text alone."""
+    from memagent.extraction import reading, schema_from
+    from tests.oracle.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
+    from tests.oracle.records_oracle import LedgerOracle
+
+    monkeypatch.setattr(reading, "MAX_SPLIT_DEPTH", 1)
+    doc = ledger("d", LedgerSpec(prose=0, table_rows=260, near_misses=0, filler=0), 3)
+    oracle, seen = LedgerOracle([doc]), []
+
+    def reply(prompt: str) -> str:
+        if RECORDS_REQUEST in prompt:
+            seen.append(between(prompt, "<memory>\n", "\n</memory>"))
+            return oracle.reply(prompt)
+        return "head text" if HEAD_PROMPT.search(prompt) else oracle.reply(prompt)
+
+    cfg = AgentConfig(chunk_tokens=8000, memory_tokens=4000, memory_heads=2, answer_tokens=16, query_tokens=400,
+                      extraction=schema_from(LEDGER), require_grounding=True)
+    result = asyncio.run(read_document(OracleEngine(reply, tokenizer), None, doc.text, cfg))
+    assert result.n_chunks == 1 and result.records_tally.splits == 1
+    first, *pieces = seen
+    assert first == "No previous memory\n\nNo previous memory"  # the two unwritten heads, unlabelled
+    assert pieces and set(pieces) == {"head text\n\nNo previous memory"}
