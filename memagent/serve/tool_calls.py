@@ -141,7 +141,7 @@ class CallStream:
         content (None when it has none) and its tool calls (None when it has none). ``finish_reason``
         "length": a cut call keeps its partial arguments, and a call whose name was not yet decoded,
         or a cut ``<tool_call>`` tag, is left out."""
-        self.feed(text)
+        fed = self.feed(text)
         rest = text[self._pos:]
         if self._state == "text" and (finish_reason != "length" or not CALL_OPEN.startswith(rest)):
             self._say(rest)
@@ -157,7 +157,7 @@ class CallStream:
             else:
                 self._say(CALL_OPEN + rest)
         self._state = "done"
-        events, self._events = self._events, []
+        events, self._events = fed + self._events, []
         content = "".join(self.content) or None
         return events, content, [c.as_openai() for c in self.calls] or None
 
