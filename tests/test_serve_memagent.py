@@ -14,6 +14,7 @@ import asyncio
 import json
 
 import httpx
+import jsonschema
 import pytest
 
 from tests.test_serve_guard import running
@@ -78,12 +79,12 @@ def test_streamed_memory_updates_come_before_the_answer(url):
     assert all(deltas[i]["reasoning_content"] == deltas[i]["reasoning"] for i in reasoning)
     final = [c for c in got[:-1] if c["choices"] and c["choices"][0]["finish_reason"]][0]
     assert len(reasoning) == final["memagent"]["n_chunks"]
-    assert not content or max(reasoning) < min(content)
+    assert content and max(reasoning) < min(content)  # an answer was streamed, after every memory update
     assert got[-2]["choices"] == [] and got[-2]["usage"]["prompt_tokens"] > 0
 
 
 def test_response_format_runs_the_extraction_chain(url):
-    """With a json_schema response_format the reply is the extraction's JSON object with the schema's fields."""
+    """With a json_schema response_format the reply ends with "stop" and is a JSON object the schema accepts."""
     schema = {"type": "object", "properties": {"box": {"type": "integer", "description": "the box number"},
                                                "key": {"type": "string", "description": "its key"}},
               "required": ["box", "key"]}
@@ -91,9 +92,8 @@ def test_response_format_runs_the_extraction_chain(url):
     r = httpx.post(url + CHAT, json=ask(response_format=rf, max_tokens=60), timeout=300)
     assert r.status_code == 200, r.text
     body = r.json()
-    if body["choices"][0]["finish_reason"] == "stop":
-        value = json.loads(body["choices"][0]["message"]["content"])
-        assert set(value) <= {"box", "key"}
+    assert body["choices"][0]["finish_reason"] == "stop"  # the grammar closes the object within max_tokens
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
     assert body["memagent"]["steps"][-1]["kind"] == "answer"
 
 
