@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -18,14 +16,18 @@ from starlette.exceptions import HTTPException
 
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
+from memagent.serve import messages, responses
 from memagent.serve.chat import EngineModel, Event, Reply
-from memagent.serve.guard import AccessLogRedactor, Guard, check_unicode
+from memagent.serve.guard import AccessLogRedactor, Guard
+from memagent.serve.handling import load_body
+from memagent.serve.handling import unknown_model as _unknown_model
+from memagent.serve.handling import unless_disconnected as _unless_disconnected
+from memagent.serve.handling import validation_message as _validation_message
 from memagent.serve.protocol import APIError, ChatRequest, completion_body
 from memagent.serve.streaming import sse
 
 log = logging.getLogger(__name__)
 
-DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 ROUTES = ("GET /health, GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions, POST /v1/responses, "
           "POST /v1/messages, POST /v1/messages/count_tokens")
 
@@ -73,32 +75,6 @@ class ServeConfig(BaseModel):
                 "the model; set --auth-key-env or listen on 127.0.0.1")
 
 
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    return f"{'.'.join(loc) or 'body'}: {msg}", (loc[0] if loc else None)
-
-
-def load_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 naming what is wrong with it (not UTF-8, not JSON, too deep)."""
-    try:
-        body = json.loads(raw.decode("utf-8", errors="surrogatepass"))
-    except UnicodeDecodeError as exc:
-        raise APIError(400, f"request body is not UTF-8 (byte {exc.start})", code="invalid_body") from None
-    except json.JSONDecodeError as exc:
-        raise APIError(400, f"request body is not JSON: {exc}", code="invalid_body") from None
-    except RecursionError:
-        raise APIError(400, "request body nested too deeply", code="invalid_body") from None
-    if not isinstance(body, dict):
-        raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}", code="invalid_body")
-    check_unicode(body)
-    return body
-
-
 def parse_body(raw: bytes) -> ChatRequest:
     """The request, or a 400 naming what is wrong with the body (not UTF-8, not JSON, too deep, a field)."""
     body = load_body(raw)
@@ -114,23 +90,6 @@ async def _collect(events: AsyncIterator[Event]) -> Reply:
         if kind == "reply":
             return value
     raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
-
-
-async def _unless_disconnected(request: Request, work: Any) -> Reply:
-    """Await ``work``, cancelling it when the client goes away (a timed-out client retries: without
-    this, an overloaded server would go on generating every abandoned copy)."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                raise APIError(499, "client closed the request", code="client_closed_request")
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -228,16 +187,9 @@ def _routes(app: FastAPI, engine: Engine, models: dict[str, Any]) -> None:
         return completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs,
                                **reply.extra)
 
-    # The Responses and Messages surfaces: translations onto the same models' runs (they import this module).
-    from memagent.serve import messages, responses
-
+    # The Responses and Messages surfaces: translations onto the same models' runs.
     responses.add_routes(app, engine.name, models)
     messages.add_routes(app, engine.name, models)
-
-
-def _unknown_model(name: str, models: dict[str, Any]) -> APIError:
-    return APIError(404, f"The model `{name}` does not exist; this server serves "
-                    f"{', '.join(f'`{m}`' for m in models)}.", param="model", code="model_not_found")
 
 
 def serve(engine: Engine, config: ServeConfig | None = None, agent: AgentConfig | None = None,

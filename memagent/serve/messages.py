@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memagent.serve import tools as chat_tools
-from memagent.serve.app import _unknown_model, _unless_disconnected, load_body
+from memagent.serve.handling import load_body, unknown_model, unless_disconnected
 from memagent.serve.chat import Event, Reply, first_line
 from memagent.serve.guard import anthropic_body
 from memagent.serve.protocol import APIError, ChatRequest, JSONBytes
@@ -288,7 +288,7 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, Any]) -> None
     def pick(chat: ChatRequest) -> tuple[str, Any]:
         name = chat.model or default_model
         if name not in models:
-            raise _unknown_model(name, models)
+            raise unknown_model(name, models)
         return name, models[name]
 
     @app.post("/v1/messages")
@@ -300,7 +300,7 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, Any]) -> None
         prepared = await model.prepare(chat)
         if req.stream:
             return StreamingResponse(stream_message(name, model.events(chat, prepared)), media_type="text/event-stream")
-        reasoning, reply = await _unless_disconnected(request, collect(model.events(chat, prepared)))
+        reasoning, reply = await unless_disconnected(request, collect(model.events(chat, prepared)))
         return message_body(name, reasoning, reply)
 
     @app.post("/v1/messages/count_tokens")

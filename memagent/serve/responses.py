@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memagent.serve.app import _unknown_model, _unless_disconnected, _validation_message, load_body
+from memagent.serve.handling import load_body, unknown_model, unless_disconnected, validation_message
 from memagent.serve.chat import Event, Reply
 from memagent.serve.protocol import APIError, ChatRequest
 
@@ -188,7 +188,7 @@ def validated(model: type[BaseModel], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc)
         raise APIError(400, message, param=param) from None
 
 
@@ -384,11 +384,11 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, Any]) -> None
         chat = to_chat(req)
         name = chat.model or default_model
         if name not in models:
-            raise _unknown_model(name, models)
+            raise unknown_model(name, models)
         model = models[name]
         prepared = await model.prepare(chat)
         writer = ResponseWriter(req, name)
         if req.stream:
             return StreamingResponse(writer.stream(model.events(chat, prepared)), media_type="text/event-stream")
-        reasoning, reply = await _unless_disconnected(request, collect(model.events(chat, prepared)))
+        reasoning, reply = await unless_disconnected(request, collect(model.events(chat, prepared)))
         return writer.whole(reasoning, reply)
