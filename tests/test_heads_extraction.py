@@ -8,6 +8,7 @@ call reads the heads without their labels, so a label's digits can ground no val
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -155,3 +156,33 @@ def test_a_split_piece_reads_every_head_the_step_wrote(tokenizer, monkeypatch):
     first, *pieces = seen
     assert first == "No previous memory\n\nNo previous memory"  # the two unwritten heads, unlabelled
     assert pieces and set(pieces) == {"head text\n\nNo previous memory"}
+
+
+@pytest.mark.slow
+def test_the_batch_extraction_job_reads_with_heads(tiny_llama_dir, tmp_path):
+    """The Ray batch extraction job with K = 2 (tiny random Llama, constrained answers): every row valid, every
+    memory step's memory two labelled heads with one rewritten, decoding at most memory_tokens / 2 tokens."""
+    import ray
+    import pyarrow.dataset as pads
+
+    from tests.test_extraction_e2e import BOUNDED, job
+    from memagent.data.contracts import contract_row
+    from tests.pipeline_helpers import write_rows
+
+    agent = AgentConfig(chunk_tokens=64, memory_tokens=144, memory_heads=2, answer_tokens=64, query_tokens=200,
+                        extraction=BOUNDED)
+    write_rows(tmp_path / "in" / "contracts.parquet", [contract_row(i, 250, seed=5) for i in range(2)])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        from pipelines.batch_qa import run_batch_qa
+
+        summary = run_batch_qa(job(tmp_path, tiny_llama_dir, agent))
+    finally:
+        ray.shutdown()
+    assert summary.rows_out == 2 and summary.error_rows == 0
+    for row in pads.dataset(str(tmp_path / "out"), exclude_invalid_files=True).to_table().to_pylist():
+        assert row["error"] is None and set(json.loads(row["extraction"])) == set(BOUNDED["properties"])
+        memory = [s for s in row["steps"] if s["kind"] == "memory"]
+        assert len(memory) > 2
+        for t, s in enumerate(memory):
+            assert split_heads(s["memory"], 2)[1][t % 2] == t and s["completion_tokens"] <= 72
