@@ -3,8 +3,9 @@
 
     nice python -m benchmarks.faults --out benchmarks/results/faults.json [--sequences 200] [--every 10]
 
-The suite's harness (``tests/faults.py``: the batch job in miniature over the real driver, actor and
-writer code, every store call through ``tests/fault_fs.py``; a perfect ledger reader, no model) reads
+The suite's harness (``tests/faults.py``: the product's driver, ``pipelines.driver.run_phases``, with an
+in-process row phase in place of Ray Data's that calls the actor's and writer's product functions, every
+store call through ``tests/fault_fs.py``; a perfect ledger reader, no model) reads
 three generated ledgers (``--scale`` 4: about 28, 56 and 32 chunks of 64 tokens, a checkpoint every
 ``--every`` memory updates) under ``--sequences`` random fault sequences on each of local disk and S3
 (moto's server on loopback). A sequence is the machine lost at a random checkpoint write of run 1 (a
