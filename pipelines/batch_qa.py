@@ -1,6 +1,9 @@
 """Batch QA over a document lake: Parquet (local or S3) in, answers + memory traces out.
 
-    read_parquet ─► skip ids already written ─► fingerprint ─► map_batches(AgentWorker, actor pool) ─► write_parquet
+    read_parquet ─► skip ids already written ─► fingerprint
+        ─► map_batches(AgentWorker, actor pool) ─► write_parquet
+
+The row phase of :func:`pipelines.driver.run_phases`, which plans, sweeps and summarises around it.
 
 Each actor loads one engine and keeps up to ``max_in_flight`` documents reading at once
 (continuous admission: one row per call, the next row starts as soon as one finishes; the

@@ -18,12 +18,12 @@ holder is gone: same host, boot and PID namespace and that process is not runnin
 anywhere else, no heartbeat for :data:`STALE_AFTER_S` (or one stamped further in the future than
 :data:`MAX_CLOCK_SKEW_S`). A renewal answered 412 reads the lease back: if it names this run, its
 own write landed (a retried request) and the lease is kept. Guarantees and assumptions: docs/batch.md.
-``force`` (``--force-unlock RUN_ID``) takes a lease that still looks
-alive only from another host (or PID namespace) and only when it names the holder's run id (the
-manual case: a host known to be dead, 5 minutes too long to wait); a holder alive on this host is
-never forced, since two live runs writing one output duplicate rows. A forced lease says so
-(:attr:`Lease.forced`): its run sweeps no records files the old run may still commit. Release deletes it on any exit of the ``with``
-block, error and Ctrl-C included; a killed process leaves it, and the next run takes it over.
+``force`` (``--force-unlock RUN_ID``) takes a lease that still looks alive only from another host
+(or PID namespace) and only when it names the holder's run id (the manual case: a host known to be
+dead, 5 minutes too long to wait); a holder alive on this host is never forced, since two live runs
+writing one output duplicate rows. A forced lease says so (:attr:`Lease.forced`): its run sweeps no
+records files the old run may still commit. Release deletes it on any exit of the ``with`` block,
+error and Ctrl-C included; a killed process leaves it, and the next run takes it over.
 
 The writer checks the lease itself before each output file (:func:`check_held`, read from the
 store, not from this process's heartbeat): a run whose lease was taken stops writing at its next

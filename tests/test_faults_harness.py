@@ -116,8 +116,9 @@ def test_the_sites_cover_every_store(baseline):
 
 def test_a_fault_at_every_store_call_site_is_healed_by_reruns(where, docs, input_dir, tokenizer, baseline):
     """A failure of any store call (on S3: of each write or listing site's first and last), and a lost response,
-    kill or reordered listing at each call site, leaves every id written once without error, each trace the fault-free chain, the records once, nothing left behind, and at most one
-    checkpoint interval re-read per fault."""
+    kill or reordered listing at each call site, leaves every id written once without error, each trace the
+    fault-free chain, the records once, nothing left behind, and at most one checkpoint interval re-read per
+    fault."""
     new_output, s3 = where
     clean, calls = baseline
     for run, site, call, n, fault in sites(calls, every_call=s3 is None):
