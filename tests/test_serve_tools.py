@@ -73,20 +73,36 @@ def test_named_and_required_tool_choice_always_call(client):
 
 
 def test_auto_is_a_call_or_text_and_none_ignores_tools(client):
-    """tool_choice "auto" shows the tools and answers either a valid call or text; "none" answers text without them."""
+    """tool_choice "auto" shows the tools and answers a valid call or text that never holds a call's wrapping; "none" answers text without them."""
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     for seed in range(2):
-        r = client.chat.completions.create(model="tiny-llama", messages=messages, tools=[WEATHER], seed=seed,
-                                           tool_choice="auto", max_tokens=128)
-        m = r.choices[0].message
-        assert (m.tool_calls is None) != (m.content is None), m
-        if m.tool_calls:
-            _args(m.tool_calls[0], WEATHER)
+        for max_tokens in (128, 5):  # whole, and cut short
+            r = client.chat.completions.create(model="tiny-llama", messages=messages, tools=[WEATHER], seed=seed,
+                                               tool_choice="auto", max_tokens=max_tokens)
+            m = r.choices[0].message
+            assert m.tool_calls or "<tool_call>" not in (m.content or ""), m
+            if m.tool_calls and r.choices[0].finish_reason != "length":
+                _args(m.tool_calls[0], WEATHER)
     shown = r.usage.prompt_tokens
     r = client.chat.completions.create(model="tiny-llama", messages=messages, tools=[WEATHER], tool_choice="none",
                                        max_tokens=8)
     assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
     assert r.usage.prompt_tokens < shown  # "auto" shows the model its tools, "none" leaves them out
+
+
+def test_parallel_tool_calls_false_and_required_end(client):
+    """Random models: parallel_tool_calls false gives exactly one call; "required" ends (finish tool_calls) within the call limit."""
+    from memagent.serve.tools import MAX_PARALLEL_CALLS
+
+    messages = [{"role": "user", "content": "Weather in Paris and time in CET?"}]
+    for seed in range(3):
+        r = client.chat.completions.create(model="tiny-llama", messages=messages, tools=[WEATHER, TIME], seed=seed,
+                                           tool_choice="required", parallel_tool_calls=False, max_tokens=512)
+        assert len(r.choices[0].message.tool_calls) == 1 and r.choices[0].finish_reason == "tool_calls"
+        r = client.chat.completions.create(model="tiny-llama", messages=messages, tools=[WEATHER, TIME], seed=seed,
+                                           tool_choice="required", max_tokens=1024)
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert 1 <= len(r.choices[0].message.tool_calls) <= MAX_PARALLEL_CALLS
 
 
 def test_tool_round_trip_is_accepted(client):
