@@ -202,11 +202,13 @@ def run_requests(data: bytes, store: Store, prefix: str, cfg: BatchRunConfig, *,
     parsed = parse_requests(data, cfg, engine_name)
     done = _Counter(parsed, progress)
     done.add(len(parsed.errors))
-    if parsed.chats and not cancelled():
-        own = engine is None
+    pending = [c for c in parsed.chats if not store.exists(_chat_key(prefix, c[0]))]  # answered before: kept
+    done.add(len(parsed.chats) - len(pending))
+    if pending and not cancelled():
+        own = engine is None  # loaded only when some chat line is left to answer
         engine = engine if engine is not None else (build_engine or make_engine)(cfg.engine)
         try:
-            asyncio.run(_run_chats(parsed.chats, store, prefix, cfg, engine, done))
+            asyncio.run(_run_chats(pending, store, prefix, cfg, engine, done))
         finally:
             if own:
                 asyncio.run(engine.close())
@@ -240,9 +242,6 @@ async def _run_chats(chats: list, store: Store, prefix: str, cfg: BatchRunConfig
 
     async def one(cid: str, n: int, req: ChatRequest) -> None:
         key = _chat_key(prefix, cid)
-        if await asyncio.to_thread(store.exists, key):
-            done.add(1)
-            return
         async with gate:
             try:
                 prepared = await model.prepare(req)
