@@ -2,10 +2,10 @@
 
 A request file (JSONL of ``custom_id``, ``method``, ``url``, ``body``) becomes, under a work prefix:
 
-    requests.jsonl ─► parse ─┬─► rows of the ``memagent`` model ─► job_input/part-0.parquet ─► run_batch_qa ─► job_output/
-                             ├─► lines for the engine's own model ─► one chat completion each ─► chat/<key>.json
-                             └─► bad lines (not JSON, unknown url, refused body, duplicate custom_id) ─► error lines
-    then output.jsonl and errors.jsonl in OpenAI's line format.
+    requests.jsonl ─► parse ─┬─► memagent model's rows ─► job_input/ ─► run_batch_qa ─► job_output/
+                             ├─► the engine's model's lines ─► one chat completion each ─► chat/<key>.json
+                             └─► bad lines (not JSON, unknown url, refused body, duplicate id) ─► error lines
+    then the output and error lines, in OpenAI's line format.
 
 Every piece of state is a file under the prefix (local or s3://), written whole or not at all
 (:func:`pipelines.storage.atomic_put`): a rerun on the same prefix skips chat lines already answered, and
@@ -316,7 +316,6 @@ def memagent_line(row: dict, cfg: BatchRunConfig, n: int) -> dict:
                            memagent={"n_chunks": row["n_chunks"], "context_tokens": row["context_tokens"],
                                      "resumed_at_chunk": row["resumed_at_chunk"]})
     body["id"] = "chatcmpl-" + request_id(row["id"])[10:]
-    body["created"] = 0 if body["created"] is None else body["created"]
     return output_line(row["id"], body)
 
 

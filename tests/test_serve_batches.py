@@ -67,7 +67,11 @@ def parse_jsonl(text: str) -> list[dict]:
 def ray_local():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from infra.local_s3 import CREDENTIALS
+
+    # The S3 test's fake credentials reach the job's workers only through the Ray they start in.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": dict(CREDENTIALS)})
     yield
     ray.shutdown()
 
@@ -165,6 +169,39 @@ def test_cancel(client):
     assert len(ids) == len(set(ids))
     with pytest.raises(openai.BadRequestError):
         client.batches.cancel(batch.id)
+
+
+def test_batch_state_on_s3(ray_local, tiny_llama_dir, monkeypatch):
+    """With an s3:// batch root the files, the batch's state and its job live on S3; a rerun there redoes nothing."""
+    from infra.local_s3 import CREDENTIALS, s3_server
+    from pipelines.openai_batch import jsonl, run_requests
+    from pipelines.openai_batch_api import BatchService
+    from pipelines.storage import S3Options
+
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    with s3_server(buckets=("lake",)) as endpoint:
+        cfg = run_config(tiny_llama_dir).model_copy(update={"s3": S3Options(endpoint_url=endpoint)})
+        service = BatchService("s3://lake/batches", cfg)
+        lines = request_lines(1, 1)
+        f = service.add_file(jsonl(lines), "r.jsonl", "batch")
+        batch = service.create({"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
+                                "completion_window": "24h"})
+        service.run(batch["id"])
+        done = service.batch(batch["id"])
+        assert done["status"] == "completed" and done["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+        out = parse_jsonl(service.content(done["output_file_id"]).decode())
+        assert sorted(x["custom_id"] for x in out) == ["chat-0", "doc-000"]
+        assert service.store.names(f"batches/{batch['id']}/chat") and service.store.exists(
+            f"batches/{batch['id']}/job_input/part-0.parquet")
+        again, err = run_requests(jsonl(lines), service.store, f"batches/{batch['id']}", cfg,
+                                  build_engine=_no_engine)
+        assert not err and [x["response"]["body"]["choices"] for x in again] == [
+            x["response"]["body"]["choices"] for x in out]
+
+
+def _no_engine(config):
+    raise AssertionError("a rerun of a finished batch loads no engine")
 
 
 # --- a real server process, killed mid-batch -------------------------------------------------------------------
