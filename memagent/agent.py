@@ -21,6 +21,7 @@ token ids and log-probs of every conversation for training).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Awaitable, Callable
@@ -28,6 +29,7 @@ from typing import Awaitable, Callable
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
+from memagent.extraction.groups import FieldGroup, merge_replies
 from memagent.extraction.record_grounding import MemoryChain
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
@@ -40,6 +42,7 @@ from memagent.prompts import (
     final_answer_messages,
     memory_heads_messages,
     memory_update_messages,
+    parse_json_answer,
     records_messages,
     strip_thinking,
 )
@@ -167,7 +170,7 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
             "", labels, "", 0, k, config.instruction, config.prompts)))
     config.check_fits(engine.context_window, overhead)
     if schema is not None:  # the field list is every call's question: it must fit query_tokens
-        n = len(engine.tokenizer(schema.question(), add_special_tokens=False)["input_ids"])
+        n = len(engine.tokenizer(schema.memory_question(config.answer_tokens), add_special_tokens=False)["input_ids"])
         if n > config.query_tokens:
             raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens="
                              f"{config.query_tokens}; raise query_tokens to {n} or more (or shorten the descriptions)")
@@ -262,7 +265,7 @@ def _question(question: str | None, config: AgentConfig) -> str | None:
         return question
     if question is not None:
         raise ValueError("config.extraction is set: the schema's field list is the question; pass question=None")
-    return schema.question()
+    return schema.memory_question(config.answer_tokens)
 
 
 class _Chain:
@@ -286,7 +289,9 @@ class _Chain:
         self.steps.append(_step(len(self.steps), kind, chunk, memory, reply, time.perf_counter() - t0))
         self.keep(reply)
         if self.on_step:
-            self.on_step(self.steps[-1], len(self.chunks) + 1)
+            schema = self.config.extraction  # a wide schema's final answer is one call per field group
+            answers = len(schema.field_groups(self.config.answer_tokens)) if schema and schema.fields else 1
+            self.on_step(self.steps[-1], len(self.chunks) + answers)
 
     async def update(self, k: int) -> None:
         """Chunk ``k``'s memory update, and its records calls beside it (record types)."""
@@ -322,10 +327,14 @@ class _Chain:
         return messages, replace(self.params, max_tokens=config.memory_tokens // k), head
 
     async def answer(self) -> Completion:
-        """The final answer from the memory alone; none for a schema of record types only (``{}``)."""
+        """The final answer from the memory alone; none for a schema of record types only (``{}``). A wide
+        schema's fields are answered in groups (:meth:`ExtractionSchema.field_groups`), merged into one object."""
         schema, config = self.config.extraction, self.config
         if schema is not None and not schema.fields:
             return Completion(text="{}", prompt_tokens=0, completion_tokens=0, finish_reason="stop")
+        groups = schema.field_groups(config.answer_tokens) if schema is not None else ()
+        if len(groups) > 1:
+            return await self._group_answers(groups)
         t0 = time.perf_counter()
         messages = final_answer_messages(self.question, self.state.memory, config.answer_style, config.instruction,
                                          config.prompts, schema.answer_instruction() if schema else None)
@@ -334,6 +343,38 @@ class _Chain:
         reply = await self.engine.chat(messages, params)
         self._record("answer", None, self.state.memory, reply, t0)
         return reply
+
+    async def _group_answers(self, groups: tuple[FieldGroup, ...]) -> Completion:
+        """One constrained final call per field group, all reading the final memory (one answer step each, in
+        group order); the reply is the merged object, or the first group reply that is no JSON object (the row
+        is then an invalid output, as a single reply would be)."""
+        schema, config = self.config.extraction, self.config
+        assert schema is not None
+        t0 = time.perf_counter()
+
+        async def ask(group: FieldGroup) -> Completion:
+            messages = final_answer_messages(schema.question(group), self.state.memory, config.answer_style,
+                                             config.instruction, config.prompts, schema.answer_instruction(group))
+            return await self.engine.chat(messages, SamplingParams(
+                config.answer_tokens, config.temperature, config.top_p, self.params.logprobs, priority=-1,
+                json_schema=schema.group_decoding_schema_json(group)))
+
+        replies = await asyncio.gather(*(ask(g) for g in groups))
+        for reply in replies:
+            self._record("answer", None, self.state.memory, reply, t0)
+        objects, bad = [], None
+        for reply in replies:
+            try:
+                obj = parse_json_answer(reply.text)
+            except ValueError:
+                obj = None
+            if not isinstance(obj, dict):
+                bad = bad or reply
+            objects.append(obj)
+        text = bad.text if bad else json.dumps(merge_replies(objects), ensure_ascii=False)
+        return Completion(text=text, prompt_tokens=sum(r.prompt_tokens for r in replies),
+                          completion_tokens=sum(r.completion_tokens for r in replies),
+                          finish_reason=(bad or replies[-1]).finish_reason)
 
 
 def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:

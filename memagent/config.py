@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memagent.extraction.groups import smallest_group_tokens
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import AnswerStyle, PromptTemplates
 
@@ -26,6 +27,8 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
     # Tests and smoke runs: many short steps.
     "tiny": {"chunk_tokens": 256, "memory_tokens": 48, "answer_tokens": 24, "query_tokens": 96},
 }
+# The budgets an extraction schema sets when the caller leaves them at their defaults (_schema_budgets).
+SCHEMA_BUDGETS = ("chunk_tokens", "memory_tokens", "answer_tokens", "query_tokens")
 # The jobs (command line, batch, evaluation, flows) read on a CPU by default; AgentConfig's own
 # defaults are the paper's budgets.
 JOB_PRESET: PresetName = "small"
@@ -112,7 +115,12 @@ class AgentConfig(BaseModel):
             name = data["preset"]
             if name not in PRESET_VALUES:
                 raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_VALUES)}")
+            given = data
             data = {**PRESET_VALUES[name], **data}
+            if data.get("extraction") is not None:
+                data = _schema_budgets(data, given)
+        elif isinstance(data, dict) and data.get("extraction") is not None:
+            data = _schema_budgets(data, data)
         return data
 
     @model_validator(mode="after")
@@ -188,8 +196,40 @@ class AgentConfig(BaseModel):
         data = self.model_dump()
         if overrides.get("extraction") is not None and overrides.get("answer_style") is None:
             data["answer_style"] = None  # filled in: an extraction answers in JSON
+        if overrides.get("extraction") is not None:  # budgets still at their defaults follow the new schema
+            defaults = {**{k: AgentConfig.model_fields[k].default for k in SCHEMA_BUDGETS},
+                        **PRESET_VALUES.get(self.preset or "", {})}
+            data = {k: v for k, v in data.items() if not (k in SCHEMA_BUDGETS and v == defaults[k])}
         data.update({k: v for k, v in overrides.items() if v is not None})
         return AgentConfig(**data)
+
+
+def _schema_budgets(data: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the budgets the caller did not give (``given`` lacks them) raised to what the extraction
+    schema needs: the memory to hold its fields, the answer to hold its whole reply when that is within the
+    memory's budget (a wider reply is split into field groups instead, which costs no window: a call's reply
+    is bounded by the larger of the two), the chunk to a quarter of the memory, the query to the question
+    every memory update asks (:meth:`ExtractionSchema.memory_question`)."""
+    try:
+        schema = data["extraction"] if isinstance(data["extraction"], ExtractionSchema) \
+            else ExtractionSchema(data["extraction"])
+    except ValueError:
+        return data  # the field's own validation says what is wrong
+    out = dict(data)
+    defaults = {k: AgentConfig.model_fields[k].default for k in SCHEMA_BUDGETS}
+    if "memory_tokens" not in given:
+        out["memory_tokens"] = max(out.get("memory_tokens", defaults["memory_tokens"]), schema.memory_tokens_needed())
+    if "chunk_tokens" not in given:
+        out["chunk_tokens"] = max(out.get("chunk_tokens", defaults["chunk_tokens"]), -(-out.get(
+            "memory_tokens", defaults["memory_tokens"]) // 4))
+    if "answer_tokens" not in given:
+        whole = min(schema.answer_tokens_needed(), out.get("memory_tokens", defaults["memory_tokens"]))
+        out["answer_tokens"] = max(out.get("answer_tokens", defaults["answer_tokens"]), whole,
+                                   smallest_group_tokens(schema.fields))
+    if "query_tokens" not in given:  # a token per byte of UTF-8 at most: field names (s1_16_3) cut small
+        question = schema.memory_question(out.get("answer_tokens", defaults["answer_tokens"]))
+        out["query_tokens"] = max(out.get("query_tokens", defaults["query_tokens"]), len(question.encode()))
+    return out
 
 
 PRESETS: dict[str, AgentConfig] = {name: AgentConfig(preset=name) for name in PRESET_VALUES}

@@ -160,9 +160,6 @@ def test_serve_refuses_a_remote_engine(capsys):
     ({"type": "object", "properties": {"address": {"type": "object"}}},
      "properties.address.properties: an object needs at least one property"),
     ({"type": "object", "properties": {"score": {"type": "number"}}}, "property 'score' clashes with a column"),
-    ({"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(5)}},
-     "--answer-tokens=48 cannot hold the JSON object of the 5 field(s) of the schema (about 82 tokens); raise "
-     "--answer-tokens to 82 or more"),
     ("{not json", "is not valid JSON"),
 ])
 def test_batch_schema_errors_exit_2_before_any_model_loads(tmp_path, capsys, monkeypatch, schema, message):

@@ -125,9 +125,9 @@ def test_config_records_the_schema_and_checks_budgets():
                                                       extraction=SCHEMA).answer_style == "json"
     with pytest.raises(ValidationError, match="memory_tokens=48 cannot hold the 7 field"):
         AgentConfig(memory_tokens=48, answer_tokens=200, extraction=SCHEMA)
-    with pytest.raises(ValidationError, match="answer_tokens=48 cannot hold the JSON object of the 7 field.*raise "
-                                              "answer_tokens to"):
-        AgentConfig(memory_tokens=200, answer_tokens=48, extraction=SCHEMA)
+    with pytest.raises(ValidationError, match="answer_tokens=5 cannot hold field '.*' of the schema.*the smallest "
+                                              "group.*raise answer_tokens to"):  # a wider reply is split in groups
+        AgentConfig(memory_tokens=200, answer_tokens=5, extraction=SCHEMA)
     with pytest.raises(ValidationError, match="answer_style must be 'json'"):
         AgentConfig(memory_tokens=200, answer_tokens=200, answer_style="boxed", extraction=SCHEMA)
 

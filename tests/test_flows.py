@@ -209,9 +209,9 @@ def test_extract_flow_rejects_bad_parameters(params, message):
 def test_extract_flow_checks_the_budgets_before_any_work(tmp_path):
     from flows.extract import extract_corpus
 
-    state = extract_corpus(input=str(tmp_path / "docs"), output=str(tmp_path / "out"), agent={"preset": "tiny"},
-                           corpus={}, return_state=True)
-    assert state.is_failed() and "memory_tokens=48 cannot hold the 5 field(s)" in state.message
+    state = extract_corpus(input=str(tmp_path / "docs"), output=str(tmp_path / "out"),
+                           agent={"preset": "tiny", "memory_tokens": 40}, corpus={}, return_state=True)
+    assert state.is_failed() and "memory_tokens=40 cannot hold the 5 field(s)" in state.message
     assert not (tmp_path / "docs").exists()
 
 

@@ -19,15 +19,16 @@ e.g. ``properties.payments.items.properties.amount: property 'amount' uses the u
 
 **Limits** (a schema past them is refused at load with one line, never a traceback):
 :data:`MAX_SCHEMA_CHARS` of JSON, :data:`MAX_DEPTH` levels of JSON nesting,
-:data:`MAX_LEAVES` fields in all, :data:`MAX_ENUM_VALUES` values in one enum,
+:data:`MAX_ENUM_VALUES` values in one enum,
 :data:`MAX_NAME_CHARS` characters in a property name. Names that could break the records dataset
 are refused too (:func:`check_names`): a name of dots only (a record type's folder would be the
 output root or the records root), a record type's name over :data:`MAX_TYPE_NAME_BYTES` bytes of
 UTF-8 (its percent-quoted folder name stays under the 255-byte limit of file systems), two names
 of one object that are equal after Unicode NFKC normalisation and case folding (one folder, or one
 column for a case-insensitive reader), and a dot in a record's property name (the dotted leaf path
-of a nested object, ``bank.name``, would name two leaves). Every field is in the prompt of every
-call, so a schema near them does not fit a model's budgets anyway (the budget checks say so).
+of a nested object, ``bank.name``, would name two leaves). How many fields a schema may have is set
+by the budgets, not a count: the field list must fit ``query_tokens`` and the model's window, and the
+final answer is split into field groups that fit ``answer_tokens`` (:mod:`memagent.extraction.groups`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from memagent.extraction.kinds import KINDS, SCALAR_KINDS, FieldKind, kind_of
 
 MAX_SCHEMA_CHARS = 256 * 1024
 MAX_DEPTH = 32
-MAX_LEAVES = 300
 MAX_ENUM_VALUES = 500
 MAX_NAME_CHARS = 64
 # A record type's folder is its name percent-quoted (3 characters per UTF-8 byte at most): 64 bytes
@@ -386,7 +386,4 @@ def parse_schema(schema: Any, reserved: tuple[str, ...] = (),
             fields.append(ObjectSpec(name, name in required, parse_object(where, prop, (), 1), prop.get("description")))
         else:
             fields.append(parse_leaf(where, name, prop, name in required))
-    leaves = len(list(iter_leaves(tuple(fields), {}))) + sum(len(list(r.leaves({}))) for r in records)
-    if leaves > MAX_LEAVES:
-        raise ValueError(f"the schema has {leaves} fields, at most {MAX_LEAVES}: every field goes into every prompt")
     return tuple(fields), tuple(records)

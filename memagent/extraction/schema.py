@@ -37,6 +37,7 @@ from typing import Any, Mapping
 
 from pydantic import PrivateAttr, RootModel, model_validator
 
+from memagent.extraction.groups import FieldGroup, group_fields, group_schema, grouping_report
 from memagent.extraction.kinds import FieldKind
 from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
@@ -203,17 +204,39 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
                  and not self.mention_errors(name, x)]
         return valid, len(items) - len(valid)
 
-    def question(self) -> str:
-        """The question of every memory-update and the final-answer call: the field list (and the record types)."""
+    def question(self, group: FieldGroup | None = None) -> str:
+        """The question of every memory-update and the final-answer call: the field list (and the record types).
+        With ``group`` (a wide schema's final call, :meth:`field_groups`): that group's fields only."""
+        fields = self._fields if group is None else group.fields
         text = ""
-        if self._fields:
-            text = ("Extract these fields from the document:\n" + "\n".join(f.question_line() for f in self._fields)
+        if fields:
+            text = ("Extract these fields from the document:\n" + "\n".join(f.question_line() for f in fields)
                     + "\nFor each field keep every candidate value with where it was seen; "
                     "a later correction or amendment replaces an earlier value.")
-        if self._records:
+        if self._records and group is None:
             text += "\n" if text else ""
             text += "List every record of these types the document states:\n" + "\n".join(
                 self.record_lines(r) for r in self._records)
+            text += ("\nKeep what later passages need to read records: names and their aliases or roles, "
+                     "definitions, amendments, and the keys of the records already seen.")
+        return text
+
+    def memory_question(self, answer_tokens: int) -> str:
+        """The question of every memory update and records call: :meth:`question`, or for a wide schema (one
+        whose final answer splits into several groups at ``answer_tokens``) the compact field list: names only,
+        an object's fields in braces, each kind and description left to the group call that asks for it."""
+        if len(self.field_groups(answer_tokens)) <= 1:
+            return self.question()
+        text = ""
+        if self._fields:
+            text = ("Extract these fields from the document (an object's fields in braces):\n"
+                    + "\n".join(f"- {_compact(f)}" for f in self._fields)
+                    + "\nFor each field keep every candidate value with where it was seen; "
+                    "a later correction or amendment replaces an earlier value.")
+        if self._records:
+            text += "\nList every record of these types the document states:\n" + "\n".join(
+                f"- {r.name}: records" + (f" identified by {', '.join(r.key)}" if r.key else "")
+                + f": {', '.join(map(_compact, r.fields))}" for r in self._records)
             text += ("\nKeep what later passages need to read records: names and their aliases or roles, "
                      "definitions, amendments, and the keys of the records already seen.")
         return text
@@ -226,12 +249,13 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         head += f"; {record.description.strip()}" if record.description and record.description.strip() else ""
         return "\n".join([head, *(f.question_line("  ") for f in record.fields)])
 
-    def answer_instruction(self) -> str:
-        """The final call's format sentence (replaces the answer style's)."""
-        required = [f.name for f in self._fields if f.required]
-        optional = [f.name for f in self._fields if not f.required]
-        text = f"Reply with one JSON object with the keys {', '.join(self.names)} and nothing else"
-        text += " (dates as YYYY-MM-DD)." if any(f.kind == "date" for _, f, _ in iter_leaves(self._fields, {})) \
+    def answer_instruction(self, group: FieldGroup | None = None) -> str:
+        """The final call's format sentence (replaces the answer style's); with ``group``, that group's call."""
+        fields = self._fields if group is None else group.fields
+        required = [f.name for f in fields if f.required]
+        optional = [f.name for f in fields if not f.required]
+        text = f"Reply with one JSON object with the keys {', '.join(f.name for f in fields)} and nothing else"
+        text += " (dates as YYYY-MM-DD)." if any(f.kind == "date" for _, f, _ in iter_leaves(fields, {})) \
             else "."
         if optional:
             text += f" Leave out {', '.join(optional)} when the memory holds no value for it."
@@ -251,23 +275,43 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_TYPE * len(self._records)
 
     def answer_tokens_needed(self) -> int:
+        """A rough size of the whole reply (all document fields in one call)."""
         return 2 + sum(f.answer_tokens() for f in self._fields)
 
+    def field_groups(self, answer_tokens: int) -> tuple[FieldGroup, ...]:
+        """The document fields in final-answer groups of at most ``answer_tokens`` each
+        (:mod:`memagent.extraction.groups`); one group when they fit (none without fields).
+        ``ValueError`` naming the leaf that alone does not fit."""
+        return group_fields(self._fields, answer_tokens) if self._fields else ()
+
+    def group_decoding_schema_json(self, group: FieldGroup) -> str:
+        """:meth:`decoding_schema_json` of one group's reply (its objects pruned to the group's share)."""
+        return json.dumps(group_schema(self.decoding_schema()["properties"], group), ensure_ascii=False)
+
+    def grouping(self, answer_tokens: int) -> str:
+        """The grouping in words: how many final calls a document gets and what each asks for."""
+        return grouping_report(self.field_groups(answer_tokens), answer_tokens)
+
     def check_budgets(self, memory_tokens: int, answer_tokens: int) -> None:
-        """``ValueError`` naming the budget to raise when the memory or the answer cannot hold the fields."""
+        """``ValueError`` naming the budget to raise when the memory cannot hold the fields or a single field's
+        reply does not fit the answer (wider schemas are split into answer groups: :meth:`field_groups`)."""
         n = len(self._fields) + len(self._records)
         if memory_tokens < self.memory_tokens_needed():
             raise ValueError(f"memory_tokens={memory_tokens} cannot hold the {n} field(s) of the schema (about "
                              f"{MEMORY_TOKENS_PER_FIELD} tokens a field); raise memory_tokens to "
                              f"{self.memory_tokens_needed()} or more, or extract fewer fields")
-        if answer_tokens < self.answer_tokens_needed():
-            need = self.answer_tokens_needed()
-            raise ValueError(f"answer_tokens={answer_tokens} cannot hold the JSON object of the {len(self._fields)} "
-                             f"field(s) of the schema (about {need} tokens); raise answer_tokens to {need} or more")
+        self.field_groups(answer_tokens)
 
 
 _MISSING_AT = re.compile(r"^(.*): '(.+)' is a required property$")  # jsonschema's message, as Resolved writes it
 _MISSING = re.compile(r"^\(root\): '(.+)' is a required property$")
+
+
+def _compact(spec: FieldSpec | ObjectSpec) -> str:
+    """A field in the compact list: its name, an object's fields in braces."""
+    if isinstance(spec, ObjectSpec):
+        return f"{spec.name} {{{', '.join(map(_compact, spec.fields))}}}"
+    return spec.name
 
 
 def _model_schema(data: Any) -> Any:
