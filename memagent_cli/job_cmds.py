@@ -27,7 +27,11 @@ def batch_config(args: argparse.Namespace, **fields):
 def cmd_batch(args: argparse.Namespace) -> int:
     from pipelines.batch_qa import run_batch_qa
 
-    summary = run_batch_qa(batch_config(args))
+    cfg = batch_config(args)
+    schema = cfg.agent.extraction
+    if schema is not None and len(schema.field_groups(cfg.agent.answer_tokens)) > 1:  # a wide schema: how it reads
+        print(schema.grouping(cfg.agent.answer_tokens), file=sys.stderr)
+    summary = run_batch_qa(cfg)
     print("\n".join(summary.lines()))
     if summary.infra_errors:  # not done: the output is incomplete until a rerun redoes them
         print(f"error: {summary.infra_errors} row(s) failed on the infrastructure (endpoint or engine); run the same "

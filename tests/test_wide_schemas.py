@@ -196,3 +196,23 @@ def test_a_400_leaf_schema_reads_end_to_end_on_the_embedded_model(smollm2_engine
     whole = json.loads(row["extraction"])
     assert schema.errors(whole) == [] and not list(Draft202012Validator(raw).iter_errors(whole))
     assert [s["kind"] for s in row["steps"]].count("answer") == len(schema.field_groups(config.answer_tokens)) > 1
+
+
+def test_the_batch_command_reports_the_grouping_before_the_job(tmp_path, capsys, monkeypatch):
+    """``memagent batch`` with a wide schema says on stderr how many answer groups a document gets and what
+    each holds, before the job starts."""
+    import pipelines.batch_qa
+    from memagent_cli.main import main
+
+    def stop(*a, **k):
+        raise SystemExit(3)
+
+    monkeypatch.setattr(pipelines.batch_qa, "run_batch_qa", stop)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(wide_schema(120, 4)))
+    with pytest.raises(SystemExit):
+        main(["batch", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--schema", str(path)])
+    err = capsys.readouterr().err
+    groups = AgentConfig(preset="small", extraction=wide_schema(120, 4))
+    n = len(groups.extraction.field_groups(groups.answer_tokens))
+    assert n > 1 and f"in {n} answer groups" in err and err.count("\n  group ") == n, err
