@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from memagent.report import html as rh
 from memagent.report.fields import fields_html, is_number, schema_fields
 from memagent.report.records import Wanted, add_snippets, records_view, schema_record_types
-from memagent.report.retention_view import summary_items as retention_items
+from memagent.report import retention_view
 from memagent.result_schema import RECORDS_FILE_COLUMN
 from pipelines import records_output, storage
 from pipelines.storage import S3Options
@@ -161,7 +161,7 @@ def _summary_items(run: str, kind: str, views: list[dict], meta: dict, tps: list
             items.append((f"accuracy · {m}", rh.fmt_acc(rh.accuracy(v for v in views if v.get("m") == m))))
     else:
         items.append(("accuracy", rh.fmt_acc(rh.accuracy(views))))
-    items += retention_items(views, by_method=bool(methods))
+    items += retention_view.summary_items(views, by_method=bool(methods))
     items += tps + [("model", rh._e(meta.get("model") or "?"))]
     return items + [(k, rh._e(v)) for k, v in extra]
 

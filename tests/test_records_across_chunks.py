@@ -209,8 +209,8 @@ def server(tokenizer):
         yield swap, url
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
 @given(doc=documents(4), chunk_tokens=st.sampled_from([64, 256]), partial=st.booleans(), invent=st.booleans())
 def test_openai_engine_against_a_perfect_memory_keeping_server(server, tokenizer, doc, chunk_tokens, partial, invent):
     """Over HTTP through the OpenAI engine (response_format, max_tokens), the same invariant."""

@@ -95,16 +95,18 @@ def test_engine_failure_is_a_json_500_without_internals(engine, caplog):
     """Whatever the engine raises, the client gets OpenAI's error shape and none of its text."""
     from memagent.serve import create_app
 
-    async def broken(messages, params):
+    async def broken(prompt, params, **kw):
         raise RuntimeError("parser error: Too many items <state>rows: 37502</state><grammar>{secret}</grammar>")
 
     app = create_app(engine, close_engine=False)
-    original, engine.chat = engine.chat, broken
+    entry = "chat_ids" if engine.takes_prompt_ids else "chat"  # the entry the server calls (tokenised once)
+    original = getattr(engine, entry)
+    setattr(engine, entry, broken)
     try:
         with running(app) as url:
             r = httpx.post(url + CHAT, json={"messages": [{"role": "user", "content": "a"}], "max_tokens": 2}, timeout=60)
     finally:
-        engine.chat = original
+        setattr(engine, entry, original)
     assert r.status_code == 500 and error_of(r)["type"] == "server_error"
     assert "<state>" not in r.text and "37502" not in r.text and "server log" in error_of(r)["message"]
 

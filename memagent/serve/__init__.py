@@ -7,9 +7,12 @@ engine together and it batches them. What is supported, and the client calls tes
 
 One job a module: :mod:`~memagent.serve.protocol` (request models, errors, reply bodies),
 :mod:`~memagent.serve.guard` (key, body size, hostile input), :mod:`~memagent.serve.app` (routes),
-:mod:`~memagent.serve.chat` (the engine as a chat model), :mod:`~memagent.serve.tools` (function
-calling), :mod:`~memagent.serve.streaming` (SSE), :mod:`~memagent.serve.memagent_model` (the
-memory agent as a served model).
+:mod:`~memagent.serve.handling` (what every route does with a request), :mod:`~memagent.serve.chat`
+(the engine as a chat model), :mod:`~memagent.serve.tools` (function calling) and
+:mod:`~memagent.serve.tool_calls` (the Hermes tool-call parser), :mod:`~memagent.serve.streaming`
+(SSE), :mod:`~memagent.serve.responses` (``/v1/responses``), :mod:`~memagent.serve.messages`
+(Anthropic's ``/v1/messages``), :mod:`~memagent.serve.memagent_model` (the memory agent as a served
+model). The Batch API's routes live in ``pipelines/openai_batch_api.py`` (a Ray Data job runs a batch).
 """
 
 from memagent.serve.app import ServeConfig, create_app, serve
