@@ -25,9 +25,12 @@ the open invoices of the ``partial`` documents), conflicts, values dropped by gr
 labels of the returned values (how many came through the memory), document tokens read per gold record,
 and every failing document (seed, what was lost, invented or wrong). ``example``: one record of the
 16-chunk distance with each value's chunk, grounding label and the text it is grounded in. Peak RSS of
-this process. A measurement, never an assertion. No embedded-model arm: a real model's read of these
-documents was not run (skipped for time on a shared 2-core machine), so nothing here says how a real
-model keeps a half record over 64 chunks.
+this process. A measurement, never an assertion.
+
+``--model-docs N``: the embedded model (SmolLM2-135M-Instruct, dtype auto) reads the first N documents
+of each distance in ``--model-distances`` (the same documents and settings; concurrently, so the
+engine batches them), ``--model-seconds`` of wall per distance at most (a read still going then is
+counted unfinished). Its rows say what a 135M model keeps of a half record, not what the method can.
 """
 
 from __future__ import annotations
@@ -82,16 +85,29 @@ def calibrate(distance: int, tokenizer: Any, schema: Any, per_line: float) -> tu
     return best, tried[best]
 
 
-def read_one(distance: int, k: int, gap: int, tokenizer: Any, schema: Any) -> dict[str, Any]:
-    from tests.oracle.invoices import InvoiceSpec, MemoryOracle, allowed_spans, gold, invoices
-    from tests.oracle.servers import OracleEngine
+def document(distance: int, k: int, gap: int) -> tuple[Any, Any]:
+    """The ``k``-th document of a distance (seeded) and its perfect memory-keeping reader."""
+    from tests.oracle.invoices import InvoiceSpec, MemoryOracle, invoices
 
-    seed = 1000 * distance + k
     spec = InvoiceSpec(gaps=(gap,) * INVOICES, settled_first=(k % 2 == 0, k % 2 == 1), stagger=STAGGER, open=OPEN,
                        table=k % 2 == 0)
-    doc = invoices(f"d{distance}-{k}", spec, seed)
-    oracle = MemoryOracle([doc], copy=k % 2 == 1, partial=k % 4 >= 2)
+    doc = invoices(f"d{distance}-{k}", spec, 1000 * distance + k)
+    return doc, MemoryOracle([doc], copy=k % 2 == 1, partial=k % 4 >= 2)
+
+
+def read_one(distance: int, k: int, gap: int, tokenizer: Any, schema: Any) -> dict[str, Any]:
+    from tests.oracle.servers import OracleEngine
+
+    doc, oracle = document(distance, k, gap)
     result = asyncio.run(read_document(OracleEngine(oracle.reply, tokenizer), None, doc.text, config(schema)))
+    return score(distance, k, doc, result, oracle)
+
+
+def score(distance: int, k: int, doc: Any, result: Any, oracle: Any | None) -> dict[str, Any]:
+    """One document's row: gold against the records ``result`` holds (``oracle``: the reader, when it is one)."""
+    from tests.oracle.invoices import allowed_spans, gold
+
+    seed = 1000 * distance + k
     ends = [s.char_end for s in result.steps if s.kind == "memory"]
 
     def chunk_of(char: int) -> int:
@@ -113,7 +129,8 @@ def read_one(distance: int, k: int, gap: int, tokenizer: Any, schema: Any) -> di
                                                                for a, b in allowed_spans(inv, path)):
                 outside += 1
     tally = result.records_tally
-    row = {"seed": seed, "table": spec.table, "memory_as_spelled": oracle.copy, "partial": oracle.partial,
+    row = {"seed": seed, "table": k % 2 == 0, "memory_as_spelled": oracle and oracle.copy,
+           "partial": oracle and oracle.partial,
            "chars": len(doc.text),
            "chunks": result.n_chunks, "tokens": result.context_tokens, "gold": len(expected), "returned": len(got),
            "right": len(right), "chunk_distances": distances, "incomplete": tally.incomplete,
@@ -145,6 +162,41 @@ def example(text: str, got: list[Any], chunk_of: Any) -> dict[str, Any] | None:
     return None
 
 
+def model_arm(gaps: dict[int, int], schema: Any, docs: int, seconds: float) -> dict[str, Any]:
+    """The embedded model (SmolLM2-135M-Instruct, dtype auto) reads the first ``docs`` documents of each distance,
+    concurrently (the engine batches them); a read past ``seconds`` of wall is counted as unfinished."""
+    from memagent.engines import EngineConfig, make_engine
+
+    engine = make_engine(EngineConfig(model="smollm2-135m", max_batch_size=max(docs, 1)))
+    out: dict[str, Any] = {}
+
+    async def distance_rows(distance: int, gap: int) -> dict[str, Any]:
+        pairs = [document(distance, k, gap) for k in range(docs)]
+        w0 = time.perf_counter()
+        tasks = [asyncio.create_task(read_document(engine, None, d.text, config(schema))) for d, _ in pairs]
+        done, pending = await asyncio.wait(tasks, timeout=seconds)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        rows = [score(distance, k, d, t.result(), None) for k, ((d, _), t) in enumerate(zip(pairs, tasks))
+                if t in done and t.exception() is None]
+        summary = summarise(rows) if rows else {"documents": 0}
+        summary.update({"started": docs, "unfinished": len(pending),
+                        "errors": [repr(t.exception()) for t in done if t.exception() is not None],
+                        "wall_s": round(time.perf_counter() - w0, 1), "peak_rss_mb": peak_rss_mb()})
+        return summary
+
+    async def run() -> None:
+        for distance, gap in gaps.items():
+            out[str(distance)] = await distance_rows(distance, gap)
+            print(f"model arm, distance {distance}: {out[str(distance)].get('recall')} recall, "
+                  f"{out[str(distance)]['wall_s']} s", flush=True)
+        await engine.close()
+
+    asyncio.run(run())
+    return out
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     gold_n = sum(r["gold"] for r in rows)
     returned = sum(r["returned"] for r in rows)
@@ -169,6 +221,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/records_across_chunks.json")
     ap.add_argument("--seconds", type=float, default=300.0, help="CPU seconds in all, split over the distances")
     ap.add_argument("--max-docs", type=int, default=400, help="documents per distance at most")
+    ap.add_argument("--model-docs", type=int, default=0, help="documents per distance the embedded model reads "
+                    "(0: the model arm is not run)")
+    ap.add_argument("--model-seconds", type=float, default=1800.0, help="wall seconds per distance for the model")
+    ap.add_argument("--model-distances", default="1,4,16,64", help="the distances the model reads (comma-separated)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -179,15 +235,20 @@ def main() -> None:
     schema = schema_from(SCHEMA)
     per_line = lines_per_chunk(tokenizer)
     out: dict[str, Any] = {"command": f"nice python -m benchmarks.records_across_chunks --seconds {args.seconds:g} "
-                                      f"--max-docs {args.max_docs} --out {args.out}",
+                                      f"--max-docs {args.max_docs} --model-docs {args.model_docs} "
+                                      f"--model-seconds {args.model_seconds:g} --model-distances {args.model_distances} "
+                                      f"--out {args.out}",
                            "loadavg_before": loadavg(), "machine": machine(),
                            "config": {"chunk_tokens": CHUNK_TOKENS, "memory_tokens": MEMORY_TOKENS,
                                       "require_grounding": True, "invoices_per_doc": INVOICES, "open_per_doc": OPEN,
                                       "stagger_lines": STAGGER, "reader": "MemoryOracle, in process",
-                                      "embedded_model": "not run"}, "distances": {}}
+                                      "embedded_model": "smollm2-135m, dtype auto" if args.model_docs else "not run"},
+                           "distances": {}}
+    gaps: dict[int, int] = {}
     t_all = time.perf_counter()
     for distance in DISTANCES:
         gap, _ = calibrate(distance, tokenizer, schema, per_line)
+        gaps[distance] = gap
         rows: list[dict[str, Any]] = []
         c0, w0 = time.process_time(), time.perf_counter()
         while len(rows) < args.max_docs and time.process_time() - c0 < args.seconds / len(DISTANCES):
@@ -198,6 +259,10 @@ def main() -> None:
         if any(r.get("example") for r in rows):
             out["example"] = next(r["example"] for r in rows if r.get("example"))
         out["distances"][str(distance)] = summary
+    if args.model_docs:
+        chosen = {int(d) for d in args.model_distances.split(",")}
+        out["embedded_model"] = model_arm({d: g for d, g in gaps.items() if d in chosen}, schema, args.model_docs,
+                                          args.model_seconds)
     out.update({"wall_s": round(time.perf_counter() - t_all, 1), "peak_rss_mb": peak_rss_mb(),
                 "loadavg_after": loadavg()})
     path = write_json(args.out, out)
@@ -219,6 +284,15 @@ def main() -> None:
         md += ["", f"Example (16-chunk distance): `{ex['record']}`", "", "| field | chunk | grounding | text |",
                "|---|---|---|---|"]
         md += [f"| {p} | {v['chunk']} | {v['grounding']} | `{v['text']}` |" for p, v in ex["values"].items()]
+    if out.get("embedded_model"):
+        headers_m = ["distance (chunks)", "docs read / started", "gold", "recall", "precision", "incomplete",
+                     "conflicts", "memory-grounded values", "doc tokens / record", "wall s"]
+        rows_m = [[d, f"{s['documents']}/{s['started']}", s.get("gold", 0), s.get("recall"), s.get("precision"),
+                   s.get("incomplete"), s.get("conflicts"), s.get("labels", {}).get("memory", 0),
+                   s.get("tokens_per_record"), s["wall_s"]] for d, s in out["embedded_model"].items()]
+        print_table(headers_m, rows_m)
+        md += ["", "## The embedded model (SmolLM2-135M-Instruct, dtype auto), same documents and settings", "",
+               table(headers_m, rows_m)]
     path.with_suffix(".md").write_text("\n".join(md) + "\n")
 
 
