@@ -6,8 +6,8 @@
    (:meth:`pipelines.openai_batch_api.BatchService.run`: parse, the batch job, output files) and by
    ``run_batch_qa`` on the same rows as Parquet (``memagent batch``); then the mixed batch (documents and short
    chats). HTTP upload and polling are not in the figure (a few ms each).
-2. ``kill_at_50``: ``memagent run-batch`` on the mixed batch, SIGKILLed once half the documents' chunks are
-   checkpointed, then rerun: the chunks the rerun reads beyond those left at the kill are the recomputed work
+2. ``kill_at_50``: ``memagent run-batch`` on the mixed batch, SIGKILLed with every process under it (the local
+   Ray's GCS, raylet and actors: the machine lost) once half the documents' chunks are checkpointed, then rerun: the chunks the rerun reads beyond those left at the kill are the recomputed work
    (at most one checkpoint interval, here 1 chunk, per document being read).
 
 Writes benchmarks/results/openai_batch.json and prints a table.
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import bench_model, loadavg, print_table, write_json
+from benchmarks.common import bench_model, loadavg, machine, print_table, write_json
 
 AGENT = dict(chunk_tokens=128, memory_tokens=16, answer_tokens=8, query_tokens=64)
 
@@ -123,13 +123,20 @@ def kill_at_50(model_dir: str, lines: list[dict], work: Path, total_chunks: int)
     state = work / "results.jsonl.work"
     while proc.poll() is None and sum(_checkpointed(state).values()) < total_chunks / 2:
         time.sleep(0.05)
+    # The machine dies: the driver and every process under it (the local Ray's GCS, raylet and the actors
+    # reading, which would otherwise run on for seconds in sessions of their own) killed at once.
+    import psutil
+
+    tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
     at_kill = _checkpointed(state)
     chats_at_kill = len(list(state.glob("run/chat/*.json")))
-    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait()
-    # The local Ray's actors outlive their driver a moment (the raylet reaps them): what they checkpointed
-    # meanwhile is kept, so the work left is measured once they are gone.
-    time.sleep(5)
+    time.sleep(2)
     before_rerun = _checkpointed(state)
     t = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
@@ -168,7 +175,8 @@ def main() -> None:
     total_chunks = args.docs * -(-args.doc_tokens // AGENT["chunk_tokens"])
     kill = kill_at_50(model_dir, lines, work / "k", total_chunks)
     data = {"settings": {**vars(args), "agent": AGENT, "model": "tiny-llama (random, 2 layers)"},
-            "api_vs_batch": timings, "kill_at_50": kill, "load_before": load, "load_after": loadavg()}
+            "api_vs_batch": timings, "kill_at_50": kill, "load_before": load, "load_after": loadavg(),
+            "machine": machine()}
     write_json(args.out, data)
     print_table(["measure", "value"], [*((k, v) for k, v in timings.items() if k != "raw"), *kill.items()])
 

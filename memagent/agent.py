@@ -29,11 +29,12 @@ from typing import Awaitable, Callable
 from memagent.chunking import Chunk, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
-from memagent.extraction.groups import FieldGroup, merge_replies
+from memagent.extraction.groups import FieldGroup
 from memagent.extraction.record_grounding import MemoryChain
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
+from memagent.group_answers import answer_groups, reply_object
 from memagent.heads import initial_memory, labelled, last_updated, next_head, unlabelled, write_head
 from memagent.prompts import (
     Messages,
@@ -42,7 +43,6 @@ from memagent.prompts import (
     final_answer_messages,
     memory_heads_messages,
     memory_update_messages,
-    parse_json_answer,
     records_messages,
     strip_thinking,
 )
@@ -118,6 +118,8 @@ class Result:
     records: dict[str, list[Record]] | None = None
     records_tally: RecordsTally = field(default_factory=RecordsTally)
     records_incomplete: list[str] = field(default_factory=list)
+    # A wide schema's leaves whose group reply broke even alone, one ``path: why`` each (group_answers).
+    unanswered: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -255,6 +257,7 @@ async def read_document(
         records=records,
         records_tally=tally,
         records_incomplete=incomplete,
+        unanswered=chain.unanswered,
     )
 
 
@@ -284,6 +287,7 @@ class _Chain:
         # (a long document would otherwise hold every prompt's ids until its answer).
         self.completions: list[Completion] = []
         self.keep = self.completions.append if keep_completions else (lambda _: None)
+        self.unanswered: list[str] = []
 
     def _record(self, kind: str, chunk: Chunk | None, memory: str, reply: Completion, t0: float) -> None:
         self.steps.append(_step(len(self.steps), kind, chunk, memory, reply, time.perf_counter() - t0))
@@ -345,9 +349,9 @@ class _Chain:
         return reply
 
     async def _group_answers(self, groups: tuple[FieldGroup, ...]) -> Completion:
-        """One constrained final call per field group, all reading the final memory (one answer step each, in
-        group order); the reply is the merged object, or the first group reply that is no JSON object (the row
-        is then an invalid output, as a single reply would be)."""
+        """One constrained final call per field group, all reading the final memory (one answer step per call,
+        the groups in order, then any halves of a group whose reply broke: :mod:`memagent.group_answers`);
+        the reply is the merged object, the leaves left out kept in ``self.unanswered``."""
         schema, config = self.config.extraction, self.config
         assert schema is not None
         t0 = time.perf_counter()
@@ -359,22 +363,15 @@ class _Chain:
                 config.answer_tokens, config.temperature, config.top_p, self.params.logprobs, priority=-1,
                 json_schema=schema.group_decoding_schema_json(group)))
 
-        replies = await asyncio.gather(*(ask(g) for g in groups))
-        for reply in replies:
+        answers = await answer_groups(ask, groups, config.answer_tokens)
+        for reply in answers.replies:
             self._record("answer", None, self.state.memory, reply, t0)
-        objects, bad = [], None
-        for reply in replies:
-            try:
-                obj = parse_json_answer(reply.text)
-            except ValueError:
-                obj = None
-            if not isinstance(obj, dict):
-                bad = bad or reply
-            objects.append(obj)
-        text = bad.text if bad else json.dumps(merge_replies(objects), ensure_ascii=False)
-        return Completion(text=text, prompt_tokens=sum(r.prompt_tokens for r in replies),
-                          completion_tokens=sum(r.completion_tokens for r in replies),
-                          finish_reason=(bad or replies[-1]).finish_reason)
+        self.unanswered = list(answers.unanswered)
+        broken = [r for r in answers.replies if reply_object(r) is None]
+        return Completion(text=json.dumps(answers.merged, ensure_ascii=False),
+                          prompt_tokens=sum(r.prompt_tokens for r in answers.replies),
+                          completion_tokens=sum(r.completion_tokens for r in answers.replies),
+                          finish_reason=broken[-1].finish_reason if answers.unanswered else "stop")
 
 
 def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:

@@ -124,10 +124,11 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
     assert schema is not None
     record = dict(row)
     try:
-        columns, error = extraction_columns(schema, result.response, result.steps, row.get("context")), None
+        columns = extraction_columns(schema, result.response, result.steps, row.get("context"), result.unanswered)
+        error = None
     except InvalidOutput as exc:
         columns, error = null_columns(schema), f"{INVALID_OUTPUT_PREFIX}{exc}"
-        if result.steps and result.steps[-1].finish_reason == "length":
+        if result.steps and result.steps[-1].kind == "answer" and result.steps[-1].finish_reason == "length":
             error += f" (the reply stopped at answer_tokens={config.answer_tokens}: raise answer_tokens)"
     record.update({c: None for c in RESULT_COLUMNS})
     record.update(

@@ -91,35 +91,46 @@ def count_leaves(node: Any) -> int:
     return 1
 
 
-def _value(rng: random.Random, node: dict[str, Any]) -> Any:
+def long_text(rng: random.Random, chars: int = 190) -> str:
+    """Free text near the grammar's 200-character bound: far longer than a group's size estimate."""
+    words: list[str] = []
+    while len(" ".join(words)) < chars - 12:
+        words.append(rng.choice(WORDS))
+    return " ".join(words)
+
+
+def _value(rng: random.Random, node: dict[str, Any], long: float = 0.0) -> Any:
     if "enum" in node:
         return rng.choice(node["enum"])
     kind = node.get("type")
     if kind == "string" and node.get("format") == "date":
         return (dt.date(2000, 1, 1) + dt.timedelta(days=rng.randint(0, 9000))).isoformat()
+    if long and kind == "string" and node.get("format") is None and rng.random() < long:
+        return long_text(rng)
     return {"string": lambda: " ".join(rng.sample(WORDS, rng.randint(1, 2))), "integer": lambda: rng.randint(0, 99999),
             "number": lambda: rng.randint(0, 99999) / 4, "boolean": lambda: rng.random() < 0.5,
             "array": lambda: rng.sample(WORDS, rng.randint(1, 2))}[kind]()
 
 
-def gold_for(schema: dict[str, Any], seed: int, fill: float = 0.8) -> dict[str, Any]:
+def gold_for(schema: dict[str, Any], seed: int, fill: float = 0.8, long: float = 0.0) -> dict[str, Any]:
     """A gold object valid under ``schema``: required values always, optional ones with probability ``fill``,
-    every record type with 1 to 3 records."""
+    every record type with 1 to 3 records; a free-text document value is :func:`long_text` with probability
+    ``long``."""
     rng = random.Random(seed)
 
-    def obj(node: dict[str, Any]) -> dict[str, Any]:
+    def obj(node: dict[str, Any], in_records: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, prop in node["properties"].items():
             is_records = prop.get("type") == "array" and prop["items"].get("type") == "object"
             if name not in node.get("required", ()) and not is_records and rng.random() > fill:
                 continue  # record types always listed: the job writes [] for a type without records
             if prop.get("type") == "object":
-                out[name] = obj(prop)
+                out[name] = obj(prop, in_records)
             elif prop.get("type") == "array" and prop["items"].get("type") == "object":
                 keys = rng.sample(range(100), rng.randint(1, 3))
-                out[name] = [{**obj(prop["items"]), "key": f"K{k}"} for k in keys]
+                out[name] = [{**obj(prop["items"], True), "key": f"K{k}"} for k in keys]
             else:
-                out[name] = _value(rng, prop)
+                out[name] = _value(rng, prop, 0.0 if in_records else long)
         return out
 
     return obj(schema)

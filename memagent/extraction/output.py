@@ -8,7 +8,8 @@ Columns (all nullable, null in error rows):
 - ``extraction``: the validated object as JSON text, in the user's schema's shape (the batch job nests
   each record type's records where the schema has them);
 - ``schema_errors``: ``list<string>``, one ``path: message`` per value dropped because it failed the
-  user's own schema (a constraint the grammar could not hold, e.g. a ``format``);
+  user's own schema (a constraint the grammar could not hold, e.g. a ``format``), after one per leaf
+  a wide schema's answer left out because its reply broke even asked alone (:mod:`memagent.group_answers`);
 - ``field_evidence``: ``list<struct<field, value, step, char_start, char_end>>``, one entry per
   non-null value (one per item for arrays; ``field`` a dotted path inside objects, ``lender.name``;
   ``value`` is the JSON text of the value or item):
@@ -163,11 +164,20 @@ def field_evidence(schema: ExtractionSchema, obj: Mapping[str, Any], steps: Iter
 
 
 def extraction_columns(schema: ExtractionSchema, reply: str | None, steps: Iterable[Any] | None,
-                       context: str | None) -> dict[str, Any]:
-    """All extraction columns of a successful read; raises :class:`InvalidOutput` for a bad reply."""
-    obj, dropped = conform_reply(schema, parse_reply(schema, reply))
+                       context: str | None, unanswered: Iterable[str] = ()) -> dict[str, Any]:
+    """All extraction columns of a successful read; raises :class:`InvalidOutput` for a bad reply.
+    ``unanswered``: ``path: why`` of the leaves a wide schema's broken group replies left out
+    (``Result.unanswered``), listed in ``schema_errors`` before the values the schema dropped."""
+    unanswered = list(unanswered)
+    try:
+        obj, dropped = conform_reply(schema, parse_reply(schema, reply))
+    except InvalidOutput as exc:
+        if unanswered:
+            raise InvalidOutput(f"{exc}; left out: {unanswered[0]}") from exc
+        raise
     return {**typed_values(schema, obj), EXTRACTION_COLUMN: json.dumps(obj, ensure_ascii=False),
-            FIELD_EVIDENCE_COLUMN: field_evidence(schema, obj, steps, context), SCHEMA_ERRORS_COLUMN: dropped}
+            FIELD_EVIDENCE_COLUMN: field_evidence(schema, obj, steps, context),
+            SCHEMA_ERRORS_COLUMN: unanswered + dropped}
 
 
 def conform_reply(schema: ExtractionSchema, obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:

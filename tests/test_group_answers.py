@@ -1,0 +1,139 @@
+"""A wide schema's group reply that breaks (issue 50: the 400-leaf run on the packaged model lost its row to 2 of
+21 group replies cut at answer_tokens): the group is asked again in halves, and a leaf that breaks even alone is
+left out and named while the rest of the row is kept.
+
+Read by a perfect model in process (tests/oracle/servers.OracleEngine, which cuts a reply at ``max_tokens`` as a
+server does) of generated wide schemas (tests/wide_schemas.py) whose free-text values are drawn near the
+grammar's 200-character bound, far past the size the groups are packed by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
+
+from memagent.batch import answer_row
+from memagent.config import AgentConfig
+from memagent.extraction import schema_from
+from memagent.engines.base import Completion
+from memagent.extraction.groups import smallest_group_tokens
+from memagent.extraction.parse import iter_leaves
+from memagent.extraction.resolve import without_nulls
+from memagent.group_answers import halves
+from tests.oracle.servers import OracleEngine
+from tests.test_schema_resolve import flatten
+from tests.wide_schemas import WideReader, gold_for, statement, wide_schema
+
+WIDE = st.tuples(st.integers(50, 300), st.integers(0, 10**6))
+QUICK = settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
+
+
+def _config(raw, answer_tokens: int) -> AgentConfig:
+    return AgentConfig(chunk_tokens=12000, memory_tokens=1500, answer_tokens=answer_tokens, query_tokens=6000,
+                       extraction=raw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(WIDE, st.integers(0, 300))
+def test_halves_split_a_group_s_leaves_in_two_in_order(drawn, extra):
+    """Each group of more than one leaf halves into two non-empty groups whose leaves, in order, are the group's;
+    a single leaf has no halves."""
+    leaves, seed = drawn
+    schema = schema_from(wide_schema(leaves, seed))
+    for group in schema.field_groups(smallest_group_tokens(schema.fields) + extra):
+        pair = halves(group)
+        if len(group.leaves()) == 1:
+            assert pair is None
+            continue
+        assert pair is not None and all(p.leaves() for p in pair)
+        assert pair[0].leaves() + pair[1].leaves() == group.leaves()
+
+
+@QUICK
+@given(WIDE, st.integers(0, 60), st.floats(0.5, 1.0))
+def test_values_longer_than_the_packing_estimate_come_out_whole(tokenizer, drawn, extra, long):
+    """Free-text values of up to the grammar's bound cut some group replies at answer_tokens; the halves asked
+    again give the gold object whole, every call one answer step, nothing left out."""
+    leaves, seed = drawn
+    raw = wide_schema(leaves, seed)
+    schema = schema_from(raw)
+    gold = gold_for(raw, seed, long=long)
+    doc, _ = flatten(schema, gold)
+    reader = WideReader(without_nulls(doc), {})
+    budget = max(smallest_group_tokens(schema.fields) + extra, 120)
+    row = asyncio.run(answer_row(OracleEngine(reader.reply, tokenizer), {"id": "d", "context": statement(gold)},
+                                 _config(raw, budget)))
+    assert row["error"] is None, row["error"]
+    assert json.loads(row["extraction"]) == gold and row["schema_errors"] == []
+    groups = schema.field_groups(budget)
+    answers = [s for s in row["steps"] if s["kind"] == "answer"]
+    assert len(answers) == reader.final_calls >= len(groups) > 1
+    cut = sum(s["finish_reason"] == "length" for s in answers)
+    event(f"group replies cut: {'none' if not cut else 'some'}")
+    assert len(answers) == len(groups) + 2 * cut  # each cut reply's group asked again as two halves
+
+
+def _with_note(raw: dict, required: bool) -> dict:
+    raw = json.loads(json.dumps(raw))
+    raw["properties"]["note"] = {"type": "string"}
+    if required:
+        raw["required"] = [*raw.get("required", []), "note"]
+    return raw
+
+
+def test_a_leaf_that_breaks_alone_is_named_and_the_rest_kept(tokenizer):
+    """A value whose reply alone runs past answer_tokens (190 digits: one token each) is left out and named in
+    ``schema_errors``, every other value kept; when the user's schema requires it, the row is an
+    ``invalid_output`` error row that names it."""
+    for required in (False, True):
+        raw = _with_note(wide_schema(120, 7), required)
+        schema = schema_from(raw)
+        gold = {**gold_for(raw, 7), "note": "1234567890" * 19}
+        doc, _ = flatten(schema, gold)
+        reader = WideReader(without_nulls(doc), {})
+        row = asyncio.run(answer_row(OracleEngine(reader.reply, tokenizer), {"id": "d", "context": statement(gold)},
+                                     _config(raw, 120)))
+        why = "note: no value: its reply ran past answer_tokens=120 alone and was cut"
+        if required:
+            assert row["error"].startswith("invalid_output: ") and why in row["error"], row["error"]
+            continue
+        assert row["error"] is None, row["error"]
+        assert row["schema_errors"] == [why]
+        assert json.loads(row["extraction"]) == {k: v for k, v in gold.items() if k != "note"}
+
+
+class _NoStructuredOutputs(OracleEngine):
+    """A server that ignores the schema and answers in prose (no structured outputs)."""
+
+    async def chat(self, messages, params):
+        if params.json_schema is None:
+            return await super().chat(messages, params)
+        self.calls += 1
+        return Completion(text="I could not find these values.", prompt_tokens=0, completion_tokens=7,
+                          finish_reason="stop")
+
+
+def test_every_leaf_broken_is_named_once_never_a_silently_empty_row(tokenizer):
+    """A server whose every final reply is prose, not JSON: each leaf is named once in ``schema_errors`` as no
+    JSON object (a row of nulls), never a silently empty row."""
+    raw = wide_schema(80, 3)
+    raw["required"] = []
+    schema = schema_from(raw)
+    engine = _NoStructuredOutputs(lambda prompt: "The memory holds nothing.", tokenizer)
+    row = asyncio.run(answer_row(engine, {"id": "d", "context": "Nothing is stated here."}, _config(raw, 120)))
+    assert row["error"] is None, row["error"]
+    paths = [p for p, _, _ in iter_leaves(schema.fields, {})]
+    assert sorted(row["schema_errors"]) == sorted(f"{p}: no value: its reply was no JSON object" for p in paths)
+    assert json.loads(row["extraction"]) == {}
