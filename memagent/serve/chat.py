@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from memagent.engines.base import Completion, Engine, SamplingParams
+from memagent.engines.detokenize import IncrementalText
 from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
 from memagent.engines.stop import final_text
 from memagent.serve import tools
@@ -214,13 +215,12 @@ class EngineModel:
         call.add_done_callback(lambda _: tokens.put_nowait(None))
         shown = (lambda kind: kind == "content" or tool_deltas)
         try:
-            ids: list[int] = []
+            decoded = IncrementalText(lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True))
             sent = ""
             while (new := await tokens.get()) is not None:
-                ids += new
-                text = final_text(self.engine.tokenizer.decode(ids, skip_special_tokens=True), params.stop)
-                if text.endswith("\ufffd"):  # an incomplete UTF-8 character waits for its end
+                if not decoded.add(new):  # nothing new, or a UTF-8 character not yet whole
                     continue
+                text = final_text(decoded.text, params.stop)
                 if reader is not None:
                     for event in reader.feed(text):
                         if shown(event[0]):
