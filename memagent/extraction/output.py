@@ -172,8 +172,9 @@ def extraction_columns(schema: ExtractionSchema, reply: str | None, steps: Itera
     try:
         obj, dropped = conform_reply(schema, parse_reply(schema, reply))
     except InvalidOutput as exc:
-        if unanswered:
-            raise InvalidOutput(f"{exc}; left out: {unanswered[0]}") from exc
+        if unanswered:  # name the left-out leaf the schema missed (a required one), else the first
+            named = [u for u in unanswered if f"'{u.split(':', 1)[0].rsplit('.', 1)[-1]}'" in str(exc)]
+            raise InvalidOutput(f"{exc}; left out: {(named or unanswered)[0]}") from exc
         raise
     return {**typed_values(schema, obj), EXTRACTION_COLUMN: json.dumps(obj, ensure_ascii=False),
             FIELD_EVIDENCE_COLUMN: field_evidence(schema, obj, steps, context),
