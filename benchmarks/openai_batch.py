@@ -138,13 +138,15 @@ def kill_at_50(model_dir: str, lines: list[dict], work: Path, total_chunks: int)
     proc.wait()
     time.sleep(2)
     before_rerun = _checkpointed(state)
+    committed = set((state / "run" / "job_output").glob("*.parquet"))  # rows written before the kill: not read again
     t = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
     rerun_s = time.perf_counter() - t
     import pyarrow.dataset as pads
 
-    rows = pads.dataset(str(state / "run" / "job_output"), format="parquet", ignore_prefixes=["_", "."]).to_table(
-        columns=["id", "n_chunks", "resumed_at_chunk"]).to_pylist()
+    files = sorted(set((state / "run" / "job_output").glob("*.parquet")) - committed)
+    rows = pads.dataset([str(f) for f in files], format="parquet").to_table(
+        columns=["id", "n_chunks", "resumed_at_chunk"]).to_pylist()  # the rows the rerun read
     read_again = sum(r["n_chunks"] - (r["resumed_at_chunk"] or 0) for r in rows)
     from pipelines.storage import row_key
 
@@ -152,9 +154,11 @@ def kill_at_50(model_dir: str, lines: list[dict], work: Path, total_chunks: int)
     results = [json.loads(x) for x in out.read_text().splitlines()]
     return {"checkpointed_chunks_at_kill": sum(at_kill.values()), "chats_committed_at_kill": chats_at_kill,
             "checkpointed_chunks_before_rerun": sum(before_rerun.values()),
-            "total_chunks": sum(r["n_chunks"] for r in rows),
+            "docs_committed_before_rerun": pads.dataset([str(f) for f in committed], format="parquet").count_rows()
+            if committed else 0,
+            "rows_read_by_rerun": len(rows),
             "chunks_left_at_kill": left, "chunks_read_by_rerun": read_again,
-            "recomputed_chunks": read_again - left, "docs_being_read_at_kill": len(at_kill),
+            "recomputed_chunks": read_again - left, "docs_being_read_at_kill": sum(1 for r in rows if before_rerun.get(row_key(r["id"]))),
             "resumed_at_chunk": {r["id"]: r["resumed_at_chunk"] for r in rows},
             "rerun_s": rerun_s, "custom_ids_once": len({r["custom_id"] for r in results}) == len(results) == len(lines)}
 
