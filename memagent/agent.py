@@ -34,7 +34,7 @@ from memagent.extraction.record_grounding import MemoryChain
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
-from memagent.group_answers import answer_groups, reply_object
+from memagent.group_answers import answer_groups
 from memagent.heads import initial_memory, labelled, last_updated, next_head, unlabelled, write_head
 from memagent.prompts import (
     Messages,
@@ -367,11 +367,10 @@ class _Chain:
         for reply in answers.replies:
             self._record("answer", None, self.state.memory, reply, t0)
         self.unanswered = list(answers.unanswered)
-        broken = [r for r in answers.replies if reply_object(r) is None]
         return Completion(text=json.dumps(answers.merged, ensure_ascii=False),
                           prompt_tokens=sum(r.prompt_tokens for r in answers.replies),
                           completion_tokens=sum(r.completion_tokens for r in answers.replies),
-                          finish_reason=broken[-1].finish_reason if answers.unanswered else "stop")
+                          finish_reason=answers.broken[-1].finish_reason if answers.broken else "stop")
 
 
 def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:

@@ -24,11 +24,13 @@ from memagent.prompts import parse_json_answer
 @dataclass(frozen=True)
 class GroupAnswers:
     """What the group calls gave: every reply in call order (first the groups, then each half after the
-    group it halves), the whole replies merged, and one ``path: why`` per leaf left out."""
+    group it halves), the whole replies merged, one ``path: why`` per leaf left out, and the replies of the
+    leaves left out."""
 
     replies: tuple[Completion, ...]
     merged: dict[str, Any]
     unanswered: tuple[str, ...]
+    broken: tuple[Completion, ...] = ()
 
 
 def reply_object(reply: Completion) -> dict[str, Any] | None:
@@ -72,20 +74,24 @@ async def answer_groups(ask: Callable[[FieldGroup], Awaitable[Completion]], grou
     """Each group asked (concurrently) with ``ask``; a broken reply's group asked again in halves, down to
     single leaves (see the module docstring). ``budget``: the answer_tokens each call had (named in the
     reasons)."""
-    async def one(group: FieldGroup) -> tuple[list[Completion], list[dict[str, Any]], list[str]]:
+    async def one(group: FieldGroup) -> GroupAnswers:
         reply = await ask(group)
         obj = reply_object(reply)
         if obj is not None:
-            return [reply], [obj], []
+            return GroupAnswers((reply,), obj, ())
         pair = halves(group)
         if pair is None:
-            return [reply], [], [f"{path}: {_why(reply, budget)}" for path in group.leaves()]
+            return GroupAnswers((reply,), {}, tuple(f"{path}: {_why(reply, budget)}" for path in group.leaves()),
+                                (reply,))
         parts = await asyncio.gather(*(one(g) for g in pair))
-        return ([reply, *(r for p in parts for r in p[0])], [o for p in parts for o in p[1]],
-                [u for p in parts for u in p[2]])
+        return _joined(parts, first=(reply,))
 
-    done = await asyncio.gather(*(one(g) for g in groups))
-    first = [d[0][0] for d in done]  # the groups' own replies first, as the steps were before any halving
-    retries = [r for d in done for r in d[0][1:]]
-    return GroupAnswers(tuple(first + retries), merge_replies(o for d in done for o in d[1]),
-                        tuple(u for d in done for u in d[2]))
+    return _joined(await asyncio.gather(*(one(g) for g in groups)))
+
+
+def _joined(parts: list[GroupAnswers], first: tuple[Completion, ...] = ()) -> GroupAnswers:
+    """``parts`` as one: ``first``, then each part's own reply (the groups, as the steps were before any
+    halving), then every part's retries; the objects merged."""
+    replies = first + tuple(p.replies[0] for p in parts) + tuple(r for p in parts for r in p.replies[1:])
+    return GroupAnswers(replies, merge_replies(p.merged for p in parts),
+                        tuple(u for p in parts for u in p.unanswered), tuple(b for p in parts for b in p.broken))

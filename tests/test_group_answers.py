@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from memagent.batch import answer_row
-from memagent.config import AgentConfig
 from memagent.extraction import schema_from
 from memagent.engines.base import Completion
 from memagent.extraction.groups import smallest_group_tokens
@@ -26,7 +25,7 @@ from memagent.extraction.resolve import without_nulls
 from memagent.group_answers import halves
 from tests.oracle.servers import OracleEngine
 from tests.test_schema_resolve import flatten
-from tests.wide_schemas import WideReader, gold_for, statement, wide_schema
+from tests.wide_schemas import WideReader, gold_for, reader_config, statement, wide_schema
 
 WIDE = st.tuples(st.integers(50, 300), st.integers(0, 10**6))
 QUICK = settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
@@ -38,11 +37,6 @@ def tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(smollm2_dir))
-
-
-def _config(raw, answer_tokens: int) -> AgentConfig:
-    return AgentConfig(chunk_tokens=12000, memory_tokens=1500, answer_tokens=answer_tokens, query_tokens=6000,
-                       extraction=raw)
 
 
 @settings(max_examples=40, deadline=None)
@@ -74,7 +68,7 @@ def test_values_longer_than_the_packing_estimate_come_out_whole(tokenizer, drawn
     reader = WideReader(without_nulls(doc), {})
     budget = max(smallest_group_tokens(schema.fields) + extra, 120)
     row = asyncio.run(answer_row(OracleEngine(reader.reply, tokenizer), {"id": "d", "context": statement(gold)},
-                                 _config(raw, budget)))
+                                 reader_config(raw, budget)))
     assert row["error"] is None, row["error"]
     assert json.loads(row["extraction"]) == gold and row["schema_errors"] == []
     groups = schema.field_groups(budget)
@@ -104,7 +98,7 @@ def test_a_leaf_that_breaks_alone_is_named_and_the_rest_kept(tokenizer):
         doc, _ = flatten(schema, gold)
         reader = WideReader(without_nulls(doc), {})
         row = asyncio.run(answer_row(OracleEngine(reader.reply, tokenizer), {"id": "d", "context": statement(gold)},
-                                     _config(raw, 120)))
+                                     reader_config(raw, 120)))
         why = "note: no value: its reply ran past answer_tokens=120 alone and was cut"
         if required:
             assert row["error"].startswith("invalid_output: ") and why in row["error"], row["error"]
@@ -132,7 +126,7 @@ def test_every_leaf_broken_is_named_once_never_a_silently_empty_row(tokenizer):
     raw["required"] = []
     schema = schema_from(raw)
     engine = _NoStructuredOutputs(lambda prompt: "The memory holds nothing.", tokenizer)
-    row = asyncio.run(answer_row(engine, {"id": "d", "context": "Nothing is stated here."}, _config(raw, 120)))
+    row = asyncio.run(answer_row(engine, {"id": "d", "context": "Nothing is stated here."}, reader_config(raw, 120)))
     assert row["error"] is None, row["error"]
     paths = [p for p, _, _ in iter_leaves(schema.fields, {})]
     assert sorted(row["schema_errors"]) == sorted(f"{p}: no value: its reply was no JSON object" for p in paths)

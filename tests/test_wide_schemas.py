@@ -25,7 +25,7 @@ from memagent.extraction.parse import iter_leaves
 from memagent.extraction.resolve import without_nulls
 from tests.oracle.servers import OracleEngine
 from tests.test_schema_resolve import flatten
-from tests.wide_schemas import WideReader, count_leaves, gold_for, statement, wide_schema
+from tests.wide_schemas import WideReader, count_leaves, gold_for, reader_config, statement, wide_schema
 
 WIDE = st.tuples(st.integers(50, 400), st.integers(0, 10**6), st.integers(0, 2))
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -83,11 +83,6 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(str(smollm2_dir))
 
 
-def _config(schema, answer_tokens: int) -> AgentConfig:
-    return AgentConfig(chunk_tokens=12000, memory_tokens=1500, answer_tokens=answer_tokens, query_tokens=6000,
-                       extraction=schema)
-
-
 def _read_back(schema, result) -> dict:
     doc, dropped = conform_reply(schema, parse_reply(schema, result.response))
     assert dropped == []
@@ -109,7 +104,7 @@ def test_a_perfect_reader_of_a_wide_schema_gives_the_gold_object(tokenizer, draw
     reader = WideReader(without_nulls(doc), {t: [without_nulls(r) for r in rs] for t, rs in records.items()})
     engine = OracleEngine(reader.reply, tokenizer)
     budget = max(smallest_group_tokens(schema.fields) + extra, 120)
-    result = asyncio.run(read_document(engine, None, statement(gold), _config(raw, budget)))
+    result = asyncio.run(read_document(engine, None, statement(gold), reader_config(raw, budget)))
     whole = _read_back(schema, result)
     assert schema.errors(whole) == [] and whole == gold
     groups = schema.field_groups(budget)

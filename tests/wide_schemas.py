@@ -191,3 +191,12 @@ class WideReader:
             self.final_calls += 1
             return compact(prune(self.doc, asked_tree(prompt)))
         return "The memory holds every value the document states."
+
+
+def reader_config(schema: dict[str, Any], answer_tokens: int) -> Any:
+    """The agent config the perfect-reader tests read a wide schema with: one chunk for the whole statement,
+    budgets wide enough for any generated schema, the answer budget given."""
+    from memagent.config import AgentConfig
+
+    return AgentConfig(chunk_tokens=12000, memory_tokens=1500, answer_tokens=answer_tokens, query_tokens=6000,
+                       extraction=schema)
