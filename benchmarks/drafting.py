@@ -26,7 +26,7 @@ import tracemalloc
 import numpy as np
 
 from benchmarks.common import loadavg, print_table, write_json
-from memagent.engines.speculation import NgramDrafter
+from memagent.engines.speculation import NgramDrafter, TokenHistory
 from tests.test_speculation import find_draft as full_scan
 
 VOCAB, N_MIN, N_MAX, MAX_DRAFT = 49_152, 2, 4, 8
@@ -51,7 +51,8 @@ def steps(prompt: list[int], count: int, rng: np.random.Generator) -> list[list[
 
 def time_index(prompt: list[int], kept: list[list[int]]) -> tuple[float, list[list[int]]]:
     """Seconds per step of the drafter (observe + propose) and its drafts."""
-    drafter, history, drafts = NgramDrafter(prompt, N_MIN, N_MAX), list(prompt), []
+    history = TokenHistory(prompt, reserve=sum(map(len, kept)))  # as the decode loop holds a row's tokens
+    drafter, drafts = NgramDrafter(history, N_MIN, N_MAX), []
     t0 = time.perf_counter()
     for new in kept:
         history.extend(new)

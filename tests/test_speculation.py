@@ -21,9 +21,11 @@ from memagent.engines.hf import TransformersEngine
 from memagent.engines import hf_decode
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
+from memagent.engines.speculation import drafters
 from memagent.engines.speculation import (
     CostModel,
     NgramIndex,
+    TokenHistory,
     accept_greedy,
     accept_sampled,
     choose_draft_len,
@@ -55,7 +57,7 @@ def find_draft(tokens: np.ndarray, max_draft: int, n_min: int, n_max: int) -> li
 
 
 def draft(tokens, max_draft: int, n_min: int, n_max: int) -> list[int]:
-    return NgramIndex(tokens, n_min, n_max).draft(max_draft)
+    return NgramIndex(tokens, n_min, n_max).draft(tokens, max_draft)
 
 
 def test_ngram_index_takes_the_longest_ngram_and_its_latest_occurrence():
@@ -80,12 +82,56 @@ def test_ngram_index_grown_step_by_step_drafts_what_the_full_scan_drafts(tokens,
     """After every append, the incremental index's draft equals the full scan's over the tokens so far."""
     n_min, n_max = sizes[0], sizes[0] + sizes[1]
     bounds = np.cumsum([min(len(tokens), 1 + len(tokens) // 3), *cuts]).clip(max=len(tokens))
-    index = NgramIndex(tokens[: bounds[0]], n_min, n_max)
-    assert index.draft(max_draft) == find_draft(np.array(tokens[: bounds[0]], dtype=np.int64), max_draft, n_min, n_max)
+    history = TokenHistory(tokens[: bounds[0]])
+    index = NgramIndex(history, n_min, n_max)
+    assert index.draft(history, max_draft) == find_draft(np.array(tokens[: bounds[0]], dtype=np.int64), max_draft,
+                                                         n_min, n_max)
     for start, end in zip(bounds[:-1], bounds[1:]):
-        index.extend(tokens[start:end])
+        history.extend(tokens[start:end])
+        index.update(history)
         oracle = find_draft(np.array(tokens[:end], dtype=np.int64), max_draft, n_min, n_max)
-        assert index.draft(max_draft) == oracle
+        assert index.draft(history, max_draft) == oracle
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 6), min_size=2, max_size=60), split=st.integers(1, 60),
+       max_draft=st.integers(1, 8))
+def test_ngram_key_collisions_cost_a_miss_never_a_wrong_draft(tokens, split, max_draft):
+    """With every n-gram of one last token sharing a key, a draft is still what followed an earlier
+    occurrence of the history's last ``n`` tokens for some allowed ``n`` (or empty): keys are checked."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(drafters, "_MUL", 0)  # key = last id + 1: collisions everywhere
+        mp.setattr(drafters, "_POW", [1] + [0] * 63)
+        history = TokenHistory(tokens[: min(split, len(tokens) - 1)])
+        index = NgramIndex(history, 2, 4)
+        history.extend(tokens[len(history):])
+        index.update(history)
+        got = index.draft(history, max_draft)
+    if got:
+        arr, size = np.array(tokens), len(tokens)
+        follows = [arr[e + 1 : e + 1 + max_draft].tolist() for n in range(2, 5) for e in range(n - 1, size - 1)
+                   if (arr[e - n + 1 : e + 1] == arr[size - n :]).all()]
+        assert got in follows
+
+
+def test_row_drafting_holds_one_copy_of_the_prompt():
+    """The decode loop's drafting state for a row reads one int32 copy of the prompt (the aligned drafter a
+    view of it, the n-gram index positions only): well under 60 bytes per prompt token (46 MB at 128K before)."""
+    import tracemalloc
+
+    prompt = (np.random.default_rng(0).zipf(1.2, 20_000) % 49_152).tolist()
+    loop = DecodeLoop(model=None, eos_ids={0}, pad_id=0, spec=Speculation(max_draft=8, ngram_min=2, ngram_max=4,
+                                                                         aligned_draft=256))
+    tracemalloc.start()
+    history, (ngram, aligned) = loop.row_drafting(Row(prompt_ids=prompt, max_tokens=64))
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert np.shares_memory(aligned.source, history[:])
+    assert not any(isinstance(v, (list, np.ndarray)) and len(v) >= len(prompt) for v in vars(ngram.index).values())
+    assert held / len(prompt) < 60, held / len(prompt)
+    history.extend([prompt[10], prompt[11]])
+    ngram.observe(history, 2)
+    assert ngram.propose(history, 4) == find_draft(np.array(history[:]), 4, 2, 4) != []
 
 
 def test_expected_tokens_is_the_geometric_sum():

@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from memagent.engines.config import EngineConfig
@@ -50,6 +49,7 @@ from memagent.engines.speculation import (
     AlignedDrafter,
     CostModel,
     NgramDrafter,
+    TokenHistory,
     accept_greedy,
     accept_sampled,
     choose_draft_len,
@@ -166,10 +166,10 @@ class DecodeLoop:
         capacity = n + max(r.max_tokens for r in rows) + self.spec.max_draft + 1
         mask = torch.zeros((b, capacity), dtype=torch.long, device=device)
         mask[:, :n] = prefix_mask.to(device)
-        history = [list(r.prompt_ids) for r in rows]  # prompt + reply; grown in place, O(new tokens) a step
+        built = [self.row_drafting(r) for r in rows]
+        history, drafters = [h for h, _ in built], [ds for _, ds in built]
         pending = [r.prompt_ids[-1] for r in rows]
         position = [len(r.prompt_ids) - 1 for r in rows]
-        drafters = [self._drafters(r) for r in rows]
         trackers = [[AcceptanceTracker() for _ in ds] for ds in drafters]
         while not all(r.done for r in rows):
             drafts, proposals, chosen = self._drafts(rows, history, drafters, trackers)
@@ -209,7 +209,7 @@ class DecodeLoop:
         return rows
 
     def _accept(self, row: Row, kept: list[int], draft: list[int], proposals: list[list[int]], drafters: list,
-                trackers: list[AcceptanceTracker], history: list[int]) -> list[int]:
+                trackers: list[AcceptanceTracker], history: TokenHistory) -> list[int]:
         """Book one row's step: its counters, every drafter's acceptance (drafted or not), the reply and
         what the drafters have seen. Returns the tokens the reply grew by (cut at EOS or the limit)."""
         row.draft_tokens += len(draft)
@@ -226,24 +226,26 @@ class DecodeLoop:
             drafter.observe(history, len(kept))
         return kept
 
-    def _drafters(self, row: Row) -> list[NgramDrafter | AlignedDrafter]:
-        """The row's drafters, n-gram first (it wins ties). Constrained rows never draft."""
+    def row_drafting(self, row: Row) -> tuple[TokenHistory, list[NgramDrafter | AlignedDrafter]]:
+        """The row's token history (prompt + reply, grown in place, reserved for the reply) and its
+        drafters over it, n-gram first (it wins ties). Constrained rows never draft."""
         spec = self.spec
+        history = TokenHistory(row.prompt_ids, reserve=row.max_tokens + 1)
         if spec.max_draft <= 0 or row.constraint is not None:
-            return []
+            return history, []
         out: list[NgramDrafter | AlignedDrafter] = []
         if spec.ngram:
-            out.append(NgramDrafter(row.prompt_ids, spec.ngram_min, spec.ngram_max))
+            out.append(NgramDrafter(history, spec.ngram_min, spec.ngram_max))
         if spec.aligned_draft > 0:
-            out.append(AlignedDrafter(np.asarray(row.prompt_ids, dtype=np.int64)))
-        return out
+            out.append(AlignedDrafter(history.prompt))
+        return history, out
 
     def _global(self, name: str) -> AcceptanceTracker:
         if name not in self.acceptance:  # not setdefault: a tracker per call, rows x drafters a step
             self.acceptance[name] = AcceptanceTracker()
         return self.acceptance[name]
 
-    def _drafts(self, rows: list[Row], history: list[list[int]], drafters: list[list], trackers: list[list]
+    def _drafts(self, rows: list[Row], history: list[TokenHistory], drafters: list[list], trackers: list[list]
                 ) -> tuple[list[list[int]], list[list[list[int]]], list[int | None]]:
         """Per row its draft this step (``[]`` for done, constrained or budget-bound rows), every
         drafter's proposal, and which one the draft is (cut to the step's ``k``; None: none).

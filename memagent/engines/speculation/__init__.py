@@ -36,6 +36,7 @@ from memagent.engines.speculation.drafters import (
     AlignedDrafter,
     NgramDrafter,
     NgramIndex,
+    TokenHistory,
     advance_alignment,
     aligned_draft,
     resync,
@@ -46,5 +47,6 @@ from memagent.engines.speculation.top_p import sampling_probs
 __all__ = [
     "AcceptanceTracker", "AlignedDrafter", "CostModel", "NgramDrafter", "NgramIndex", "accept_greedy",
     "accept_sampled", "advance_alignment", "aligned_draft", "choose_draft_len", "expected_tokens",
-    "matched_prefix", "nonnegative_quadratic_min", "pick_proposal", "resync", "sampling_probs", "token_index",
+    "matched_prefix", "nonnegative_quadratic_min", "pick_proposal", "resync", "sampling_probs",
+    "token_index", "TokenHistory",
 ]

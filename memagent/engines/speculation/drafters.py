@@ -3,7 +3,9 @@
 Both keep per-row state that grows with the reply in O(new tokens) a step, so a decode step's
 drafting costs the same at 200K tokens of history as at 2K: :class:`NgramIndex` holds the latest
 occurrence of every n-gram, :class:`AlignedDrafter` a pointer into the prompt and the prompt's
-token positions by id (:func:`token_index`).
+token positions by id (:func:`token_index`). Neither copies the tokens: both read the row's one
+:class:`TokenHistory` (about 8 MB a row at 128K tokens, all of it arrays, vs 46 MB before:
+benchmarks/drafting_memory.py).
 """
 
 from __future__ import annotations
@@ -13,45 +15,121 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 
+class TokenHistory(Sequence[int]):
+    """A row's prompt + reply in one int32 buffer, reserved for the reply up front: the one copy of the
+    prompt its drafters read (:class:`NgramIndex` keeps positions only; :class:`AlignedDrafter` reads
+    :attr:`prompt`, a view). Grows by doubling past the reservation (a view taken earlier keeps the old
+    buffer alive, correct as the prompt never changes)."""
+
+    def __init__(self, prompt: Sequence[int], reserve: int = 0):
+        self._buf = np.empty(len(prompt) + max(reserve, 0), dtype=np.int32)
+        self._buf[: len(prompt)] = prompt
+        self._len = self.prompt_len = len(prompt)
+
+    @property
+    def prompt(self) -> np.ndarray:
+        return self._buf[: self.prompt_len]
+
+    def extend(self, new: Sequence[int]) -> None:
+        end = self._len + len(new)
+        if end > len(self._buf):
+            grown = np.empty(max(end, 2 * len(self._buf)), dtype=np.int32)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        self._buf[self._len : end] = new
+        self._len = end
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i):  # type: ignore[override]  # an int or a slice, as a numpy view would answer
+        return self._buf[: self._len][i]
+
+
+def _ints(tokens: Sequence[int]) -> list[int]:
+    return tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
+
+
+_MASK = (1 << 64) - 1
+_MUL = 0x9E3779B97F4A7C15  # odd: n-grams of small ids spread over all 64 bits
+
+
+_POW = [pow(_MUL, n, 1 << 64) for n in range(64)]
+
+
+def suffix_keys(gram: Sequence[int]) -> list[int]:
+    """The 64-bit keys of ``gram``'s suffixes, shortest first: ``out[n - 1]`` is the key of ``gram[-n:]``,
+    the polynomial :func:`gram_keys` computes (so one backward pass keys every size)."""
+    out, h = [], 0
+    for n, t in enumerate(reversed(gram)):
+        h = (h + (int(t) + 1) * _POW[n]) & _MASK
+        out.append(h)
+    return out
+
+
+def gram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
+    """The key of every n-gram of ``tokens``, by its end: ``[L - n + 1]`` uint64 (entry ``j`` ends at ``j + n - 1``):
+    ``sum_j (tokens[j] + 1) * _MUL ** (n - 1 - j)`` over the n-gram, wrapping at 64 bits."""
+    h = np.zeros(len(tokens) - n + 1, dtype=np.uint64)
+    for j in range(n):
+        h = h * np.uint64(_MUL) + tokens[j : len(tokens) - n + 1 + j].astype(np.uint64) + np.uint64(1)
+    return h
+
+
 class NgramIndex:
     """Where each n-gram (``n_min ≤ n ≤ n_max``) of a growing token sequence last occurred, its tail excluded.
 
-    ``latest[n][gram]`` is the position of the last token of ``gram``'s latest occurrence that is
-    not the sequence's own last ``n`` tokens: an n-gram enters the index once a token follows it,
-    so what followed it is always there to draft. Appending a token costs ``n_max - n_min + 1``
-    dict writes and a lookup as many reads, whatever the length.
+    The index holds positions only; the tokens are the caller's (``history``, prompt + reply). An
+    n-gram enters the index once a token follows it, so what followed it is always there to draft.
+    The prompt's n-grams are built once into sorted arrays (a 64-bit key and the end position of
+    its latest occurrence: 12 bytes an n-gram, vs a Python dict of tuples' ~130); the reply's go
+    into a small dict per size, which wins (it is later). A key found is checked against the
+    tokens: two n-grams sharing a key (a 64-bit collision) cost a missed draft, never a wrong one.
+    Appending costs ``n_max - n_min + 1`` dict writes a token, a lookup as many reads.
     """
 
-    def __init__(self, tokens: Iterable[int], n_min: int, n_max: int):
+    def __init__(self, tokens: Sequence[int], n_min: int, n_max: int):
         self.n_min, self.n_max = n_min, n_max
-        self.tokens: list[int] = []
-        self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
-        self.extend(tokens)
+        ids = np.asarray(tokens[: len(tokens)], dtype=np.int64)
+        self.static: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for n in range(n_min, n_max + 1):
+            keys = gram_keys(ids[:-1], n) if len(ids) - 1 >= n else np.zeros(0, dtype=np.uint64)
+            # The latest occurrence of each key: np.unique's first index in the reversed keys.
+            uniq, first_rev = np.unique(keys[::-1], return_index=True)
+            self.static[n] = uniq, (len(keys) - 1 - first_rev + n - 1).astype(np.int32)
+        self.recent: dict[int, dict[int, int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.indexed = len(ids)  # n-grams ending before this length's last token are indexed
 
-    def extend(self, new: Iterable[int]) -> None:
-        """Append ``new``; the n-grams ending before the new last token become earlier occurrences."""
-        toks = self.tokens
-        old = len(toks)
-        toks.extend(int(t) for t in new)
-        last = len(toks) - 1  # n-grams ending here are the tail: not indexed yet
-        for n, latest in self.latest.items():
-            first = max(old - 1, n - 1)  # the first end position not indexed so far
-            if first >= last:
-                continue
-            # grams[e] = tuple(toks[e - n + 1 : e + 1]) for first <= e < last; later ends overwrite earlier ones.
-            grams = zip(*(toks[first - n + 1 + i : last - n + 1 + i] for i in range(n)))
-            latest.update(zip(grams, range(first, last)))
+    def update(self, history: Sequence[int]) -> None:
+        """Index the n-grams that ``history`` (grown at its end) now has a token after."""
+        old, last = self.indexed, len(history) - 1
+        if last < old:
+            return
+        lo = max(old - 1 - self.n_max + 1, 0)
+        toks = _ints(history[lo:last])  # the tokens of every n-gram ending in [old - 1, last)
+        for end in range(old - 1, last):
+            keys = suffix_keys(toks[max(end - self.n_max + 1 - lo, 0) : end + 1 - lo])
+            for n in range(self.n_min, min(self.n_max, end + 1) + 1):
+                self.recent[n][keys[n - 1]] = end
+        self.indexed = len(history)
 
-    def draft(self, max_draft: int) -> list[int]:
-        """Up to ``max_draft`` tokens that followed the latest earlier occurrence of the sequence's last
+    def draft(self, history: Sequence[int], max_draft: int) -> list[int]:
+        """Up to ``max_draft`` tokens that followed the latest earlier occurrence of ``history``'s last
         n-gram, the longest ``n`` with a match winning (``[]`` when none recurs)."""
-        toks, size = self.tokens, len(self.tokens)
+        size = len(history)
         if max_draft <= 0:
             return []
+        tail = _ints(history[max(size - self.n_max, 0) :])
+        tail_keys = suffix_keys(tail)
         for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
-            end = self.latest[n].get(tuple(toks[size - n:]))
-            if end is not None:  # the latest occurrence: the nearest context is the best guess
-                return toks[end + 1 : end + 1 + max_draft]
+            gram, key = tail[len(tail) - n :], tail_keys[n - 1]
+            end = self.recent[n].get(key)
+            if end is None:
+                keys, ends = self.static[n]
+                at = int(np.searchsorted(keys, np.uint64(key)))
+                end = int(ends[at]) if at < len(keys) and int(keys[at]) == key else None
+            if end is not None and _ints(history[end - n + 1 : end + 1]) == gram:
+                return _ints(history[end + 1 : end + 1 + max_draft])
         return []
 
 
@@ -65,11 +143,11 @@ class NgramDrafter:
         self.index = NgramIndex(prompt, n_min, n_max)
 
     def propose(self, history: Sequence[int], max_draft: int) -> list[int]:
-        return self.index.draft(max_draft)
+        return self.index.draft(history, max_draft)
 
     def observe(self, history: Sequence[int], new: int) -> None:
         """``history`` (``[L]``, prompt + reply) grew by its last ``new`` tokens."""
-        self.index.extend(history[len(history) - new:])
+        self.index.update(history)
 
 
 # Aligned drafting: a single-token re-synchronisation is trusted only this near the expected
@@ -98,7 +176,7 @@ def token_index(source: np.ndarray) -> TokenIndex:
     Shapes: ``source`` ``[S]``; returns two ``[S - 1]`` arrays. Built once per prompt.
     """
     head = source[: max(len(source) - 1, 0)]
-    order = np.argsort(head, kind="stable")
+    order = np.argsort(head, kind="stable").astype(np.int32)  # int32: half the size, positions fit
     return order, head[order]
 
 
