@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Awaitable, Callable
 
-from memagent.chunking import Chunk, chunk_document
+from memagent.chunking import Chunk, ChunkedDocument, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.groups import FieldGroup
@@ -206,6 +206,7 @@ async def read_document(
     logprobs: bool = False,
     resume: ChainState | None = None,
     on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+    chunked: ChunkedDocument | None = None,
 ) -> Result:
     """Read ``context`` with the memory agent and answer ``question``. With ``config.extraction`` (a schema)
     the question is its field list (pass ``question=None``) and ``Result.response`` one JSON object under
@@ -221,6 +222,8 @@ async def read_document(
             ``on_state``: the read goes on from its next chunk with its memory and trace, and
             ends as the uninterrupted read would have (greedy decoding in fp32: token for token).
         on_state: awaited after each memory update with the chain's state (chain checkpoints).
+        chunked: ``context`` already chunked with ``config.chunk_tokens`` and ``config.max_chunks`` by
+            ``engine.tokenizer`` (a caller that counted its tokens): not tokenized again.
 
     Raises:
         InputError: empty/missing question or context, a question over ``query_tokens``, or a
@@ -232,7 +235,8 @@ async def read_document(
         raise InputError(f"question is {n_question} tokens, over query_tokens={config.query_tokens}; "
                          "shorten it or raise query_tokens")
     # Tokenizing a long document is CPU work: off the event loop the other documents share.
-    doc = await asyncio.to_thread(chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
+    doc = chunked if chunked is not None else await asyncio.to_thread(
+        chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
     if resume is not None:
         check_resume(resume, doc.chunks, len(context), config.memory_heads)
     start = resume or ChainState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from memagent.agent import ChainState, InputError, ResumeMismatch, Result, read_document
 from memagent.attribution import attribute
+from memagent.chunking import ChunkedDocument
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
@@ -201,6 +202,7 @@ async def answer_row(
     on_state: Callable[[ChainState], Awaitable[None]] | None = None,
     checkpoint_ignored: str | None = None,
     on_records: OnRecords | None = None,
+    chunked: ChunkedDocument | None = None,
 ) -> dict[str, Any]:
     """Read one row; any failure of the row itself becomes an error record.
 
@@ -214,6 +216,8 @@ async def answer_row(
     Chain checkpoints (method ``memagent``): ``resume`` goes on from a checkpointed state (one
     that does not fit the document is ignored and the row read from the start), ``on_state``
     receives each new state, ``checkpoint_ignored`` says why a checkpoint found was not used.
+    ``chunked``: the row's context already chunked by ``config`` (the batch worker's count of a long
+    document), so that it is not tokenized again.
 
     Record types: ``on_records`` is awaited with the read's records before the record is returned
     (its result goes into ``records_file``); when it fails the row is an ``infra:`` error row (not
@@ -227,13 +231,13 @@ async def answer_row(
                             config, engine.name, method)
     reader = READERS[method]
     if method == "memagent":
-        reader = functools.partial(read_document, resume=resume, on_state=on_state)
+        reader = functools.partial(read_document, resume=resume, on_state=on_state, chunked=chunked)
     try:
         try:
             result = await reader(engine, q, row.get("context"), config)  # type: ignore[arg-type]
         except ResumeMismatch as exc:  # a checkpoint of another cut of the document: read it from the start
             checkpoint_ignored = str(exc)
-            result = await read_document(engine, q, row.get("context"), config, on_state=on_state)
+            result = await read_document(engine, q, row.get("context"), config, on_state=on_state, chunked=chunked)
     except InputError as exc:
         record = error_record(row, f"input: {exc}", config, engine.name, method)
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job

@@ -18,10 +18,13 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from memagent.engines import EngineConfig
 from pipelines.job import JobConfig
+
+if TYPE_CHECKING:
+    from memagent.chunking import ChunkedDocument
 
 # hf on CPU: 16 documents at once is what benchmarks/concurrency.py measured (16 documents
 # through one engine of max_batch_size 16: 2.58x the sequential rate, 0.80 of this CPU's bound);
@@ -50,15 +53,25 @@ def resolve_max_in_flight(max_in_flight: int | None, engine: EngineConfig) -> in
     return max_in_flight if max_in_flight is not None else default_max_in_flight(engine)
 
 
-def is_long_document(tokenizer: object, context: object, min_tokens: int | None) -> bool:
-    """Whether ``context`` has at least ``min_tokens`` tokens (a long document reserves its actor's gate)."""
-    # Counting costs a tokenisation (the worker runs it off its loop): only texts of min_tokens characters
-    # or more are counted (a token spans at least one character in the scripts BPE vocabularies cover well).
-    if min_tokens is None or not isinstance(context, str) or len(context) < min_tokens:
-        return False
-    from memagent.chunking import document_offsets
+def count_document(tokenizer: object, context: object, min_tokens: int | None, chunk_tokens: int,
+                   max_chunks: int | None = None) -> tuple[bool, ChunkedDocument | None]:
+    """Whether ``context`` has at least ``min_tokens`` tokens (a long document reserves its actor's gate), and
+    the document chunked as the read chunks it when it was counted (the read takes it: one tokenisation).
 
-    return len(document_offsets(tokenizer, context)) >= min_tokens
+    Counting costs a tokenisation (the worker runs it off its loop): only texts of ``min_tokens``
+    characters or more are counted (a token spans at least one character in the scripts BPE
+    vocabularies cover well). A text the tokenizer fails on is not counted: its read fails the same
+    way, as its own row's error.
+    """
+    if min_tokens is None or not isinstance(context, str) or len(context) < min_tokens:
+        return False, None
+    from memagent.chunking import chunk_document
+
+    try:
+        doc = chunk_document(tokenizer, context, chunk_tokens, max_chunks)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - the read raises it again, inside the row's error handling
+        return False, None
+    return doc.context_tokens >= min_tokens, doc
 
 
 @dataclass(frozen=True)

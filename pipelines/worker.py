@@ -14,12 +14,13 @@ from memagent.engines import EngineConfig
 from memagent.error_kinds import engine_is_dead
 from pipelines.breaker import InfraBreaker
 from pipelines import fingerprint
-from pipelines.admission import AdmissionPlan, Gate, is_long_document
+from pipelines.admission import AdmissionPlan, Gate, count_document
 from pipelines.batch_config import BatchQAConfig
 from pipelines.checkpoints import ChainLog
 from pipelines.records_output import RecordsWriter
 
 if TYPE_CHECKING:
+    from memagent.chunking import ChunkedDocument
     from memagent.engines.base import Engine
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,9 @@ EngineBuilder = Callable[[EngineConfig], "Engine"]
 
 
 async def read_row(engine: Engine, row: dict, cfg: BatchQAConfig, chain: Callable[[dict], Awaitable[dict]],
-                   on_records: RecordsWriter | None = None) -> dict:
-    """One row as an actor reads it: ``chain(row)`` (its checkpoint arguments), then ``answer_row``.
+                   on_records: RecordsWriter | None = None, chunked: ChunkedDocument | None = None) -> dict:
+    """One row as an actor reads it: ``chain(row)`` (its checkpoint arguments), then ``answer_row``
+    (``chunked``: the row's context already chunked by ``cfg.agent``, when the worker counted it).
 
     Reading the row's checkpoints is part of the row: whatever it raises (a corrupt log; the store's
     OSErrors are retried inside ``chain``) is the row's error record, as a failed read is. Raised, it
@@ -46,7 +48,7 @@ async def read_row(engine: Engine, row: dict, cfg: BatchQAConfig, chain: Callabl
         record = failure_record(row, exc, cfg.agent, engine.name, cfg.method, doing="reading its checkpoints")
         return {**record, "checkpoint_ignored": None}
     return await answer_row(engine, row, cfg.agent, question=cfg.question, metric=cfg.metric, method=cfg.method,
-                            on_records=on_records, **args)
+                            on_records=on_records, chunked=chunked, **args)
 
 
 class AgentWorker:
@@ -123,11 +125,13 @@ class AgentWorker:
         self.meter.start()
 
         async def one(row: dict) -> dict:
-            # Counting a long document's tokens is CPU work: off the loop the documents in flight share.
-            long = await asyncio.to_thread(is_long_document, self.engine.tokenizer, row.get("context"),
-                                           cfg.job.long_document_tokens)
+            # Counting a long document's tokens is CPU work: off the loop the documents in flight share. The
+            # count is the read's own chunking, handed on: a long document is tokenized once.
+            long, chunked = await asyncio.to_thread(count_document, self.engine.tokenizer, row.get("context"),
+                                                    cfg.job.long_document_tokens, cfg.agent.chunk_tokens,
+                                                    cfg.agent.max_chunks)
             async with self.gate.slot(long=long):
-                return self.breaker.check(await read_row(self.engine, row, cfg, self._chain, self.records))
+                return self.breaker.check(await read_row(self.engine, row, cfg, self._chain, self.records, chunked))
 
         try:
             records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))

@@ -78,15 +78,52 @@ def test_meter_reports_a_blocked_event_loop():
     assert 0.2 < lag["loop_lag_max_s"] < 1.0 and 0 < lag["loop_lag_mean_s"] < lag["loop_lag_max_s"]
 
 
-def test_long_documents_are_counted_in_tokens():
+def test_long_documents_are_counted_in_tokens_by_the_reads_own_chunking():
+    """A document is long from ``min_tokens`` tokens; when counted, the count is the chunking the read would
+    do itself (same chunks), and a text the tokenizer fails on is not counted (its read fails as its row)."""
+    from memagent.chunking import chunk_document
     from memagent.models import load_tokenizer
-    from pipelines.admission import is_long_document
+    from pipelines.admission import count_document
 
     text = "The river runs past the old mill. " * 300  # ~2,400 tokens, ~10,000 characters
-    assert not is_long_document(None, text, None) and not is_long_document(None, None, 10)
-    assert not is_long_document(None, text, 20_000)  # shorter in characters: no tokenizer needed
+    assert count_document(None, text, None, 64) == (False, None) and count_document(None, None, 10, 64) == (False, None)
+    assert count_document(None, text, 20_000, 64) == (False, None)  # shorter in characters: no tokenizer needed
     tok = load_tokenizer("smollm2-135m")
-    assert is_long_document(tok, text, 2_000) and not is_long_document(tok, text, 5_000)
+    (long, doc), (short, _) = count_document(tok, text, 2_000, 64, 8), count_document(tok, text, 5_000, 64, 8)
+    assert long and not short
+    assert doc == chunk_document(tok, text, 64, 8) and doc.truncated and doc.context_tokens >= 2_000
+    assert count_document(object(), text, 2_000, 64) == (False, None)  # not a tokenizer: not counted
+
+
+def test_a_counted_document_is_not_tokenized_again_by_its_read(monkeypatch, tmp_path):
+    """The worker's count of a long document is the read's chunking: the read then tokenizes no document text
+    (only the question), and its answer is the one an uncounted read gives."""
+    from memagent import chunking
+    from memagent.models import load_tokenizer
+    from pipelines.admission import count_document
+    from pipelines.batch_qa import BatchQAConfig
+    from pipelines.worker import read_row
+
+    row = good_rows(1, tokens=3000)[0]
+    tok = load_tokenizer("smollm2-135m")
+    cfg = BatchQAConfig(input=str(tmp_path), output=str(tmp_path / "out"), agent=FAST_AGENT,
+                        engine=EngineConfig(model="smollm2-135m"))
+    long, chunked = count_document(tok, row["context"], 2_000, FAST_AGENT.chunk_tokens, FAST_AGENT.max_chunks)
+    assert long and chunked is not None
+    seen: list[int] = []
+    original = chunking.document_offsets
+    monkeypatch.setattr(chunking, "document_offsets", lambda t, text, *a: seen.append(len(text)) or original(t, text, *a))
+
+    async def no_chain(_row):
+        return {}
+
+    engine = ScriptedEngine(tok, 0.0, None)
+    once = asyncio.run(read_row(engine, row, cfg, no_chain, chunked=chunked))
+    assert seen == [] and once["error"] is None and once["n_chunks"] == len(chunked.chunks)
+    again = asyncio.run(read_row(engine, row, cfg, no_chain))
+    assert seen == [len(row["context"])]
+    assert {k: again[k] for k in ("response", "n_chunks", "context_tokens")} == \
+        {k: once[k] for k in ("response", "n_chunks", "context_tokens")}
 
 
 def test_long_document_settings_are_checked():
