@@ -207,6 +207,7 @@ async def read_document(
     resume: ChainState | None = None,
     on_state: Callable[[ChainState], Awaitable[None]] | None = None,
     chunked: ChunkedDocument | None = None,
+    seed: int | None = None,
 ) -> Result:
     """Read ``context`` with the memory agent and answer ``question``. With ``config.extraction`` (a schema)
     the question is its field list (pass ``question=None``) and ``Result.response`` one JSON object under
@@ -224,27 +225,16 @@ async def read_document(
         on_state: awaited after each memory update with the chain's state (chain checkpoints).
         chunked: ``context`` already chunked with ``config.chunk_tokens`` and ``config.max_chunks`` by
             ``engine.tokenizer`` (a caller that counted its tokens): not tokenized again.
+        seed: every conversation's sampling seed (a seeded request samples the same chain; None: the
+            engine's shared RNG).
 
     Raises:
         InputError: empty/missing question or context, a question over ``query_tokens``, or a
             ``resume`` state that does not fit this document's chunks.
     """
-    question, context = validate_inputs(_question(question, config), context)
-    n_question = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
-    if n_question > config.query_tokens:
-        raise InputError(f"question is {n_question} tokens, over query_tokens={config.query_tokens}; "
-                         "shorten it or raise query_tokens")
-    # Tokenizing a long document is CPU work: off the event loop the other documents share.
-    doc = chunked if chunked is not None else await asyncio.to_thread(
-        chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
-    if resume is not None:
-        check_resume(resume, doc.chunks, len(context), config.memory_heads)
-    start = resume or ChainState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())
-    chain = _Chain(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step)
-    for k in range(chain.state.next_chunk, len(doc.chunks)):
-        await chain.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
-        if on_state:
-            await on_state(chain.state)
+    chain, doc = await _read_chunks(engine, _question(question, config), context, config, on_step=on_step,
+                                    keep_completions=keep_completions, logprobs=logprobs, resume=resume,
+                                    on_state=on_state, chunked=chunked, seed=seed)
     reply = await chain.answer()  # answer = LLM(question, memory): no document text
     records, tally, incomplete = (finish_records(config.extraction, chain.found) if chain.records_call
                                   else (None, chain.found.tally, []))
@@ -265,6 +255,57 @@ async def read_document(
     )
 
 
+@dataclass
+class MemoryRead:
+    """A document read into the memory, not answered yet (:func:`read_memory`)."""
+
+    question: str
+    memory: str
+    steps: list[Step]  # the memory updates
+    n_chunks: int
+    context_tokens: int
+    truncated: bool
+
+
+async def read_memory(engine: Engine, question: str, context: str, config: AgentConfig, *,
+                      on_step: Callable[[Step, int], None] | None = None, seed: int | None = None) -> MemoryRead:
+    """Read ``context`` into the memory for ``question`` and stop before the final answer: for a caller that
+    asks the final answer its own way (the served ``memagent`` model: the engine's model answers from the
+    memory with the client's tools, stop strings, seed, logprobs and response format). Not for extraction
+    (its answer is the schema's calls). Raises :class:`InputError` as :func:`read_document` does."""
+    if config.extraction is not None:
+        raise ValueError("read_memory reads for a question; an extraction's answer is read_document's")
+    chain, doc = await _read_chunks(engine, question, context, config, on_step=on_step, seed=seed)
+    return MemoryRead(chain.question, chain.state.memory, chain.steps, len(doc.chunks), doc.context_tokens,
+                      doc.truncated)
+
+
+async def _read_chunks(engine: Engine, question: str | None, context: str, config: AgentConfig, *,
+                       on_step: Callable[[Step, int], None] | None = None, keep_completions: bool = False,
+                       logprobs: bool = False, resume: ChainState | None = None,
+                       on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+                       chunked: ChunkedDocument | None = None, seed: int | None = None
+                       ) -> tuple[_Chain, ChunkedDocument]:
+    """The chain after every memory update (read_document's arguments), and the document's chunks."""
+    question, context = validate_inputs(question, context)
+    n_question = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
+    if n_question > config.query_tokens:
+        raise InputError(f"question is {n_question} tokens, over query_tokens={config.query_tokens}; "
+                         "shorten it or raise query_tokens")
+    # Tokenizing a long document is CPU work: off the event loop the other documents share.
+    doc = chunked if chunked is not None else await asyncio.to_thread(
+        chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
+    if resume is not None:
+        check_resume(resume, doc.chunks, len(context), config.memory_heads)
+    start = resume or ChainState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())
+    chain = _Chain(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step, seed)
+    for k in range(chain.state.next_chunk, len(doc.chunks)):
+        await chain.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
+        if on_state:
+            await on_state(chain.state)
+    return chain, doc
+
+
 def _question(question: str | None, config: AgentConfig) -> str | None:
     """The question every call asks: an extraction's field list, else the caller's."""
     schema = config.extraction
@@ -280,13 +321,13 @@ class _Chain:
 
     def __init__(self, engine: Engine, config: AgentConfig, question: str, context: str, chunks: list[Chunk],
                  state: ChainState, logprobs: bool, keep_completions: bool,
-                 on_step: Callable[[Step, int], None] | None):
+                 on_step: Callable[[Step, int], None] | None, seed: int | None = None):
         self.engine, self.config, self.question, self.context, self.chunks = engine, config, question, context, chunks
         self.state, self.on_step = state, on_step
         self.steps = list(state.steps)
         self.records_call = _records_call(engine, question, config)  # None: no record types
         self.found = ChunkRecords(list(state.records), replace(state.records_tally))
-        self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs)
+        self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs, seed=seed)
         # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked for
         # (a long document would otherwise hold every prompt's ids until its answer).
         self.completions: list[Completion] = []
@@ -347,7 +388,8 @@ class _Chain:
         messages = final_answer_messages(self.question, self.state.memory, config.answer_style, config.instruction,
                                          config.prompts, schema.answer_instruction() if schema else None)
         params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, self.params.logprobs,
-                                priority=-1, json_schema=schema.decoding_schema_json() if schema else None)
+                                priority=-1, seed=self.params.seed,
+                                json_schema=schema.decoding_schema_json() if schema else None)
         reply = await self.engine.chat(messages, params)
         self._record("answer", None, self.state.memory, reply, t0)
         return reply
@@ -365,7 +407,7 @@ class _Chain:
                                              config.instruction, config.prompts, schema.answer_instruction(group))
             return await self.engine.chat(messages, SamplingParams(
                 config.answer_tokens, config.temperature, config.top_p, self.params.logprobs, priority=-1,
-                json_schema=schema.group_decoding_schema_json(group)))
+                seed=self.params.seed, json_schema=schema.group_decoding_schema_json(group)))
 
         answers = await answer_groups(ask, groups, config.answer_tokens)
         for reply in answers.replies:

@@ -65,22 +65,58 @@ def test_usage_counts_every_token_the_chain_read(url, engine):
     assert body["usage"]["prompt_tokens"] > trace["context_tokens"]  # every chunk was read
     message = body["choices"][0]["message"]
     assert isinstance(message["content"], str) and body["choices"][0]["finish_reason"] == steps[-1]["finish_reason"]
-    assert message["reasoning_content"] == message["reasoning"]
+    assert message["reasoning_content"].startswith("[memory after chunk 1]\n") and "reasoning" not in message
 
 
 def test_streamed_memory_updates_come_before_the_answer(url):
-    """Streamed, each memory update is a reasoning delta (both names) and all come before any content."""
-    body = ask(stream=True, stream_options={"include_usage": True})
+    """Streamed, each memory update is one reasoning delta (one field name), all before any content, and the
+    streamed reasoning and answer are the whole reply's (greedy, the same request)."""
+    body = ask(stream=True, stream_options={"include_usage": True}, temperature=0)
     with httpx.stream("POST", url + CHAT, json=body, timeout=300) as r:
         got = events(r)
     deltas = [c["choices"][0]["delta"] for c in got[:-1] if c["choices"]]
     reasoning = [i for i, d in enumerate(deltas) if "reasoning_content" in d]
     content = [i for i, d in enumerate(deltas) if d.get("content")]
-    assert all(deltas[i]["reasoning_content"] == deltas[i]["reasoning"] for i in reasoning)
+    assert not any("reasoning" in d for d in deltas)
     final = [c for c in got[:-1] if c["choices"] and c["choices"][0]["finish_reason"]][0]
     assert len(reasoning) == final["memagent"]["n_chunks"]
     assert content and max(reasoning) < min(content)  # an answer was streamed, after every memory update
     assert got[-2]["choices"] == [] and got[-2]["usage"]["prompt_tokens"] > 0
+    whole = httpx.post(url + CHAT, json=ask(temperature=0), timeout=300).json()["choices"][0]["message"]
+    assert "".join(deltas[i]["reasoning_content"] for i in reasoning) == whole["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == whole["content"]
+
+
+def test_the_answer_takes_what_the_engines_model_takes(url):
+    """The final answer is the engine's model's with the client's fields: a named tool call under its schema,
+    a stop string that ends the answer where it occurs, logprobs per answer token, and a seeded sampled
+    request that repeats; usage still sums the whole chain."""
+    params = {"type": "object", "properties": {"box": {"type": "integer"}}, "required": ["box"]}
+    tools = [{"type": "function", "function": {"name": "open_box", "parameters": params}}]
+    with httpx.Client(base_url=url, timeout=300) as c:
+        called = c.post(CHAT, json=ask(tools=tools, tool_choice={"type": "function", "function": {"name": "open_box"}},
+                                       max_tokens=24, temperature=0)).json()
+        call = called["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "open_box" and called["choices"][0]["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(call["arguments"]), params)
+        steps = called["memagent"]["steps"]
+        assert called["usage"]["completion_tokens"] == sum(s["completion_tokens"] for s in steps)
+        assert steps[-1]["kind"] == "answer" and steps[-1]["finish_reason"] == "stop"
+
+        plain = c.post(CHAT, json=ask(temperature=0, max_tokens=24, logprobs=True)).json()
+        text = plain["choices"][0]["message"]["content"]
+        lps = plain["choices"][0]["logprobs"]["content"]
+        assert len(lps) == plain["memagent"]["steps"][-1]["completion_tokens"] and lps
+        assert len(text) >= 6, repr(text)
+        stop = text[3:6]  # ends the answer at its first occurrence, however early
+        stopped = c.post(CHAT, json=ask(temperature=0, max_tokens=24, stop=[stop])).json()
+        assert stopped["choices"][0]["message"]["content"] == text[:text.find(stop)]
+        assert stopped["choices"][0]["finish_reason"] == "stop"
+        decoded = [r["memagent"]["steps"][-1]["completion_tokens"] for r in (stopped, plain)]
+        assert decoded[0] < decoded[1], decoded  # the decode ended at the stop string, not at max_tokens
+
+        seeded = [c.post(CHAT, json=ask(temperature=1.0, seed=11, max_tokens=12)).json() for _ in range(2)]
+        assert seeded[0]["choices"][0]["message"] == seeded[1]["choices"][0]["message"]
 
 
 def test_response_format_runs_the_extraction_chain(url):
@@ -111,11 +147,12 @@ def test_concurrent_requests_share_the_engine(url, engine):
 
 
 def test_memagent_input_errors(url):
-    """No document, a question not last, or tools answer a 400 in OpenAI's shape naming the field."""
+    """No document, a question not last, or a tool the engine's model refuses (a name outside OpenAI's
+    pattern) answer a 400 in OpenAI's shape naming the field, before any reading."""
     only_question = {"model": "memagent", "messages": [{"role": "user", "content": "q?"}]}
     not_last = {"model": "memagent", "messages": [{"role": "user", "content": "q?"},
                                                   {"role": "assistant", "content": "a"}]}
-    tools = ask(tools=[{"type": "function", "function": {"name": "f"}}])
+    tools = ask(tools=[{"type": "function", "function": {"name": "open box!"}}])
     with httpx.Client(base_url=url, timeout=60) as c:
         for body, param in ((only_question, "messages"), (not_last, "messages"), (tools, "tools")):
             r = c.post(CHAT, json=body)
@@ -135,3 +172,19 @@ def test_disconnect_stops_the_chain(url, engine):
     # The same read again, whole: an abandoned chain left running would batch along with it to its end.
     assert httpx.post(url + CHAT, json=ask(doc=DOC * 4), timeout=300).status_code == 200
     assert engine.stats.requests - before < (n + 1) * 3 / 2
+
+
+def test_reasoning_field_option_names_the_one_field(engine):
+    """``--reasoning-field reasoning`` sends the memory updates under ``reasoning`` only, whole and streamed."""
+    from memagent.config import AgentConfig
+    from memagent.serve import ServeConfig, create_app
+
+    agent = AgentConfig(chunk_tokens=200, memory_tokens=16, answer_tokens=4, query_tokens=64)
+    app = create_app(engine, ServeConfig(reasoning_field="reasoning"), close_engine=False, agent=agent)
+    with running(app) as url:
+        message = httpx.post(url + CHAT, json=ask(temperature=0), timeout=300).json()["choices"][0]["message"]
+        with httpx.stream("POST", url + CHAT, json=ask(temperature=0, stream=True), timeout=300) as r:
+            deltas = [c["choices"][0]["delta"] for c in events(r)[:-1] if c["choices"]]
+    assert message["reasoning"].startswith("[memory after chunk 1]") and "reasoning_content" not in message
+    assert "".join(d.get("reasoning", "") for d in deltas) == message["reasoning"]
+    assert not any("reasoning_content" in d for d in deltas)

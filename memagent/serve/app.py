@@ -49,6 +49,10 @@ class ServeConfig(BaseModel):
                                 "a 413); a prompt filling a 128K-token window is about 0.5-1 MB of JSON.")
     max_tokens: int = Field(4096, gt=0, description="Most completion tokens a request may ask for (max_tokens above "
                             "it is a 400); also the default when it asks none (within the context window).")
+    reasoning_field: Literal["reasoning_content", "reasoning"] = Field(
+        "reasoning_content", description="The message and delta field the memagent model's memory updates are "
+        "sent under: reasoning_content (DeepSeek's name, read by LiteLLM, openai-agents, pydantic-ai) or reasoning "
+        "(vLLM's and OpenRouter's newer name). One field, so that no client shows them twice.")
     memagent_model: str | None = Field(
         "memagent", description="Also serve the memory agent under this model id: the conversation before the last "
         "user message is the document, the last user message the question (any length). Empty: not served.")
@@ -144,7 +148,7 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
     app.state.engine = engine
     app.add_middleware(Guard, key=key, max_body_bytes=config.max_body_bytes)  # outermost: before parsing
     _install_handlers(app)
-    _routes(app, engine, models)
+    _routes(app, engine, models, config.reasoning_field)
     for router in extra_routers:  # routes built outside memagent/ (the Batch API lives in pipelines/)
         app.include_router(router)
     return app
@@ -154,7 +158,7 @@ def _card(name: str, engine: Engine) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "memagent", "max_model_len": engine.context_window}
 
 
-def _routes(app: FastAPI, engine: Engine, models: dict[str, Any]) -> None:
+def _routes(app: FastAPI, engine: Engine, models: dict[str, Any], reasoning_field: str) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -179,13 +183,12 @@ def _routes(app: FastAPI, engine: Engine, models: dict[str, Any]) -> None:
         prepared = await model.prepare(req)
         if req.stream:
             include = bool(req.stream_options and req.stream_options.include_usage)
-            # The engine's model streams tool calls live (("tool_call", delta) events, which sse writes).
-            events = (model.events(req, prepared, tool_deltas=True) if isinstance(model, EngineModel)
-                      else model.events(req, prepared))
-            return StreamingResponse(sse(events, name, include), media_type="text/event-stream")
+            # Tool calls stream live (("tool_call", delta) events, which sse writes).
+            events = model.events(req, prepared, tool_deltas=True)
+            return StreamingResponse(sse(events, name, include, reasoning_field), media_type="text/event-stream")
         reply = await _unless_disconnected(request, _collect(model.events(req, prepared)))
-        return completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs,
-                               **reply.extra)
+        return completion_body(name, reply.message(reasoning_field), reply.finish_reason, reply.usage(),
+                               reply.logprobs, **reply.extra)
 
     # The Responses and Messages surfaces: translations onto the same models' runs.
     responses.add_routes(app, engine.name, models)

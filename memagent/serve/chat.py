@@ -56,10 +56,11 @@ class Reply:
     reasoning: str | None = None  # the memagent model's memory updates
     stop_sequence: str | None = None  # the stop string that ended it (Anthropic's stop_sequence), when one did
 
-    def message(self) -> dict[str, Any]:
+    def message(self, reasoning_field: str = "reasoning_content") -> dict[str, Any]:
+        """The completion's message; the reasoning (memory updates) under ``reasoning_field`` only."""
         message = {"role": "assistant", "content": self.content, "tool_calls": self.tool_calls}
-        if self.reasoning is not None:  # both names clients read (DeepSeek/LiteLLM; vLLM/OpenRouter)
-            message |= {"reasoning_content": self.reasoning, "reasoning": self.reasoning}
+        if self.reasoning is not None:
+            message[reasoning_field] = self.reasoning
         return message
 
     def usage(self) -> dict[str, int]:

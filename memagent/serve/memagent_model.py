@@ -4,31 +4,34 @@ The conversation before the last user message is the document, the last user mes
 question; :func:`memagent.agent.read_document` reads it chunk by chunk over the served engine
 (concurrent requests' calls batch together as batch rows do). ``usage`` counts every token the
 chain read and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
-update is a reasoning delta before the answer. With ``response_format`` json_schema the extraction
-chain runs: the schema's fields are the question, the reply the user's whole object (any schema the
-extraction job takes: Pydantic's ``$defs``, nested models, lists of models, records nested back where
-the schema has them; the per-record evidence in the extension field). ``json_object`` answers the
-question as one JSON object. Cancelling the request (a disconnect) cancels the chain.
+update is a reasoning delta before the answer. The final answer is the engine's model's, asked with
+the client's tools, stop strings, seed, logprobs and ``json_object`` over the memory (so it streams,
+calls tools and stops as the engine's model does). With ``response_format`` json_schema the
+extraction chain runs: the schema's fields are the question, the reply the user's whole object (any
+schema the extraction job takes: Pydantic's ``$defs``, nested models, lists of models, records nested
+back where the schema has them; the per-record evidence in the extension field). Cancelling the
+request (a disconnect) cancels the chain.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from memagent.agent import InputError, Result, Step, check_config, read_document
+from memagent.agent import InputError, MemoryRead, Result, Step, check_config, read_document, read_memory
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.extraction.schema import schema_from
-from memagent.prompts import parse_json_answer
-from memagent.serve.chat import Event, Reply, check_max_tokens, first_line
+from memagent.prompts import extract_answer, final_answer_messages
+from memagent.serve.chat import EngineModel, Event, Reply, check_max_tokens, first_line
 from memagent.serve.guard import check_schema
-from memagent.serve.protocol import APIError, ChatRequest
+from memagent.serve.protocol import APIError, ChatMessage, ChatRequest
 
 
 def split_conversation(req: ChatRequest) -> tuple[str, str]:
@@ -43,100 +46,160 @@ def split_conversation(req: ChatRequest) -> tuple[str, str]:
     return document, req.messages[last].text()
 
 
+def memory_note(step: Step) -> str:
+    """One memory update as the client reads it (each a reasoning delta; the whole reasoning is their join)."""
+    return f"[memory after chunk {step.chunk_index + 1}]\n{step.memory}\n"
+
+
+class Run(NamedTuple):
+    """What :meth:`MemAgentModel.prepare` settled for one request."""
+
+    question: str | None  # None: an extraction (the schema's fields are the question)
+    document: str
+    config: AgentConfig
+
+
 class MemAgentModel:
-    """Requests read by the memory agent over ``engine`` with ``config`` (default: the paper's budgets)."""
+    """Requests read by the memory agent over ``engine`` with ``config`` (default: the paper's budgets).
+
+    The final answer is asked of the engine's own model (:class:`EngineModel`) with the request's
+    tools, ``tool_choice``, ``stop``, ``seed``, ``logprobs`` and ``json_object``, over the answer prompt
+    (question and memory, no document): whatever the engine's model takes, the memory agent's answer
+    takes; the memory updates are sampled with the request's temperature and seed. ``json_schema``
+    runs the extraction chain instead (its answer is the schema's calls)."""
 
     def __init__(self, engine: Engine, max_tokens: int, config: AgentConfig | None = None):
         self.engine, self.max_tokens = engine, max_tokens
         self.config = config or AgentConfig()
+        self.answerer = EngineModel(engine, max_tokens)
 
-    async def prepare(self, req: ChatRequest) -> tuple[str | None, str, AgentConfig]:
-        if req.tools and req.tool_choice != "none":
-            raise APIError(400, "the memagent model does not call tools; send tools to the engine's model",
-                           param="tools")
+    async def prepare(self, req: ChatRequest) -> Run:
         check_max_tokens(req, self.max_tokens)
         document, question = split_conversation(req)
         config = self.config.model_copy(update={"temperature": req.temperature, "top_p": req.top_p})
-        asked = req.max_completion_tokens or req.max_tokens
-        if asked:
-            config = config.model_copy(update={"answer_tokens": asked})
         rf = req.response_format
-        if rf is not None and rf.type == "json_object":  # a JSON answer to the question (see _as_object)
-            config = config.model_copy(update={"answer_style": "json"})
         if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-            where = "response_format.json_schema.schema"
-            try:
-                schema = schema_from(check_schema(rf.json_schema.schema_, where), where)
-                config = AgentConfig.model_validate({**config.model_dump(exclude={"extraction", "answer_style"}),
-                                                     "extraction": schema})
-            except ValidationError as exc:  # the one line pydantic's message is about
-                message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-                raise APIError(400, f"response_format: {message}", param="response_format") from None
-            except ValueError as exc:
-                raise APIError(400, first_line(str(exc)), param="response_format") from None
-            question = None
+            return await self._prepare_extraction(req, document, config)
+        if rf is not None and rf.type == "json_object":  # the answer prompt asks for JSON; the grammar an object
+            config = config.model_copy(update={"answer_style": "json"})
+        await self._check(config)
+        # What the engine's model refuses (a bad tool, a stop list too long, an answer over the window) is
+        # refused before the read: the answer request checked with an empty memory.
+        await self.answerer.prepare(self._answer_request(req, question, "", config))
+        return Run(question, document, config)
+
+    async def _prepare_extraction(self, req: ChatRequest, document: str, config: AgentConfig) -> Run:
+        for name, asked in (("tools", req.tools and req.tool_choice != "none"), ("stop", req.stops()),
+                            ("logprobs", req.logprobs)):
+            if asked:
+                raise APIError(400, f"{name}: the memagent model's extraction (response_format json_schema) answers "
+                               "in the schema's own calls; send it without " + name, param=name)
+        asked_tokens = req.max_completion_tokens or req.max_tokens
+        if asked_tokens:
+            config = config.model_copy(update={"answer_tokens": asked_tokens})
+        assert req.response_format is not None and req.response_format.json_schema is not None
+        where = "response_format.json_schema.schema"
+        try:
+            schema = schema_from(check_schema(req.response_format.json_schema.schema_, where), where)
+            config = AgentConfig.model_validate({**config.model_dump(exclude={"extraction", "answer_style"}),
+                                                 "extraction": schema})
+        except ValidationError as exc:  # the one line pydantic's message is about
+            message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise APIError(400, f"response_format: {message}", param="response_format") from None
+        except ValueError as exc:
+            raise APIError(400, first_line(str(exc)), param="response_format") from None
+        await self._check(config)
+        return Run(None, document, config)
+
+    async def _check(self, config: AgentConfig) -> None:
         try:
             await asyncio.to_thread(check_config, self.engine, config)
         except ValueError as exc:
             raise APIError(400, first_line(str(exc))) from None
-        return question, document, config
 
-    async def events(self, req: ChatRequest, prepared: tuple) -> AsyncIterator[Event]:
-        question, document, config = prepared
-        updates: asyncio.Queue[Step] = asyncio.Queue()
+    def _answer_request(self, req: ChatRequest, question: str, memory: str, config: AgentConfig) -> ChatRequest:
+        """The final answer as a request to the engine's model: the answer prompt, the client's other fields."""
+        messages = final_answer_messages(question, memory, config.answer_style, config.instruction, config.prompts)
+        return req.model_copy(update={"model": self.engine.name, "messages": [ChatMessage(**m) for m in messages],
+                                      "max_tokens": req.max_completion_tokens or req.max_tokens or config.answer_tokens,
+                                      "max_completion_tokens": None})
+
+    async def events(self, req: ChatRequest, run: Run, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+        """("reasoning", note) per memory update as it is written, then the answer's events (content and,
+        with ``tool_deltas``, ("tool_call", entry) as they are decoded), then ("reply", Reply)."""
+        notes: list[str] = []
+        updates: asyncio.Queue[str] = asyncio.Queue()
 
         def on_step(step: Step, total: int) -> None:
             if step.kind == "memory":
-                updates.put_nowait(step)
+                notes.append(memory_note(step))
+                updates.put_nowait(notes[-1])
 
-        chain = asyncio.ensure_future(read_document(self.engine, question, document, config, on_step=on_step))
+        if run.question is None:
+            chain = read_document(self.engine, None, run.document, run.config, on_step=on_step, seed=req.seed)
+        else:
+            chain = read_memory(self.engine, run.question, run.document, run.config, on_step=on_step, seed=req.seed)
+        read = asyncio.ensure_future(chain)
         try:
-            while not chain.done() or not updates.empty():
-                getter = asyncio.ensure_future(updates.get())
-                await asyncio.wait({getter, chain}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    step = getter.result()
-                    yield "reasoning", f"[memory after chunk {step.chunk_index + 1}]\n{step.memory}\n"
-                else:
-                    getter.cancel()
+            async for note in _as_written(read, updates):
+                yield "reasoning", note
             try:
-                result = chain.result()
+                done = read.result()
             except (InputError, ValueError) as exc:
                 raise APIError(400, first_line(str(exc)), param="messages") from None
-            yield "reply", _reply(result, config, req)
         finally:
-            chain.cancel()  # a disconnect (the generator closed) stops the chain
+            read.cancel()  # a disconnect (the generator closed) stops the chain
+        if isinstance(done, Result):
+            yield "reply", _reply(done, run.config, "".join(notes))
+            return
+        answer_req = self._answer_request(req, done.question, done.memory, run.config)
+        t0 = time.perf_counter()
+        prepared = await self.answerer.prepare(answer_req)
+        async for kind, value in self.answerer.events(answer_req, prepared, tool_deltas=tool_deltas):
+            yield (kind, value) if kind != "reply" else ("reply", _answered(done, value, run.config, "".join(notes),
+                                                                          time.perf_counter() - t0))
 
 
-def _content(result: Result, config: AgentConfig, req: ChatRequest) -> str:
-    """The answer the client parses: an extraction's whole object in the user's schema's shape (records
-    nested where the schema has them), a ``json_object`` answer as one JSON object, else the reply's text."""
+async def _as_written(read: asyncio.Future, updates: asyncio.Queue[str]) -> AsyncIterator[str]:
+    """Each memory note as the chain writes it, until the chain has ended and every note was sent."""
+    while not read.done() or not updates.empty():
+        getter = asyncio.ensure_future(updates.get())
+        await asyncio.wait({getter, read}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            yield getter.result()
+        else:
+            getter.cancel()
+
+
+def _answered(read: MemoryRead, answer: Reply, config: AgentConfig, reasoning: str, seconds: float) -> Reply:
+    """The engine's answer as the memory agent's reply: usage and trace over the whole chain."""
+    step = Step(len(read.steps), "answer", None, None, None, read.memory, answer.prompt_tokens,
+                answer.completion_tokens, answer.finish_reason, round(seconds, 4))
+    steps = [*read.steps, step]
+    answer.prompt_tokens = sum(s.prompt_tokens for s in steps)
+    answer.completion_tokens = sum(s.completion_tokens for s in steps)
+    answer.reasoning = reasoning
+    prediction = extract_answer(answer.content, config.answer_style, config.strict_extraction) \
+        if answer.content else None
+    answer.extra = {"memagent": {"steps": [asdict(s) for s in steps], "n_chunks": read.n_chunks,
+                                 "context_tokens": read.context_tokens, "truncated": read.truncated,
+                                 "prediction": prediction}}
+    return answer
+
+
+def _content(result: Result, config: AgentConfig) -> str:
+    """An extraction's whole object in the user's schema's shape (records nested where the schema has them)."""
     schema = config.extraction
-    if schema is not None:
-        try:
-            doc = json.loads(result.response or "")
-        except ValueError:
-            return result.response  # cut at max_tokens: finish_reason says so
-        records = {name: [getattr(r, "values", r) for r in found] for name, found in (result.records or {}).items()}
-        return json.dumps(schema.assemble(doc if isinstance(doc, dict) else {}, records), ensure_ascii=False,
-                          default=str)
-    rf = req.response_format
-    if rf is not None and rf.type == "json_object" and result.steps[-1].finish_reason == "stop":
-        return _as_object(result.response)
-    return result.response
-
-
-def _as_object(text: str) -> str:
-    """A reply as one JSON object: itself when it is one, else ``{"answer": value}`` (json_object promises an
-    object; a small model may answer with a bare string or number)."""
+    assert schema is not None
     try:
-        value = parse_json_answer(text)
+        doc = json.loads(result.response or "")
     except ValueError:
-        value = text.strip()
-    return json.dumps(value if isinstance(value, dict) else {"answer": value}, ensure_ascii=False)
+        return result.response  # cut at max_tokens: finish_reason says so
+    records = {name: [getattr(r, "values", r) for r in found] for name, found in (result.records or {}).items()}
+    return json.dumps(schema.assemble(doc if isinstance(doc, dict) else {}, records), ensure_ascii=False, default=str)
 
 
-def _reply(result: Result, config: AgentConfig, req: ChatRequest) -> Reply:
+def _reply(result: Result, config: AgentConfig, reasoning: str) -> Reply:
     answer = result.steps[-1]
     trace: dict[str, Any] = {"steps": [asdict(s) for s in result.steps], "n_chunks": result.n_chunks,
                              "context_tokens": result.context_tokens, "truncated": result.truncated,
@@ -144,6 +207,5 @@ def _reply(result: Result, config: AgentConfig, req: ChatRequest) -> Reply:
     if result.records is not None:
         trace["records"] = {name: [asdict(r) if not isinstance(r, dict) else r for r in rows]
                             for name, rows in result.records.items()}
-    reasoning = "\n".join(s.memory for s in result.steps if s.kind == "memory")
-    return Reply(_content(result, config, req), answer.finish_reason, sum(s.prompt_tokens for s in result.steps),
+    return Reply(_content(result, config), answer.finish_reason, sum(s.prompt_tokens for s in result.steps),
                  sum(s.completion_tokens for s in result.steps), extra={"memagent": trace}, reasoning=reasoning)

@@ -1,7 +1,7 @@
 """Server-sent events in OpenAI's ``chat.completion.chunk`` format.
 
 The first chunk carries the role; reasoning events (the memagent model's memory updates) follow
-as ``delta.reasoning_content`` and ``delta.reasoning`` (both names clients read); then the
+under one delta field (``reasoning_content`` by default, ``serve --reasoning-field``); then the
 content (pieces as the engine decodes them, then whatever the final reply adds), and the tool
 calls as OpenAI sends them, live as they are decoded (``("tool_call", entry)`` events: the id, type
 and name first, then the arguments in pieces; whatever was not streamed live follows from the
@@ -60,7 +60,8 @@ def _rest(text: str, sent: str) -> list[str]:
     return _pieces(rest) if rest else []
 
 
-async def sse(events: AsyncIterator[Event], model: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def sse(events: AsyncIterator[Event], model: str, include_usage: bool,
+              reasoning_field: str = "reasoning_content") -> AsyncIterator[bytes]:
     """The event stream of one request, as SSE bytes."""
     cid, created = completion_id(), int(time.time())
     yield _sse(chunk(cid, model, created, {"role": "assistant", "content": ""}))
@@ -69,7 +70,7 @@ async def sse(events: AsyncIterator[Event], model: str, include_usage: bool) -> 
     try:
         async for kind, value in events:
             if kind == "reasoning":
-                yield _sse(chunk(cid, model, created, {"reasoning_content": value, "reasoning": value}))
+                yield _sse(chunk(cid, model, created, {reasoning_field: value}))
                 continue
             if kind == "content":
                 streamed += value
