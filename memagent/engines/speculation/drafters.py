@@ -10,7 +10,7 @@ benchmarks/drafting_memory.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
