@@ -17,7 +17,7 @@ greedy), four times, each into a fresh output:
 Headline keys: ``interrupted_wall_ratio`` (killed / uninterrupted job wall, target <= 1.1;
 without checkpoints ~1.75; ``restart_s``: the part of the difference that is the actor's restart,
 a fixed cost, against ``read_again_s``, the chunks read again), ``checkpoint_overhead`` (the checkpoint writes' own time over the
-row's read time, from timing ``ChainLog.write`` on the very states the run wrote: a wall
+row's read time, from timing ``CheckpointLog.write`` on the very states the run wrote: a wall
 difference of two runs is below a shared CPU's noise) next to ``wall_overhead`` (uninterrupted /
 no_checkpoints - 1, noisy), and ``bytes_per_checkpoint`` (the segments seen under ``_progress/``
 while the job ran). Record the load average: on a shared CPU expect 2x run-to-run differences.
@@ -103,13 +103,13 @@ def run_job(row: dict, work: Path, name: str, model_dir: Path, agent: Any, every
 
 
 def write_cost(row: dict, every: int, work: Path) -> dict:
-    """Time ``ChainLog.write`` for the segments a read of ``row`` writes every ``every`` steps."""
+    """Time ``CheckpointLog.write`` for the segments a read of ``row`` writes every ``every`` steps."""
     from memagent.agent import ChainState, Step
-    from pipelines.checkpoints import ChainLog
+    from pipelines.checkpoints import CheckpointLog
 
     steps = tuple(Step(**{k: s[k] for k in Step.__dataclass_fields__ if k in s})
                   for s in row["steps"] if s["kind"] == "memory")
-    chains = ChainLog(str(work / "write-cost"), None, every, 300.0)
+    chains = CheckpointLog(str(work / "write-cost"), None, every, 300.0)
     seconds, written = [], 0
     for end in range(every, len(steps) + 1, every):
         state = ChainState(next_chunk=end, char_offset=steps[end - 1].char_end or 0, memory=steps[end - 1].memory,

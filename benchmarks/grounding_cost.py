@@ -106,14 +106,14 @@ def lscpu() -> dict[str, str]:
 
 def measure(text: str, chunk_chars: int, memory_chars: int, repeats: int) -> dict[str, Any]:
     from memagent.extraction import grounding
-    from memagent.extraction.record_grounding import MemoryChain, ground_value
+    from memagent.extraction.record_grounding import MemoryTrail, ground_value
     from memagent.extraction.spellings import scan
 
     mid = len(text) // 2
     window = (mid, mid + chunk_chars)
     memory = text[mid - memory_chars:mid]
     steps = tuple((memory, s, s + chunk_chars) for s in range(0, mid, max(1, mid // 8)))
-    chain = MemoryChain(memory, steps)
+    chain = MemoryTrail(memory, steps)
     t0 = time.perf_counter()
     found = scan(text)
     scan_seconds = time.perf_counter() - t0

@@ -30,7 +30,7 @@ from memagent.chunking import Chunk, ChunkedDocument, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.groups import FieldGroup
-from memagent.extraction.record_grounding import MemoryChain
+from memagent.extraction.record_grounding import MemoryTrail
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
@@ -170,6 +170,8 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
         labels = labelled([""] * k, [999_999] * k)
         overhead = max(overhead, engine.count_chat_tokens(memory_heads_messages(
             "", labels, "", 0, k, config.instruction, config.prompts)))
+    if schema is not None and schema.record_types:  # a split piece (half a chunk at most) reads two memories
+        overhead += max(0, config.memory_tokens - config.chunk_tokens // 2)
     config.check_fits(engine.context_window, overhead)
     if schema is not None:  # the field list is every call's question: it must fit query_tokens
         n = len(engine.tokenizer(schema.memory_question(config.answer_tokens), add_special_tokens=False)["input_ids"])
@@ -438,14 +440,14 @@ async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: st
     if call is None:
         return ChunkRecords()
     shown = (lambda m: m) if heads == 1 else (lambda m: unlabelled(m, heads))
-    chain = MemoryChain(shown(memory), tuple((shown(s.memory), s.char_start or 0, s.char_end or 0) for s in steps
+    trail = MemoryTrail(shown(memory), tuple((shown(s.memory), s.char_start or 0, s.char_end or 0) for s in steps
                                              if s.kind == "memory"))
 
     async def written() -> str:
         return shown(write(await update))
 
     start, owned_from, end = records_reach(context, chunks, k)
-    read = ChunkRead(call, chain, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))
+    read = ChunkRead(call, trail, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))
     return await read_chunk_records(read, start, end, owned_from)
 
 

@@ -14,11 +14,11 @@ Two reading methods share this path: ``memagent`` (the memory agent) and ``full-
 (the baseline: the whole document in one prompt, middle dropped to fit the window).
 
 Corpus extraction (``config.extraction``, a JSON Schema): the field list is every row's question,
-and the record adds one typed column per field, ``extraction`` and ``field_evidence``
-(:func:`result_schema`, :mod:`memagent.extraction.output`); a reply that does not match the
-schema is an ``invalid_output:`` error row. Record types add ``n_records_<type>`` and the records
-calls' tally (``TALLY_COLUMNS`` of :mod:`memagent.result_schema`); the records themselves go to ``on_records`` (the batch job writes them to
-the records output and names their files in ``records_file``: pipelines/records_output.py).
+and the record adds one typed column per field, ``extraction`` and ``field_evidence`` (:func:`result_schema`,
+:mod:`memagent.extraction.output`); a reply that does not match the schema is an ``invalid_output:`` error row.
+Record types add ``n_records_<type>`` and the records calls' tally (``TALLY_COLUMNS`` of
+:mod:`memagent.result_schema`); the records themselves go to ``on_records`` (the batch job writes them to the
+records output and names their files in ``records_file``: pipelines/records_output.py).
 """
 
 from __future__ import annotations

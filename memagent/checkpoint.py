@@ -135,7 +135,7 @@ def _continues(seg: Segment) -> str:
 Writer = tuple[int, str]  # (step, attempt): a writer's chain at a step, as the segments continuing it name it
 
 
-def one_chain(segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
+def resume_path(segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
     """The longest chain of segments from step 0 that one writer after another wrote, and the rest.
 
     Two attempts at one row (a retried task while the first still runs) may both write from the same

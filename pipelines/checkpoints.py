@@ -19,10 +19,10 @@ stale, counted in the row (``checkpoint_ignored``, naming the part that differed
 never used. A malformed segment is named in a warning; the segments before it are used.
 
 Each segment names its writer (an *attempt*: one read of the row) and the attempt it continued.
-Two attempts at one row (a zombie task) may write from the same step: :func:`memagent.checkpoint.one_chain`
+Two attempts at one row (a zombie task) may write from the same step: :func:`memagent.checkpoint.resume_path`
 follows one chain, and the others' segments are dropped and counted. A read that refuses its
 resumed state (``ResumeMismatch``) starts a new chain, and its writer removes the refused log first
-(:class:`ChainWriter`), so two cuts never mix.
+(:class:`CheckpointWriter`), so two cuts never mix.
 
 A log is removed once its row is committed as done: the driver sweeps the output's new files
 while the job writes (:class:`Sweeper`) and once at its end, and a rerun's plan removes the logs
@@ -46,7 +46,7 @@ from typing import Awaitable, Callable, Iterable
 import pyarrow.fs as pafs
 
 from memagent.agent import ChainState
-from memagent.checkpoint import BadSegment, Segment, new_segment, one_chain, parse_segment, replay
+from memagent.checkpoint import BadSegment, Segment, new_segment, resume_path, parse_segment, replay
 from pipelines import storage
 from pipelines.storage import S3Options
 
@@ -63,7 +63,7 @@ def log_key(row_id: str) -> str:
     return storage.row_key(row_id)
 
 
-class ChainLog:
+class CheckpointLog:
     """The checkpoint logs of one output (used inside the actors; every call is blocking I/O)."""
 
     def __init__(self, output: str, s3: S3Options | None, every_steps: int, every_s: float):
@@ -84,7 +84,7 @@ class ChainLog:
         return found.state, found.reason
 
     def load_chain(self, row_id: str, key: str) -> Loaded:
-        """The row's log read back: one writer's chain (:func:`memagent.checkpoint.one_chain`), the rest removed."""
+        """The row's log read back: one writer's chain (:func:`memagent.checkpoint.resume_path`), the rest removed."""
         directory = self._dir(row_id)
         files = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
         names = sorted((f.base_name for f in files if _SEGMENT.match(f.base_name)), key=lambda n: int(n[:8]))
@@ -100,7 +100,7 @@ class ChainLog:
                 reason = f"checkpoint {directory}/{name} is unreadable ({exc}); using the steps before it"
                 log.warning("row %s: %s", row_id, reason)
                 break
-        chain, rest = one_chain(list(read.values()))
+        chain, rest = resume_path(list(read.values()))
         state, why = replay(chain, row_id, key)
         other = next((s for s in read.values() if s.id != row_id or s.key != key), None)
         if other is not None:
@@ -162,12 +162,12 @@ class ChainLog:
         return dict(resume=found.state, on_state=self.writer(row_id, key, found.state, found.tip),
                     checkpoint_ignored=found.reason)
 
-    def writer(self, row_id: str, key: str, resumed: ChainState | None, parent: str | None = None) -> ChainWriter:
+    def writer(self, row_id: str, key: str, resumed: ChainState | None, parent: str | None = None) -> CheckpointWriter:
         """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds.
 
         ``parent``: the attempt whose segment ``resumed`` ends with (:attr:`Loaded.tip`; by default, the
         tip this log's last load of the row found)."""
-        return ChainWriter(self, row_id, key, resumed, parent if parent is not None else self.tips.get(row_id))
+        return CheckpointWriter(self, row_id, key, resumed, parent if parent is not None else self.tips.get(row_id))
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class Loaded:
     tip: str | None = None
 
 
-class ChainWriter:
+class CheckpointWriter:
     """``on_state`` of one read (one attempt): appends its segments after the state it resumed from.
 
     A state that does not extend the previous one is a new chain (``answer_row`` refused the resumed
@@ -187,7 +187,7 @@ class ChainWriter:
     attempt, so a refused log is refused whole and never mixed with the fresh chain.
     """
 
-    def __init__(self, chains: ChainLog, row_id: str, key: str, resumed: ChainState | None, parent: str | None):
+    def __init__(self, chains: CheckpointLog, row_id: str, key: str, resumed: ChainState | None, parent: str | None):
         self.chains, self.row_id, self.key = chains, row_id, key
         self.attempt = uuid.uuid4().hex[:12]
         self.written = len(resumed.steps) if resumed else 0
@@ -270,7 +270,7 @@ def remove_stray(output: str, s3: S3Options | None, keep_ids: Iterable[str]) -> 
     return len(gone)
 
 
-def committed_done_ids(fs: pafs.FileSystem, file: str) -> list[str]:
+def committed_ids(fs: pafs.FileSystem, file: str) -> list[str]:
     """Ids of a written output file's rows that are done (not infrastructure errors); [] while it is written."""
     return storage.committed_rows(fs, file, ["id"]).column("id").to_pylist()
 
@@ -311,7 +311,7 @@ class Sweeper:
                 if file in self.seen:
                     continue
                 try:
-                    done = committed_done_ids(self.fs, file)
+                    done = committed_ids(self.fs, file)
                 except OSError as exc:  # its logs stay until a later sweep (or the next run's plan) reads it
                     log.warning("output %s: could not read %s to sweep its rows' checkpoints (%s)", self.output,
                                 file, exc)

@@ -76,7 +76,7 @@ def remove_stray_logs(cfg: BatchQAConfig) -> None:
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     try:
         with storage.output_errors(cfg.output, cfg.s3):
-            _, retry = storage.output_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
+            _, retry = storage.committed_and_retry_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
             checkpoints.remove_stray(cfg.output, cfg.s3, retry.to_pylist())
     except OSError as exc:  # every row is written: a sweep that fails is the next run's, not this run's failure
         log.warning("output %s: checkpoint logs not swept (%s); the next run sweeps them", cfg.output, exc)

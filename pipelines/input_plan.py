@@ -116,7 +116,7 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
     out_fs, _ = storage.filesystem(cfg.output, cfg.s3)
     with storage.output_errors(cfg.output, cfg.s3):
         # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
-        done, retry = storage.output_ids(out_fs, done_files)
+        done, retry = storage.committed_and_retry_ids(out_fs, done_files)
         dup = storage.duplicates(pa.chunked_array([done, retry.cast(pa.string())], pa.string()))
         if dup:  # not trusting the lease alone: two writers, or a store ignoring conditional writes
             raise ValueError(f"output {cfg.output} holds duplicate ids, e.g. {', '.join(sorted(dup))}; repair it with: "

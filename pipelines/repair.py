@@ -86,7 +86,7 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
             raise ValueError(f"output {cfg.output}: no such directory")
         with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:
             files = storage.complete_parquet_files(fs, path)
-            storage.output_ids(fs, files)  # refuses a directory that is not a batch output
+            storage.committed_and_retry_ids(fs, files)  # refuses a directory that is not a batch output
             records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records no committed row names
             infos = fs.get_file_info(files)
             parts, newness, sizes = [], [], []

@@ -144,7 +144,7 @@ def atomic_put(fs: pafs.FileSystem, path: str, write: Callable[[str], None], tmp
     fs.move(tmp, path)
 
 
-def done_mask(error: pa.Array | pa.ChunkedArray) -> pa.Array:
+def committed_mask(error: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Rows done for good: no error, or one that is not an infrastructure error (those a rerun redoes)."""
     from memagent.error_kinds import INFRA_PREFIX
 
@@ -162,10 +162,10 @@ def committed_rows(fs: pafs.FileSystem, file: str, columns: list[str]) -> pa.Tab
         table = read_columns(fs, [file], [*columns, "error"])
     except pa.ArrowInvalid:
         return pa.table({c: pa.array([], pa.null()) for c in columns})
-    return table.filter(done_mask(table.column("error"))).select(columns)
+    return table.filter(committed_mask(table.column("error"))).select(columns)
 
 
-def output_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Array]:
+def committed_and_retry_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Array]:
     """(ids done for good, ids written as retryable infrastructure errors) of complete output files."""
     if not files:
         empty = pa.array([], pa.string())
@@ -178,7 +178,8 @@ def output_ids(fs: pafs.FileSystem, files: list[str]) -> tuple[pa.Array, pa.Arra
             raise ValueError(f"output holds {file}, which is not a batch output (no {lacking[0]!r} column); give "
                              "a new output directory")
     table = read_columns(fs, files, ["id", "error"])
-    ids, done = table.column("id").combine_chunks().cast(pa.string()), done_mask(table.column("error").combine_chunks())
+    ids = table.column("id").combine_chunks().cast(pa.string())
+    done = committed_mask(table.column("error").combine_chunks())
     return ids.filter(done), ids.filter(pc.invert(done))
 
 

@@ -3,9 +3,9 @@
 ``TorchTrainer`` starts ``workers`` processes (one per GPU, or CPU processes), sets ``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` and opens the process group
 (gloo without GPUs; with them NCCL for CUDA tensors and gloo for CPU ones) before the loop runs;
-``setup_distributed`` then finds the group and DeepSpeed wraps it. Every worker runs the same ``train()``: it rolls out its share
-(``batch_size / workers`` questions, rank r reading examples r, r + workers, ...), gradients are
-averaged over ranks, and rank 0 writes ``metrics.jsonl`` (each step's records of all ranks
+``setup_distributed`` then finds the group and DeepSpeed wraps it. Every worker runs the same ``train()``: it
+rolls out its share (``batch_size / workers`` questions, rank r reading examples r, r + workers, ...), gradients
+are averaged over ranks, and rank 0 writes ``metrics.jsonl`` (each step's records of all ranks
 merged), ``run.json`` and the HF exports. DeepSpeed's checkpoints are written by all ranks into
 the one ``out_dir``: on one node any local path; on several nodes ``out_dir`` (and ``data``)
 must be on storage every node mounts at the same path (NFS, a shared volume), as must

@@ -16,7 +16,7 @@ from pipelines.breaker import InfraBreaker
 from pipelines import fingerprint
 from pipelines.admission import AdmissionPlan, Gate, count_document
 from pipelines.batch_config import BatchQAConfig
-from pipelines.checkpoints import ChainLog
+from pipelines.checkpoints import CheckpointLog
 from pipelines.records_output import RecordsWriter
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class AgentWorker:
         self._ledger = None
         # Chain checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
         every = job.checkpoint_every_steps
-        self.chains = ChainLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
+        self.chains = CheckpointLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
         # A chain resumes only on the stack that wrote it: dtype, model and tokenizer files, library versions.
         self.decode_parts = fingerprint.decode_parts(cfg.engine, inner) if self.chains else {}
         schema = cfg.agent.extraction  # record types: each row's records go beside the output first

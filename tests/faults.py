@@ -7,7 +7,7 @@ output files and the lease, on local disk or S3 (a moto server on loopback).
   ``plan_input``, ``take_out_redo_rows``, the sweeps of done logs, orphan records and stray logs, the
   summary), in the order ``run_batch_qa`` runs it;
 - in place of Ray Data's row phase, a stand-in that calls the product functions Ray's tasks call:
-  per row ``ChainLog.resume_args`` and ``answer_row`` with a ``RecordsWriter`` (what ``AgentWorker``
+  per row ``CheckpointLog.resume_args`` and ``answer_row`` with a ``RecordsWriter`` (what ``AgentWorker``
   does per row), then ``lease.check_held`` and the row's Parquet file named as Ray Data names it (a
   retried write task writes the same name), then ``checkpoints.remove_logs`` for the row.
 
@@ -53,7 +53,7 @@ from pipelines.job import JobConfig
 from pipelines.storage import S3Options
 from tests.fault_fs import FaultyStore, Injector, Killed, MemoryCounts, Preempted, faulty
 from tests.oracle.ledger import SCHEMA, Ledger, LedgerSpec, ledger
-from tests.oracle.records_oracle import ChainedOracle, LedgerOracle
+from tests.oracle.records_oracle import ChainTaggingOracle, LedgerOracle
 from tests.oracle.servers import OracleEngine
 
 
@@ -143,8 +143,8 @@ class _Job:
     def _actor(self, row: dict) -> dict:
         cfg = self.cfg
         for attempt in range(RETRIES + 1):
-            try:  # a restarted actor: new ChainLog and RecordsWriter
-                chains = checkpoints.ChainLog(cfg.output, cfg.s3, cfg.job.checkpoint_every_steps, 3600)
+            try:  # a restarted actor: new CheckpointLog and RecordsWriter
+                chains = checkpoints.CheckpointLog(cfg.output, cfg.s3, cfg.job.checkpoint_every_steps, 3600)
                 writer = records_output.RecordsWriter(cfg.output, cfg.s3, cfg.agent.extraction)
                 args = chains.resume_args(row["id"], fingerprint.checkpoint_key(row[fingerprint.COLUMN], {}))
                 record = asyncio.run(answer_row(self.engine, row, cfg.agent, on_records=writer, **args))
@@ -199,7 +199,7 @@ def run_job(docs: list[Ledger], input_dir: str, output: str, s3: S3Options | Non
             every_steps: int = 2, max_runs: int = 6) -> Outcome:
     """Run the job, then plain reruns until a run ends cleanly with every id done and nothing left behind (or
     ``max_runs``), each run under its part of ``plan``."""
-    oracle = ChainedOracle(LedgerOracle(docs))
+    oracle = ChainTaggingOracle(LedgerOracle(docs))
     job = _Job(config(input_dir, output, s3, every_steps), OracleEngine(oracle.reply, tokenizer))
     injected: list[tuple] = []
     calls: dict[tuple[int, str, str], int] = {}

@@ -11,7 +11,7 @@ import pytest
 from memagent.agent import ResumeMismatch, read_document
 from memagent.batch import answer_row
 from memagent.checkpoint import BadSegment, new_segment, parse_segment, replay
-from pipelines.checkpoints import PROGRESS_DIR, ChainLog, log_key, remove_logs
+from pipelines.checkpoints import PROGRESS_DIR, CheckpointLog, log_key, remove_logs
 from tests.checkpoint_helpers import FAST, chain, without_times  # noqa: F401 (fixture)
 
 
@@ -71,7 +71,7 @@ def test_a_bad_segment_is_named_never_misread(chain, edit, problem):
 
 def test_log_on_disk_writes_every_n_steps_and_resumes(tmp_path, chain):
     _, _, states = chain
-    log = ChainLog(str(tmp_path / "out"), None, every_steps=2, every_s=3600)
+    log = CheckpointLog(str(tmp_path / "out"), None, every_steps=2, every_s=3600)
     on_state = log.writer("doc/1", "fp", None)
 
     async def feed(upto: int) -> None:
@@ -100,7 +100,7 @@ def test_log_on_disk_writes_every_n_steps_and_resumes(tmp_path, chain):
 
 def test_logs_of_done_ids_are_removed(tmp_path, chain):
     _, _, states = chain
-    log = ChainLog(str(tmp_path / "out"), None, every_steps=1, every_s=3600)
+    log = CheckpointLog(str(tmp_path / "out"), None, every_steps=1, every_s=3600)
     for row_id in ("a", "b", "c"):
         log.write(row_id, "fp", states[0], 0)
     assert remove_logs(str(tmp_path / "out"), None, ["a", "c", "never-written"]) == 2
@@ -118,7 +118,7 @@ def test_log_on_the_loopback_s3_server(monkeypatch, chain):
         monkeypatch.setenv(k, v)
     with s3_server(buckets=("lake",)) as endpoint:
         s3 = S3Options(endpoint_url=endpoint)
-        log = ChainLog("s3://lake/out", s3, every_steps=2, every_s=3600)
+        log = CheckpointLog("s3://lake/out", s3, every_steps=2, every_s=3600)
         on_state = log.writer("doc-1", "fp", None)
 
         async def feed() -> None:

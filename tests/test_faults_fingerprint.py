@@ -11,7 +11,7 @@ from memagent.agent import ChainState, read_document
 from memagent.config import AgentConfig
 from memagent.data.demo import niah_row
 from memagent.engines import EngineConfig
-from pipelines.checkpoints import ChainLog
+from pipelines.checkpoints import CheckpointLog
 
 FAST = AgentConfig(chunk_tokens=48, memory_tokens=10, answer_tokens=6, query_tokens=64, temperature=0.0)
 
@@ -52,7 +52,7 @@ def test_a_chain_of_another_stack_is_not_resumed_and_the_part_is_named(tmp_path,
 
     before, after = changed(tmp_path, tiny_llama_dir, part)
     assert before != after
-    log = ChainLog(str(tmp_path / "out"), None, every_steps=1, every_s=3600)
+    log = CheckpointLog(str(tmp_path / "out"), None, every_steps=1, every_s=3600)
     log.write("r", checkpoint_key("fp", before), states[2], 0)
     assert log.load("r", checkpoint_key("fp", before))[0] == states[2]  # the same stack resumes
     state, why = log.load("r", checkpoint_key("fp", after))

@@ -7,7 +7,7 @@ import pytest
 
 from pipelines import batch_qa
 from pipelines.batch_config import BatchQAConfig
-from pipelines.checkpoints import PROGRESS_DIR, ChainLog, log_key
+from pipelines.checkpoints import PROGRESS_DIR, CheckpointLog, log_key
 from pipelines.input_plan import plan_input
 from pipelines.job import JobConfig
 from tests.pipeline_helpers import FAST_AGENT, good_rows, write_rows
@@ -54,7 +54,7 @@ def test_at_a_runs_end_only_the_logs_a_rerun_resumes_stay(tmp_path):
     out = tmp_path / "out"
     step = Step(0, "memory", 0, 0, 5, "m", 1, 1, "stop", 0.1)
     state = ChainState(1, 5, "m", (step,))
-    log = ChainLog(str(out), None, every_steps=1, every_s=60)
+    log = CheckpointLog(str(out), None, every_steps=1, every_s=60)
     for row_id in ("redo", "done", "gone-from-input"):
         log.write(row_id, "k", state, 0)
     (out / PROGRESS_DIR / log_key("redo") / ".abcd1234.tmp").write_text("torn")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.oracle.ledger import SCHEMA, LedgerSpec, ledger
-from tests.oracle.records_oracle import ChainedOracle, LedgerOracle
+from tests.oracle.records_oracle import ChainTaggingOracle, LedgerOracle
 from tests.oracle.servers import oracle_app
 from tests.pipeline_helpers import read_output, write_rows
 from tests.reliability_helpers import free_port, serving
@@ -116,7 +116,7 @@ IDS = sorted(d.id for d in DOCS)
 def served(smollm2_dir):
     from transformers import AutoTokenizer
 
-    reader = ChainedOracle(LedgerOracle(DOCS))
+    reader = ChainTaggingOracle(LedgerOracle(DOCS))
     with serving(oracle_app(reader.reply, AutoTokenizer.from_pretrained(str(smollm2_dir))), free_port()) as url:
         yield reader, url
 

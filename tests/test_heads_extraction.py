@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from memagent.agent import read_document
 from memagent.config import AgentConfig
-from memagent.extraction.record_grounding import MemoryChain, ground_value
+from memagent.extraction.record_grounding import MemoryTrail, ground_value
 from memagent.heads import labelled, split_heads, unlabelled
 from tests.oracle.invoices import InvoiceDoc, InvoiceSpec, MemoryOracle, invoices
 from tests.oracle.records_oracle import CUT_MARK, RECORDS_REQUEST, between
@@ -125,9 +125,9 @@ def test_a_label_grounds_nothing():
     text = "Boxes: 7 of them.\nInvoice INV-0042 was issued on 2021-03-14.\n"
     window = (text.index("Invoice"), len(text))  # the call's own text: no 7 there
     steps = ((memory, 0, len(text)),)
-    assert ground_value("number", 7, text, window, MemoryChain(memory, steps)) is not None  # the hazard
+    assert ground_value("number", 7, text, window, MemoryTrail(memory, steps)) is not None  # the hazard
     shown = unlabelled(memory, 2)
-    chain = MemoryChain(shown, ((shown, 0, len(text)),))
+    chain = MemoryTrail(shown, ((shown, 0, len(text)),))
     assert ground_value("number", 7, text, window, chain) is None
     assert ground_value("string", "INV-0042", text, (0, text.index("Invoice")), chain) is not None
 

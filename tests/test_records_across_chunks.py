@@ -21,7 +21,7 @@ from memagent.agent import read_document
 from memagent.config import AgentConfig
 from memagent.extraction import schema_from
 from memagent.extraction.reading import ChunkRecords, Emitted, finish_records
-from memagent.extraction.record_grounding import MemoryChain, ground_chunk, ground_value
+from memagent.extraction.record_grounding import MemoryTrail, ground_chunk, ground_value
 from memagent.extraction.records import Mention, merge_records
 from tests.oracle.invoices import SCHEMA, InvoiceSpec, MemoryOracle, allowed_spans, gold, invoices
 from tests.oracle.servers import OracleEngine
@@ -55,14 +55,14 @@ def test_a_carried_number_or_date_is_grounded_where_the_chain_read_it(data, valu
     first = (0, len(FILLER) + len(line.text))  # chunk 0 states the issue; chunk 1 the settlement
     window = (first[1], len(text))
     held = f"INV-0042: issued {date.isoformat()} amount {value:.2f}" if canonical else line.text
-    chain = MemoryChain(held, (("", 0, 0), (held, *first)))
+    chain = MemoryTrail(held, (("", 0, 0), (held, *first)))
     span = ground_value("number", value, text, window, chain)
     assert span is not None and span.where == "memory"
     assert (span.start, span.end) == (len(FILLER) + line.start, len(FILLER) + line.end)
     dspan = ground_value("date", date.isoformat(), text, window, chain)
     assert dspan is not None and dspan.where == "memory"
     assert (dspan.start, dspan.end) == (len(FILLER) + date_at, len(FILLER) + date_at + len(w_date.text))
-    assert ground_value("number", value, text, window, MemoryChain("nothing held", chain.steps)) is None
+    assert ground_value("number", value, text, window, MemoryTrail("nothing held", chain.steps)) is None
 
 
 def test_a_carried_date_never_identifies_a_record():
@@ -74,13 +74,13 @@ def test_a_carried_date_never_identifies_a_record():
                                                                              "date": {"type": "string", "format": "date"},
                                                                              "amount": {"type": "number"}}}}}})
     text = "Ann Ltd paid 1,250.00 on 2021-03-14.\nBo Ltd paid later.\n"
-    chain = MemoryChain("Ann Ltd 2021-03-14 1250", (("Ann Ltd 2021-03-14 1250", 0, 37),))
+    chain = MemoryTrail("Ann Ltd 2021-03-14 1250", (("Ann Ltd 2021-03-14 1250", 0, 37),))
     rec = schema.record_type("payments")
-    by_date = ground_chunk(rec, [{"payer": "Bo Ltd", "date": "2021-03-14"}], text, (37, len(text)), chain=chain,
+    by_date = ground_chunk(rec, [{"payer": "Bo Ltd", "date": "2021-03-14"}], text, (37, len(text)), trail=chain,
                            require_grounding=True)
     assert (by_date.records, by_date.dropped_records) == ([], 1)
     carried = ground_chunk(rec, [{"payer": "Bo Ltd", "date": "2021-03-14", "amount": 1250}], text, (37, len(text)),
-                           chain=chain)
+                           trail=chain)
     assert carried.spans[0]["amount"].where == "memory" and carried.spans[0]["date"].where == "memory"
 
 
@@ -189,6 +189,25 @@ def test_far_apart_halves_and_a_restating_table(tokenizer):
         check_invoices(doc, result, oracle)
         memory = [ev for r in result.records["invoices"] for ev in r.evidence.values() if ev.grounding == "memory"]
         assert partial or memory  # without half mentions, the first half comes through the memory
+
+
+@pytest.mark.parametrize("stagger", [0, 1])
+def test_a_split_chunk_still_joins_the_halves_its_memory_held(tokenizer, stagger):
+    """A chunk whose records reply overflows (two records past a 96-token budget) is read again in pieces; each
+    piece still joins the settlements it states to the issues the memory held before the chunk (which a
+    memory-keeping reader drops from the memory it writes there), and a cut never splits the one sentence a
+    piece holds: every invoice once, whole."""
+    cfg = AgentConfig(chunk_tokens=128, memory_tokens=96, answer_tokens=16, query_tokens=400, extraction=INVOICES,
+                      require_grounding=True)
+    splits = 0
+    for gap in (4, 6, 8, 10, 12, 16):
+        doc = invoices(f"split-{gap}", InvoiceSpec(gaps=(gap,) * 3, settled_first=(False,) * 3, stagger=stagger,
+                                                   open=0, table=False), 5)
+        oracle = MemoryOracle([doc])
+        result = asyncio.run(read_document(OracleEngine(oracle.reply, tokenizer), None, doc.text, cfg))
+        check_invoices(doc, result, oracle)
+        splits += result.records_tally.splits
+    assert splits > 0  # the budget did force pieces
 
 
 class Swappable:

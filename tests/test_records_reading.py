@@ -17,7 +17,7 @@ from memagent.checkpoint import new_segment, parse_segment, replay
 from memagent.chunking import Chunk
 from memagent.engines.base import Completion, SamplingParams
 from memagent.extraction import records_table, schema_from
-from memagent.extraction.record_grounding import MemoryChain
+from memagent.extraction.record_grounding import MemoryTrail
 from memagent.extraction.reading import ChunkRead, RecordsCall, read_chunk_records, records_reach, sentence_end, \
     split_point
 from tests.records_helpers import CONFIG, FILLER, SCHEMA, RecordsEngine, document, payment, planted, section
@@ -133,7 +133,7 @@ def test_ownership_counts_only_the_spans_in_the_window(tokenizer):
 
     def payers(owned):
         memory = "the Carrier = Acme Ltd"
-        chain = MemoryChain(memory, ((memory, 0, start),))
+        chain = MemoryTrail(memory, ((memory, 0, start),))
         found = asyncio.run(read_chunk_records(ChunkRead(call, chain, text, 1), start, len(text), owned_from=owned))
         return [e.mention.values["payer"] for e in found.emitted]
 

@@ -18,7 +18,7 @@ from memagent.config import AgentConfig
 from memagent.data.demo import niah_row
 from memagent.engines import EngineConfig
 from pipelines.batch_qa import BatchQAConfig, run_batch_qa
-from pipelines.checkpoints import PROGRESS_DIR, ChainLog
+from pipelines.checkpoints import PROGRESS_DIR, CheckpointLog
 from pipelines.job import JobConfig
 from tests.pipeline_helpers import CrashOnce, interruptible, read_output, write_rows
 from tests.resume_helpers import RefusedOnce
@@ -85,7 +85,7 @@ def test_a_stale_checkpoint_is_ignored_and_counted(ray_local, tiny_llama_dir, tm
     cfg = job(tiny_llama_dir, tmp_path / "in", tmp_path / "out")
     fake = ChainState(next_chunk=150, char_offset=0, memory="planted", steps=tuple(
         replace(_step(i), memory="planted") for i in range(150)))
-    ChainLog(cfg.output, None, EVERY, 60).write(row["id"], "another-fingerprint", fake, 0)
+    CheckpointLog(cfg.output, None, EVERY, 60).write(row["id"], "another-fingerprint", fake, 0)
     summary = run_batch_qa(cfg)
     (out,) = read_output(tmp_path / "out")
     assert out["resumed_at_chunk"] is None and "stale" in out["checkpoint_ignored"]

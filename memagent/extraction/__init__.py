@@ -19,13 +19,14 @@ from memagent.extraction.output import (
     record_fields, records_arrow_schema, records_table, typed_record, typed_values,
 )
 from memagent.extraction.parse import ObjectSpec, RecordType
-from memagent.extraction.record_grounding import GroundedChunk, MemoryChain, ground_chunk
+from memagent.extraction.record_grounding import GroundedChunk, MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records, record_key
 from memagent.extraction.schema import ExtractionSchema, FieldSpec, load_schema, schema_from
 
 __all__ = [
     "EVIDENCE_TYPE", "FUZZY_THRESHOLD", "KINDS", "ExtractionSchema", "FieldSpec", "GroundedChunk", "InvalidOutput",
-    "Kind", "MemoryChain", "Mention", "ObjectSpec", "Record", "RecordType", "Span", "extraction_columns", "field_evidence",
-    "ground_chunk", "load_schema", "locate", "merge_records", "null_columns", "output_fields", "parse_reply",
-    "record_fields", "record_key", "records_arrow_schema", "records_table", "schema_from", "typed_record", "typed_values",
+    "Kind", "MemoryTrail", "Mention", "ObjectSpec", "Record", "RecordType", "Span", "extraction_columns",
+    "field_evidence", "ground_chunk", "load_schema", "locate", "merge_records", "null_columns", "output_fields",
+    "parse_reply", "record_fields", "record_key", "records_arrow_schema", "records_table", "schema_from",
+    "typed_record", "typed_values",
 ]

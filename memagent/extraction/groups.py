@@ -6,12 +6,12 @@ answer is split: one call per group, each reading the same final memory, asked f
 and decoded under its own part of the schema; the replies are merged into one object.
 
 Grouping (deterministic, schema order): fields whose whole reply fits by the load-time estimate
-(:meth:`ExtractionSchema.answer_tokens_needed`) are one group. Otherwise they are packed by a size kept
-on the high side (:func:`reply_tokens`: digits and dates counted one token a character): a top-level
-field is a unit whose reply fits the budget; an object that does not fit is split into its properties' subtrees (objects first kept
-whole, then split in turn), the pieces of one object packed together; the units are then packed
-greedily in order into groups of at most ``answer_tokens`` each. A leaf that alone does not fit is
-the smallest group there can be: the schema is refused, naming its path and the budget to raise.
+(:meth:`ExtractionSchema.answer_tokens_needed`) are one group. Otherwise they are packed by a size kept on the
+high side (:func:`reply_tokens`: digits and dates counted one token a character): a top-level field is a unit
+whose reply fits the budget; an object that does not fit is split into its properties' subtrees (objects first
+kept whole, then split in turn), the pieces of one object packed together; the units are then packed greedily in
+order into groups of at most ``answer_tokens`` each. A leaf that alone does not fit is the smallest group there
+can be: the schema is refused, naming its path and the budget to raise.
 A schema whose fields fit in one group is read exactly as before (one final call, the same prompt).
 A group reply that breaks anyway is asked again in halves (:mod:`memagent.group_answers`).
 """
@@ -89,7 +89,8 @@ def group_fields(fields: tuple[Spec, ...], budget: int) -> tuple[FieldGroup, ...
     groups: list[list[Spec]] = []
     for unit in units:
         current = groups[-1] if groups else None
-        if current is not None and BRACES_TOKENS + sum(map(reply_tokens, current)) + reply_tokens(unit) <= budget and unit.name not in {u.name for u in current}:
+        fits = current is not None and BRACES_TOKENS + sum(map(reply_tokens, current)) + reply_tokens(unit) <= budget
+        if fits and unit.name not in {u.name for u in current}:
             current.append(unit)
         else:
             groups.append([unit])

@@ -118,8 +118,8 @@ def records_arrow_schema(record: RecordType) -> pa.Schema:
 def records_table(record: RecordType, row_id: str, records: Iterable[Any]) -> pa.Table:
     """One document's merged records (:class:`memagent.extraction.records.Record`) of one type as rows."""
     rows = [{"id": row_id, "record_type": record.name, "record_index": i, **typed_record(record, r.values),
-             "record_evidence": r.evidence_rows(), "record_conflicts": r.conflict_rows(), "first_chunk": r.first_chunk, "last_chunk": r.last_chunk,
-             "mentions": r.mentions} for i, r in enumerate(records)]
+             "record_evidence": r.evidence_rows(), "record_conflicts": r.conflict_rows(), "first_chunk": r.first_chunk,
+             "last_chunk": r.last_chunk, "mentions": r.mentions} for i, r in enumerate(records)]
     return pa.Table.from_pylist(rows, schema=records_arrow_schema(record))
 
 

@@ -40,13 +40,14 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
-from memagent.extraction.record_grounding import SENTENCE_END, MemoryChain, ground_chunk
+from memagent.extraction.record_grounding import SENTENCE_END, MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
 
 MIN_SPLIT_CHARS = 64  # a piece this short is not split again
 MAX_SPLIT_DEPTH = 6  # a chunk's records call becomes at most 2**6 pieces (a 5,000-token chunk: ~350 characters each)
+RUNAWAY_RECORDS = 3  # dropped records that make an overflowing reply a runaway (runs_away)
 TAIL_CHARS = 400  # how far a records call reads past its piece to finish a cut sentence
 LOOP_MAX_PERIOD = 200  # characters: the longest unit a looping reply is checked for
 LOOP_MIN_CHARS = 64  # a repeated tail shorter than this is not a loop
@@ -162,23 +163,33 @@ class ChunkRead:
     """One chunk's records calls: the memory they read (and the chain behind it), the document, the step.
 
     ``written`` awaits the memory written from this chunk (its ``chunk`` span): a split piece reads that
-    memory instead, so names the chunk defines before the piece (an alias) are known to it.
+    memory, so names the chunk defines before the piece (an alias) are known to it, joined with the lines
+    of the memory before the chunk that the update dropped (:func:`joined_memory`: a half record the
+    chunk completed leaves a memory-keeping reader's memory, yet a later piece must join it).
     """
 
     call: RecordsCall
-    chain: MemoryChain
+    trail: MemoryTrail
     context: str
     step: int
     priority: int = 0
     written: Callable[[], Awaitable[str]] | None = None
     chunk: tuple[int, int] = (0, 0)
 
-    async def memory_for(self, piece: Piece) -> MemoryChain:
+    async def memory_for(self, piece: Piece) -> MemoryTrail:
         """The memory a piece's call reads (see the class docstring) and the chain that grounds through it."""
         if piece.depth == 0 or self.written is None:
-            return self.chain
+            return self.trail
         memory = await self.written()
-        return MemoryChain(memory, (*self.chain.steps, (memory, *self.chunk)))
+        return MemoryTrail(joined_memory(self.trail.memory, memory), (*self.trail.steps, (memory, *self.chunk)))
+
+
+def joined_memory(before: str, after: str) -> str:
+    """``after`` (the memory written from a chunk), then the lines of ``before`` (the memory the chunk was read
+    with) that ``after`` no longer holds, in their order."""
+    kept = set(after.splitlines())
+    dropped = [line for line in before.splitlines() if line.strip() and line not in kept]
+    return "\n".join([after, *dropped]) if dropped else after
 
 
 @dataclass(frozen=True)
@@ -193,7 +204,7 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class Reply:
+class RecordsReply:
     """A records reply read: its valid items (None: no JSON array), whether it overflowed (cut at its
     budget, or as many items as the call allows), and how many items failed validation."""
 
@@ -202,18 +213,18 @@ class Reply:
     invalid: int = 0
 
 
-def read_reply(schema: ExtractionSchema, name: str, reply: Completion, limit: int = RECORDS_PER_CALL) -> Reply:
+def read_reply(schema: ExtractionSchema, name: str, reply: Completion, limit: int = RECORDS_PER_CALL) -> RecordsReply:
     """The records of one reply, validated item by item (see the module docstring)."""
     if reply.finish_reason == "length":
-        return Reply(None, True)
+        return RecordsReply(None, True)
     try:
         obj = parse_json_answer(strip_thinking(reply.text))
     except ValueError:
-        return Reply(None, False)
+        return RecordsReply(None, False)
     if not isinstance(obj, list):
-        return Reply(None, False)
+        return RecordsReply(None, False)
     valid, invalid = schema.valid_records(name, obj)
-    return Reply(valid, len(obj) >= limit, invalid)
+    return RecordsReply(valid, len(obj) >= limit, invalid)
 
 
 def repeats_itself(text: str, max_period: int = LOOP_MAX_PERIOD, min_chars: int = LOOP_MIN_CHARS) -> bool:
@@ -244,16 +255,19 @@ def complete_items(text: str) -> list[Any]:
         out.append(item)
 
 
-def runs_away(read: ChunkRead, name: str, piece: Piece, text: str, chain: MemoryChain) -> bool:
-    """An overflowing reply most of whose completed records are not where it read them (a record dropped by
-    grounding): the model writes what the passage does not state, and a smaller passage will not stop it."""
+def runs_away(read: ChunkRead, name: str, piece: Piece, text: str, trail: MemoryTrail) -> bool:
+    """An overflowing reply most of whose completed records, three at least, are not where it read them (a record
+    dropped by grounding): the model writes what the passage does not state, and a smaller passage will not stop
+    it. Fewer are no verdict: a record whose sentence this passage only finishes (stated before it) is dropped
+    here too, so one invention beside it would lose the passage's real records unread; the piece is split
+    instead (its halves' replies fit, and grounding drops the invention there)."""
     schema = read.call.schema
     items, _ = schema.valid_records(name, [x for x in complete_items(strip_thinking(text)) if isinstance(x, dict)])
     if not items:
         return False
-    grounded = ground_chunk(schema.record_type(name), items, read.context, (piece.start, piece.end), chain=chain,
+    grounded = ground_chunk(schema.record_type(name), items, read.context, (piece.start, piece.end), trail=trail,
                             require_grounding=True)
-    return 2 * grounded.dropped_records > len(items)
+    return grounded.dropped_records >= RUNAWAY_RECORDS and 2 * grounded.dropped_records > len(items)
 
 
 _BREAKS = ("\n\n", "\n", ". ", "。", " ")  # preferred cuts: paragraph, line, sentence, word
@@ -277,17 +291,21 @@ def split_point(text: str) -> int:
 
 def halves(context: str, piece: Piece) -> tuple[Piece, Piece]:
     """A piece cut in two at :func:`split_point`; the first half reads on to the end of the sentence the
-    cut falls in (when that leaves it shorter than the piece), which the second half then leaves to it."""
+    cut falls in (when that leaves it shorter than the piece), which the second half then leaves to it.
+    When that sentence runs to the piece's end, the cut moves back to where it begins instead, so that
+    the second half holds it whole (cut inside, neither half would read it)."""
     cut = piece.start + split_point(context[piece.start:piece.end])
-    reach = sentence_end(context, cut, piece.end)
-    reach = cut if reach >= piece.end else reach
+    reach = sentence_end(context, cut, piece.end + 1)  # + 1: a sentence ending at the piece's end is seen to end
+    if reach >= piece.end:
+        back = max((m.end() for m in SENTENCE_END.finditer(context, piece.start, cut)), default=piece.start)
+        cut = reach = back if piece.start < back < cut else cut
     return (Piece(piece.start, piece.owned_from, reach, piece.depth + 1),
             Piece(cut, max(piece.owned_from, reach), piece.end, piece.depth + 1))
 
 
-async def _ask(read: ChunkRead, name: str, piece: Piece, chain: MemoryChain) -> Completion:
+async def _ask(read: ChunkRead, name: str, piece: Piece, trail: MemoryTrail) -> Completion:
     call = read.call
-    messages = records_messages(call.question, chain.memory, read.context[piece.start:piece.end],
+    messages = records_messages(call.question, trail.memory, read.context[piece.start:piece.end],
                                 call.schema.records_instruction(name), call.instruction, call.prompts)
     params = replace(call.params, json_schema=call.schema.records_schema_json(name), priority=read.priority)
     return await call.engine.chat(messages, params)
@@ -295,21 +313,21 @@ async def _ask(read: ChunkRead, name: str, piece: Piece, chain: MemoryChain) -> 
 
 async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
     """The records of type ``name`` in ``piece``; its halves re-read when the reply overflows (module docstring)."""
-    chain = await read.memory_for(piece)
-    completion = await _ask(read, name, piece, chain)
+    trail = await read.memory_for(piece)
+    completion = await _ask(read, name, piece, trail)
     out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens)
     reply = read_reply(read.call.schema, name, completion)
     # Grounding searches the document (CPU work): off the event loop the other documents share.
     if reply.items is not None and not reply.overflow:
-        await asyncio.to_thread(_emit, read, name, piece, reply, out, chain)
+        await asyncio.to_thread(_emit, read, name, piece, reply, out, trail)
         return out
     runaway = repeats_itself(completion.text) or await asyncio.to_thread(runs_away, read, name, piece,
-                                                                          completion.text, chain)
+                                                                          completion.text, trail)
     if runaway or piece.end - piece.start <= MIN_SPLIT_CHARS or piece.depth >= MAX_SPLIT_DEPTH:
         out.tally.failed += 1
         out.tally.runaway += int(runaway)
         if reply.items is not None and not runaway:  # a full reply at the limit: its records are real
-            await asyncio.to_thread(_emit, read, name, piece, reply, out, chain)
+            await asyncio.to_thread(_emit, read, name, piece, reply, out, trail)
         return out
     out.tally.splits += 1
     for part in await asyncio.gather(*(_read_piece(read, name, p) for p in halves(read.context, piece))):
@@ -317,11 +335,11 @@ async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
     return out
 
 
-def _emit(read: ChunkRead, name: str, piece: Piece, reply: Reply, out: ChunkRecords, chain: MemoryChain) -> None:
+def _emit(read: ChunkRead, name: str, piece: Piece, reply: RecordsReply, out: ChunkRecords, trail: MemoryTrail) -> None:
     """Ground a reply's records in the piece and keep those the piece owns."""
     call = read.call
     grounded = ground_chunk(call.schema.record_type(name), reply.items or [], read.context, (piece.start, piece.end),
-                            chain=chain, require_grounding=call.require_grounding, elsewhere=call.ground_elsewhere)
+                            trail=trail, require_grounding=call.require_grounding, elsewhere=call.ground_elsewhere)
     out.tally.invalid_items += reply.invalid
     out.tally.dropped_values += grounded.dropped_values
     out.tally.dropped_records += grounded.dropped_records

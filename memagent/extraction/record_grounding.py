@@ -8,7 +8,7 @@ A value of a record (:func:`ground_chunk`) is grounded
   a number as a number and a date as a date, however either is spelled: an invoice's amount and
   issue date carried from the chunk that stated them to the one that states its settlement), and
   the span is where the chain read it, inside the chunk of the first memory step whose memory
-  holds it (:class:`MemoryChain`; labelled ``memory``, kept under ``require_grounding``).
+  holds it (:class:`MemoryTrail`; labelled ``memory``, kept under ``require_grounding``).
 
 Elsewhere in the document is searched only on request (``elsewhere``: ``AgentConfig.ground_elsewhere``),
 since it costs a scan of the whole document for every value the window lacks; a value found only
@@ -55,7 +55,7 @@ def _sentence(text: str, pos: int, lo: int, hi: int) -> tuple[int, int]:
 
 
 def anchored(leaf: Mapping[str, tuple[FieldKind, Any]], spans: dict[str, Span | None], text: str,
-             window: tuple[int, int], chain: MemoryChain | None = None) -> dict[str, Span | None]:
+             window: tuple[int, int], trail: MemoryTrail | None = None) -> dict[str, Span | None]:
     """A record's window spans moved into one sentence when the first occurrences do not share one (a
     payer named on many lines of a table): the sentence holding the most of its values wins (the
     earliest among equals), and every value takes its occurrence there. A value not written there was
@@ -76,7 +76,7 @@ def anchored(leaf: Mapping[str, tuple[FieldKind, Any]], spans: dict[str, Span | 
         kind, value = leaf[path]
         if inside:
             out[path] = inside[0] if inside[0].start != here[path].start else here[path]
-        elif chain is not None and (via := chain.locate(ITEM_KIND.get(kind, kind), value, text)) is not None:
+        elif trail is not None and (via := trail.locate(ITEM_KIND.get(kind, kind), value, text)) is not None:
             out[path] = via
     return out
 
@@ -96,7 +96,7 @@ def _leaf_values(record: RecordType, values: Mapping[str, Any]) -> dict[str, tup
 
 
 @dataclass(frozen=True)
-class MemoryChain:
+class MemoryTrail:
     """What a records call's memory can show: the memory it read, and the memory steps behind it as
     ``(memory written, char_start, char_end of the chunk it was written from)`` in step order."""
 
@@ -139,15 +139,15 @@ def _drop(values: dict[str, Any], path: str) -> None:
     node.pop(last, None)
 
 
-def ground_value(kind: FieldKind, value: Any, text: str, window: tuple[int, int], chain: MemoryChain | None,
+def ground_value(kind: FieldKind, value: Any, text: str, window: tuple[int, int], trail: MemoryTrail | None,
                  *, elsewhere: bool = False, threshold: float = FUZZY_THRESHOLD) -> Span | None:
     """One record value's span: in the window, else through the memory, else (``elsewhere``) anywhere in
     the document, labelled so (see the module docstring); None when not found."""
     span = locate(kind, value, text, window, threshold=threshold, document=False)
     if span is None:
         span = _cut_at_start(kind, value, text, window)
-    if span is None and chain is not None:
-        span = chain.locate(ITEM_KIND.get(kind, kind), value, text)
+    if span is None and trail is not None:
+        span = trail.locate(ITEM_KIND.get(kind, kind), value, text)
     if span is None and elsewhere:
         found = locate(kind, value, text, threshold=threshold)
         span = Span(found.start, found.end, found.method, found.score, "elsewhere") if found else None
@@ -180,14 +180,14 @@ def _identifies(span: Span | None, kind: FieldKind) -> bool:
 
 
 def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text: str,
-                 window: tuple[int, int], *, chain: MemoryChain | None = None, require_grounding: bool = False,
+                 window: tuple[int, int], *, trail: MemoryTrail | None = None, require_grounding: bool = False,
                  elsewhere: bool = False, threshold: float = FUZZY_THRESHOLD) -> GroundedChunk:
     """Spans of every value of the records one call emitted after reading ``text[window[0]:window[1]]``;
     ``elsewhere``: a value the window and the memory lack is searched for in the whole document.
 
-    With ``require_grounding``: a record is dropped when a key value does not identify it (the
-    window; a text key also the memory: :func:`_identifies`) or no value lies in the window; an ungrounded free value is removed from its record (an
-    array loses the item); both counted.
+    With ``require_grounding``: a record is dropped when a key value does not identify it (the window; a text
+    key also the memory: :func:`_identifies`) or no value lies in the window; an ungrounded free value is
+    removed from its record (an array loses the item); both counted.
     """
     out = GroundedChunk()
     for rec in records:
@@ -195,9 +195,9 @@ def ground_chunk(record: RecordType, records: Sequence[Mapping[str, Any]], text:
         leaves = {path: kv for path, kv in _leaf_values(record, values).items()
                   if kv[1] is not None and KINDS[ITEM_KIND.get(kv[0], kv[0])].grounded}
         # What require_grounding drops is never searched for elsewhere: the search would be wasted.
-        spans = {path: ground_value(kind, value, text, window, chain, elsewhere=elsewhere and not require_grounding,
+        spans = {path: ground_value(kind, value, text, window, trail, elsewhere=elsewhere and not require_grounding,
                                     threshold=threshold) for path, (kind, value) in leaves.items()}
-        spans = anchored(leaves, spans, text, window, chain)
+        spans = anchored(leaves, spans, text, window, trail)
         ungrounded = [(path, leaves[path][0]) for path, span in spans.items() if not _grounded(span)]
         if require_grounding:
             keys = set(record.key)

@@ -8,11 +8,12 @@ user's schema has it (:meth:`Resolved.assemble`) and to check it there (:meth:`R
 
 - ``$ref`` to ``$defs``/``definitions`` (any local JSON pointer) is inlined, its siblings kept over
   the target; ``allOf`` members are merged. A recursive reference is refused, naming the cycle.
-- ``anyOf``/``oneOf``/a type list/``nullable`` with ``null``: the value is optional (absent when
-  not stated; written as ``null`` where the user's schema requires the key). Other unions: scalars as the widest kind (integer|number -> number; with a string ->
-  string; with a list of scalars -> string holding the JSON text), the branches kept for the grammar
-  and validation, objects merged (properties of every branch, those all branches require required),
-  arrays by their items' union. A union of an object or array with a scalar is refused.
+- ``anyOf``/``oneOf``/a type list/``nullable`` with ``null``: the value is optional (absent when not stated;
+  written as ``null`` where the user's schema requires the key). Other unions: scalars as the widest kind
+  (integer|number -> number; with a string -> string; with a list of scalars -> string holding the JSON text),
+  the branches kept for the grammar and validation, objects merged (properties of every branch, those all
+  branches require required), arrays by their items' union. A union of an object or array with a scalar is
+  refused.
 - ``const`` is a one-value ``enum``; an enum of integers, numbers or booleans keeps its type.
 - ``format`` ``date`` is the date kind; ``date-time``, ``time``, ``email``, ``uri`` become a
   ``pattern`` the grammar enforces, and every format is checked after decoding.

@@ -17,12 +17,12 @@ JSON Schema                  kind           output column (nullable)
 "items": {"type": "string"}}``
 ============================ ============== =========================
 
-or a **record type**: ``{"type": "array", "items": {"type": "object", "properties": ...,
-"required": [...]}, "x-key": [...]}``, every record of that type the document states (``minItems``
-other than 0 and ``maxItems`` are refused: nothing bounds the records a document states), its items holding fields and nested objects (:mod:`memagent.extraction.parse`
-has the grammar and the size limits). Descriptions (and titles) are allowed throughout. Any other
-keyword, type or format is an error naming its JSON path: a schema is loaded (and this validation
-runs) before any model does. :class:`ExtractionSchema` is the raw JSON Schema as a pydantic root
+or a **record type**: ``{"type": "array", "items": {"type": "object", "properties": ..., "required": [...]},
+"x-key": [...]}``, every record of that type the document states (``minItems`` other than 0 and ``maxItems`` are
+refused: nothing bounds the records a document states), its items holding fields and nested objects
+(:mod:`memagent.extraction.parse` has the grammar and the size limits). Descriptions (and titles) are allowed
+throughout. Any other keyword, type or format is an error naming its JSON path: a schema is loaded (and this
+validation runs) before any model does. :class:`ExtractionSchema` is the raw JSON Schema as a pydantic root
 model, so it sits inside :class:`memagent.config.AgentConfig` (``extraction``), is recorded in the
 output's ``config`` column and in the resume fingerprint, and reads back equal.
 """

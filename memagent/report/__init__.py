@@ -9,8 +9,9 @@
 
 The script reads the row data embedded as JSON (``#report-data``), renders the filterable,
 sortable row table a page at a time, and renders one row's timeline on demand. Hash routes:
-``#row=KEY`` shows a row's timeline; ``#filter=method=M&task=T&length=L&status=S&err=N&q=TEXT`` (``status=evlost``: rows that lost evidence)
-sets the table filters (the eval table's cells and the error groups link to them);
+``#row=KEY`` shows a row's timeline; ``#filter=method=M&task=T&length=L&status=S&err=N&q=TEXT``
+(``status=evlost``: rows that lost evidence) sets the table filters (the eval table's cells and the error groups
+link to them);
 ``#filter=field=F&value=V`` lists the rows whose extracted field F is V (a value's JSON text; ``*``
 any value, empty: no value). Extraction rows (``x``: per field [name, value JSON, step, start, end])
 get one column per field and, in the timeline, each value linked to its evidence span.

@@ -67,7 +67,7 @@ class Reply:
         return usage(self.prompt_tokens, self.completion_tokens)
 
 
-def check_supported(req: ChatRequest) -> str | None:
+def response_schema(req: ChatRequest) -> str | None:
     """The constrained-decoding schema of ``response_format`` (JSON text, None for text); 400 for
     what the engines cannot do."""
     rf = req.response_format
@@ -176,7 +176,7 @@ class EngineModel:
 
     async def prepare(self, req: ChatRequest) -> Prepared:
         """The engine's messages and decoding for ``req``; APIError for what cannot be served."""
-        schema = check_supported(req)
+        schema = response_schema(req)
         plan = tools.plan(req, self.special_tokens())
         if plan is not None:
             schema = json.dumps(plan.schema) if plan.schema is not None else None

@@ -136,7 +136,7 @@ def constrain(value: Any, schema: dict[str, Any]) -> Any:
     return value
 
 
-class ChainedOracle:
+class ChainTaggingOracle:
     """The ledger oracle whose memory updates also name the chain they extend (``chain <sha256(prompt)[:8]>``):
     a trace mixed from two chains differs from the fault-free one. ``updates`` counts memory updates (chunks
     read, re-reads included); thread-safe, as a server's handlers are."""

@@ -20,7 +20,7 @@ from memagent.engines.base import Completion, Engine, EngineStats, SamplingParam
 
 from tests.oracle.records_oracle import constrain
 
-Reply = Callable[[str], str]
+ReplyFn = Callable[[str], str]
 
 
 def respond(reply: str, schema_json: str | None, max_tokens: int, tokenizer: Any) -> tuple[str, str, int]:
@@ -40,7 +40,7 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
 class OracleEngine(Engine):
     """A perfect model in process (``reply``: prompt text -> the unconstrained reply); ``calls`` counts chats."""
 
-    def __init__(self, reply: Reply, tokenizer: Any, context_window: int = 65536, name: str = "oracle"):
+    def __init__(self, reply: ReplyFn, tokenizer: Any, context_window: int = 65536, name: str = "oracle"):
         self.reply, self.tokenizer, self.context_window, self.name = reply, tokenizer, context_window, name
         self.stats = EngineStats()
         self.calls = 0
@@ -52,7 +52,7 @@ class OracleEngine(Engine):
         return Completion(text=text, prompt_tokens=0, completion_tokens=n, finish_reason=finish)
 
 
-def oracle_app(reply: Reply, tokenizer: Any, served: str = "oracle") -> FastAPI:
+def oracle_app(reply: ReplyFn, tokenizer: Any, served: str = "oracle") -> FastAPI:
     """An OpenAI-compatible chat-completions app answering with ``reply`` (see the module docstring)."""
     app = FastAPI()
     app.state.calls = 0
