@@ -31,6 +31,9 @@ this process. A measurement, never an assertion.
 of each distance in ``--model-distances`` (the same documents and settings; concurrently, so the
 engine batches them), ``--model-seconds`` of wall per distance at most (a read still going then is
 counted unfinished). Its rows say what a 135M model keeps of a half record, not what the method can.
+``--model-only`` keeps the perfect reader's rows already in ``--out`` (and their calibrated gaps) and runs
+the model arm alone; a run of the perfect arm alone keeps the model arm's rows already there. Each arm's
+command, loads, wall and peak RSS are its own (``perfect_run``, ``model_run``).
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import json
 import resource
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import loadavg, machine, print_table, table, write_json
@@ -225,6 +230,9 @@ def main() -> None:
                     "(0: the model arm is not run)")
     ap.add_argument("--model-seconds", type=float, default=1800.0, help="wall seconds per distance for the model")
     ap.add_argument("--model-distances", default="1,4,16,64", help="the distances the model reads (comma-separated)")
+    ap.add_argument("--model-only", action="store_true", help="keep the perfect reader's rows already in --out "
+                    "(and their calibrated gaps) and run only the model arm (without it and --model-docs, the model "
+                    "arm's rows already in --out are kept)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -234,19 +242,24 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
     schema = schema_from(SCHEMA)
     per_line = lines_per_chunk(tokenizer)
-    out: dict[str, Any] = {"command": f"nice python -m benchmarks.records_across_chunks --seconds {args.seconds:g} "
-                                      f"--max-docs {args.max_docs} --model-docs {args.model_docs} "
-                                      f"--model-seconds {args.model_seconds:g} --model-distances {args.model_distances} "
-                                      f"--out {args.out}",
-                           "loadavg_before": loadavg(), "machine": machine(),
+    command = (f"nice python -m benchmarks.records_across_chunks --seconds {args.seconds:g} --max-docs {args.max_docs} "
+               f"--model-docs {args.model_docs} --model-seconds {args.model_seconds:g} "
+               f"--model-distances {args.model_distances} {'--model-only ' if args.model_only else ''}--out {args.out}")
+    out: dict[str, Any] = {"machine": machine(),
                            "config": {"chunk_tokens": CHUNK_TOKENS, "memory_tokens": MEMORY_TOKENS,
                                       "require_grounding": True, "invoices_per_doc": INVOICES, "open_per_doc": OPEN,
-                                      "stagger_lines": STAGGER, "reader": "MemoryOracle, in process",
-                                      "embedded_model": "smollm2-135m, dtype auto" if args.model_docs else "not run"},
+                                      "stagger_lines": STAGGER, "reader": "MemoryOracle, in process"},
                            "distances": {}}
     gaps: dict[int, int] = {}
     t_all = time.perf_counter()
-    for distance in DISTANCES:
+    run = {"command": command, "loadavg_before": loadavg()}
+    kept = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    if args.model_only:  # the perfect arm's rows are kept as measured, with their own command and machine
+        out.update({k: kept[k] for k in ("perfect_run", "distances", "example")})
+        gaps = {int(d): s["filler_lines_between"] for d, s in kept["distances"].items()}
+    elif not args.model_docs and "embedded_model" in kept:  # the model arm's rows are kept, with their command
+        out.update({k: kept[k] for k in ("model_run", "embedded_model")})
+    for distance in () if args.model_only else DISTANCES:
         gap, _ = calibrate(distance, tokenizer, schema, per_line)
         gaps[distance] = gap
         rows: list[dict[str, Any]] = []
@@ -259,12 +272,16 @@ def main() -> None:
         if any(r.get("example") for r in rows):
             out["example"] = next(r["example"] for r in rows if r.get("example"))
         out["distances"][str(distance)] = summary
+    if not args.model_only:
+        out["perfect_run"] = {**run, "loadavg_after": loadavg(), "wall_s": round(time.perf_counter() - t_all, 1),
+                              "peak_rss_mb": peak_rss_mb(), "machine": out["machine"]}
     if args.model_docs:
         chosen = {int(d) for d in args.model_distances.split(",")}
+        t_model = time.perf_counter()
         out["embedded_model"] = model_arm({d: g for d, g in gaps.items() if d in chosen}, schema, args.model_docs,
                                           args.model_seconds)
-    out.update({"wall_s": round(time.perf_counter() - t_all, 1), "peak_rss_mb": peak_rss_mb(),
-                "loadavg_after": loadavg()})
+        out["model_run"] = {**run, "loadavg_after": loadavg(), "wall_s": round(time.perf_counter() - t_model, 1),
+                            "peak_rss_mb": peak_rss_mb()}
     path = write_json(args.out, out)
     headers = ["distance (chunks)", "measured min/med/max", "docs", "gold", "recall", "precision", "incomplete",
                "conflicts", "memory-grounded values", "doc tokens / record", "failing docs"]
@@ -273,12 +290,13 @@ def main() -> None:
                s["labels"].get("memory", 0), s["tokens_per_record"], len(s["failures"])]
               for d, s in out["distances"].items()]
     print_table(headers, rows_t)
-    md = [f"# Records joined across chunks, perfect memory-keeping reader (`{out['command']}`)", "",
+    perfect = out["perfect_run"]
+    md = [f"# Records joined across chunks, perfect memory-keeping reader (`{perfect['command']}`)", "",
           table(headers, rows_t), "",
           f"Chunks {CHUNK_TOKENS} tokens, memory {MEMORY_TOKENS}, require_grounding; {INVOICES} settled invoices and "
-          f"{OPEN} open per document. CPU: {out['machine']['cpu']} ({out['machine']['cores']} cores, "
-          f"{', '.join(out['machine']['simd'])}); load {out['loadavg_before']} before, {out['loadavg_after']} after; "
-          f"wall {out['wall_s']} s; peak RSS {out['peak_rss_mb']} MB."]
+          f"{OPEN} open per document. CPU: {perfect['machine']['cpu']} ({perfect['machine']['cores']} cores, "
+          f"{', '.join(perfect['machine']['simd'])}); load {perfect['loadavg_before']} before, "
+          f"{perfect['loadavg_after']} after; wall {perfect['wall_s']} s; peak RSS {perfect['peak_rss_mb']} MB."]
     if out.get("example"):
         ex = out["example"]
         md += ["", f"Example (16-chunk distance): `{ex['record']}`", "", "| field | chunk | grounding | text |",
@@ -292,7 +310,9 @@ def main() -> None:
                    s.get("tokens_per_record"), s["wall_s"]] for d, s in out["embedded_model"].items()]
         print_table(headers_m, rows_m)
         md += ["", "## The embedded model (SmolLM2-135M-Instruct, dtype auto), same documents and settings", "",
-               table(headers_m, rows_m)]
+               f"`{out['model_run']['command']}`; load {out['model_run']['loadavg_before']} before, "
+               f"{out['model_run']['loadavg_after']} after; peak RSS {out['model_run']['peak_rss_mb']} MB; CPU flags "
+               "as above.", "", table(headers_m, rows_m)]
     path.with_suffix(".md").write_text("\n".join(md) + "\n")
 
 
