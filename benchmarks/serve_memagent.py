@@ -49,10 +49,15 @@ def free_port() -> int:
 
 
 def start(model: Path, args: argparse.Namespace, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "memagent_cli", "serve", "--model", str(model), "--port", str(port),
-           "--max-body-bytes", str(256 * 2**20), "--chunk-tokens", str(args.chunk_tokens),
-           "--memory-tokens", str(args.memory_tokens), "--answer-tokens", "16", "--log-level", "warning"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    return launch(["--model", str(model), "--port", str(port), "--max-body-bytes", str(256 * 2**20),
+                   "--chunk-tokens", str(args.chunk_tokens), "--memory-tokens", str(args.memory_tokens),
+                   "--answer-tokens", "16", "--log-level", "warning"], args.threads, port)
+
+
+def launch(flags: list[str], threads: int, port: int) -> subprocess.Popen:
+    """``memagent serve FLAGS`` in a subprocess (``threads`` OpenMP threads), once ``/health`` answers."""
+    cmd = [sys.executable, "-m", "memagent_cli", "serve", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while True:
