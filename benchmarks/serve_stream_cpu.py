@@ -31,6 +31,7 @@ class ReplayEngine:
     """An engine double that streams fixed token ids, one a step, through ``on_tokens``."""
 
     takes_prompt_ids = False
+    streams_tokens = True
     context_window = 10**6
 
     def __init__(self, tokenizer, ids: list[int]):

@@ -122,6 +122,9 @@ class Engine(abc.ABC):
     # Whether :meth:`chat_ids` takes prompt token ids (hf, vLLM): a caller that has encoded the
     # prompt (the server, in a worker thread) hands them over instead of the messages.
     takes_prompt_ids: bool = False
+    # Whether ``chat``/``chat_ids`` take ``on_tokens``, called with each decode step's kept tokens as they
+    # are decoded (the server streams from it; an engine without it sends its reply when it ends).
+    streams_tokens: bool = False
 
     @abc.abstractmethod
     async def chat(self, messages: Messages, params: SamplingParams) -> Completion:

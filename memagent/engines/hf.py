@@ -189,6 +189,10 @@ class TransformersEngine(Engine):
 
     takes_prompt_ids = True
 
+    @property
+    def streams_tokens(self) -> bool:  # type: ignore[override]  # a sliding-window model decodes in one call
+        return not self._sliding_window
+
     async def chat(self, messages: Messages, params: SamplingParams, *,
                    on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
         """The reply; ``on_tokens`` (optional) is called from the decode thread with each step's new

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.serve import messages, responses
-from memagent.serve.chat import EngineModel, Event, Reply
+from memagent.serve.chat import EngineModel, Event, Reply, ServedModel
 from memagent.serve.guard import AccessLogRedactor, Guard
 from memagent.serve.handling import load_body
 from memagent.serve.handling import unknown_model as _unknown_model
@@ -126,7 +126,7 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
     config = config or ServeConfig()
     key = config.auth_key()
     redactor = AccessLogRedactor(key)
-    models: dict[str, Any] = {engine.name: EngineModel(engine, config.max_tokens)}
+    models: dict[str, ServedModel] = {engine.name: EngineModel(engine, config.max_tokens)}
     if config.memagent_model and config.memagent_model != engine.name:
         from memagent.serve.memagent_model import MemAgentModel
 
@@ -158,7 +158,7 @@ def _card(name: str, engine: Engine) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "memagent", "max_model_len": engine.context_window}
 
 
-def _routes(app: FastAPI, engine: Engine, models: dict[str, Any], reasoning_field: str) -> None:
+def _routes(app: FastAPI, engine: Engine, models: dict[str, ServedModel], reasoning_field: str) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}

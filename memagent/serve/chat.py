@@ -8,11 +8,10 @@ so the app answers them alike, whole or streamed: ``("reasoning", text)`` and ``
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.engines.detokenize import IncrementalText
@@ -126,10 +125,16 @@ def first_line(text: str, limit: int = 500) -> str:
     return line if len(line) <= limit else line[:limit] + " …"
 
 
-def _streams(engine: Engine) -> bool:
-    """Whether the engine's decode takes ``on_tokens`` (the hf engine, for models without a sliding window)."""
-    entry = engine.chat_ids if engine.takes_prompt_ids else engine.chat
-    return "on_tokens" in inspect.signature(entry).parameters and not getattr(engine, "_sliding_window", False)
+class ServedModel(Protocol):
+    """What every route asks of a served model (:class:`EngineModel`, or the memory agent over it): settle a
+    request (an :class:`APIError` for what it cannot serve, before any decoding) and answer it as events."""
+
+    async def prepare(self, req: ChatRequest) -> Any:
+        """What the request settles to (its run), passed back to :meth:`events`."""
+
+    def events(self, req: ChatRequest, prepared: Any, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+        """("reasoning", text), ("content", text) and, with ``tool_deltas``, ("tool_call", entry) as they are
+        decoded, then one ("reply", :class:`Reply`)."""
 
 
 class Prepared(NamedTuple):
@@ -210,7 +215,7 @@ class EngineModel:
         reader = plan.reader() if plan is not None else None
         tokens: asyncio.Queue[list[int] | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        live = req.stream and _streams(self.engine)
+        live = req.stream and self.engine.streams_tokens
         call = self._decode(prepared, (lambda ids: loop.call_soon_threadsafe(tokens.put_nowait, list(ids)))
                             if live else None)
         call.add_done_callback(lambda _: tokens.put_nowait(None))

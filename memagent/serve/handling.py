@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Request
@@ -60,6 +61,6 @@ async def unless_disconnected(request: Request, work: Any) -> Any:
         raise
 
 
-def unknown_model(name: str, models: dict[str, Any]) -> APIError:
+def unknown_model(name: str, models: Mapping[str, object]) -> APIError:
     return APIError(404, f"The model `{name}` does not exist; this server serves "
                     f"{', '.join(f'`{m}`' for m in models)}.", param="model", code="model_not_found")

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memagent.serve import tools as chat_tools
 from memagent.serve.handling import load_body, unknown_model, unless_disconnected
-from memagent.serve.chat import Event, Reply, first_line
+from memagent.serve.chat import EngineModel, Event, Reply, ServedModel, first_line
 from memagent.serve.guard import anthropic_body
 from memagent.serve.protocol import APIError, ChatRequest, JSONBytes
 from memagent.serve.responses import collect, validated
@@ -282,7 +282,7 @@ def _anthropic_errors(handler: Any) -> Any:
     return wrapped
 
 
-def add_routes(app: FastAPI, default_model: str, models: dict[str, Any]) -> None:
+def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel]) -> None:
     """``POST /v1/messages`` and ``/v1/messages/count_tokens`` on ``app``, answered by ``models``."""
 
     def pick(chat: ChatRequest) -> tuple[str, Any]:
@@ -310,8 +310,10 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, Any]) -> None
         chat = to_chat(validated(CountTokensRequest, load_body(await request.body())))
         pick(chat)
         rendered = chat_tools.render_messages(chat.messages, chat_tools.plan(chat))
+        engine_model = models[default_model]
+        assert isinstance(engine_model, EngineModel)  # the default model is the engine's own
         try:
-            return {"input_tokens": await models[default_model].count(rendered)}
+            return {"input_tokens": await engine_model.count(rendered)}
         except Exception as exc:  # a template that refuses a role or an order of messages
             raise APIError(400, f"messages: the chat template refused them: {first_line(str(exc))}",
                            param="messages") from None

@@ -27,7 +27,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memagent.serve.handling import load_body, unknown_model, unless_disconnected, validation_message
-from memagent.serve.chat import Event, Reply
+from memagent.serve.chat import Event, Reply, ServedModel
 from memagent.serve.protocol import APIError, ChatRequest
 
 log = logging.getLogger(__name__)
@@ -375,7 +375,7 @@ async def collect(events: AsyncIterator[Event]) -> tuple[list[str], Reply]:
     raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
 
 
-def add_routes(app: FastAPI, default_model: str, models: dict[str, Any]) -> None:
+def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel]) -> None:
     """``POST /v1/responses`` on ``app``, answered by ``models`` (``default_model`` when none is named)."""
 
     @app.post("/v1/responses")
