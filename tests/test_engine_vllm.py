@@ -145,6 +145,31 @@ def test_completion_from_output():
         completion_from_output(SimpleNamespace(request_id="r", outputs=[], prompt_token_ids=[1]))
 
 
+def test_streamed_generation_hands_each_outputs_new_tokens_on():
+    """Streamed, each cumulative output's new token ids reach ``on_tokens`` once, in order, and the finished
+    output is the completion, as unstreamed. (A double of vLLM's AsyncLLM: the logic around it; the real
+    engine streams under ``make test-vllm-cpu``, tests/gpu/test_vllm_engine.py.)"""
+    from collections import Counter
+
+    from memagent.engines.base import EngineStats
+
+    steps = [[7], [7, 8], [7, 8], [7, 8, 9, 4], [7, 8, 9, 4, 2]]  # an empty step, a step of two tokens
+
+    class AsyncLLM:
+        async def generate(self, prompt, sp, request_id, **extra):
+            assert sp == "stream"
+            for ids in steps:
+                yield request_output(list(ids), "stop" if ids is steps[-1] else None)
+
+    fake = SimpleNamespace(_llm=AsyncLLM(), engine_args={}, in_flight=0, max_in_flight=0,
+                           stats=EngineStats(batch_sizes=Counter()), next_request_id=lambda: "r-1",
+                           _sampling_params=lambda params, stream=False: "stream" if stream else "final")
+    got: list[list[int]] = []
+    c = asyncio.run(VLLMEngine._generate(fake, [1, 2, 3], SamplingParams(max_tokens=8), got.append))
+    assert got == [[7], [8], [9, 4], [2]] and c.token_ids == [7, 8, 9, 4, 2] and c.finish_reason == "stop"
+    assert VLLMEngine.streams_tokens
+
+
 def test_device_checks():
     check_device("auto", "cuda")
     check_device("cuda:1", "cuda")
@@ -230,7 +255,7 @@ class FakeEngine(VLLMEngine):
         return FakeAsyncLLM()
 
     @staticmethod
-    def _sampling_params(params: SamplingParams) -> dict:
+    def _sampling_params(params: SamplingParams, stream: bool = False) -> dict:
         return sampling_kwargs(params)
 
 

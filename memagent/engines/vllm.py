@@ -43,7 +43,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Coroutine, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator, Mapping
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
 from memagent.engines.config import SPECULATION_WITH_SCHEMA
@@ -315,11 +315,16 @@ class VLLMEngine(Engine):
     # -- generation -------------------------------------------------------------------------
 
     takes_prompt_ids = True
+    streams_tokens = True
 
-    async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
-        return await self.chat_ids(self.encode_chat(messages), params)
+    async def chat(self, messages: Messages, params: SamplingParams, *,
+                   on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
+        """The reply; ``on_tokens`` (optional) is called from the engine's loop thread with each output's new
+        token ids as vLLM decodes them (streaming)."""
+        return await self.chat_ids(self.encode_chat(messages), params, on_tokens=on_tokens)
 
-    async def chat_ids(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def chat_ids(self, prompt_ids: list[int], params: SamplingParams, *,
+                       on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
         """:meth:`chat` of a prompt already encoded (the server encodes it once, off the event loop)."""
         if self._llm is None:
             raise RuntimeError("VLLMEngine is shut down")
@@ -327,14 +332,18 @@ class VLLMEngine(Engine):
             raise ValueError(SPECULATION_WITH_SCHEMA)
         self.check_window(len(prompt_ids), params.max_tokens)
         # Cancelling the caller cancels the engine-loop task, and vLLM aborts the request.
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._generate(prompt_ids, params), self._loop))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            self._generate(prompt_ids, params, on_tokens), self._loop))
 
     def next_request_id(self) -> str:
         return f"memagent-{self._id_prefix}-{next(self._ids)}"
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        """Runs on the engine loop: one request, awaited to its final output."""
-        sp = self._sampling_params(params)
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams,
+                        on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
+        """Runs on the engine loop: one request, awaited to its final output. With ``on_tokens`` vLLM sends
+        every step's output (cumulative: the last one is the finished request, as alone) and each call gets
+        the token ids that output added."""
+        sp = self._sampling_params(params, stream=on_tokens is not None)
         request_id = self.next_request_id()
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -344,6 +353,10 @@ class VLLMEngine(Engine):
             # vLLM rejects a priority unless it schedules by them.
             extra = {"priority": params.priority} if self.engine_args.get("scheduling_policy") == "priority" else {}
             async for out in self._llm.generate({"prompt_token_ids": prompt_ids}, sp, request_id, **extra):
+                if on_tokens is not None and out.outputs:
+                    sent = len(final.outputs[0].token_ids) if final is not None and final.outputs else 0
+                    if len(out.outputs[0].token_ids) > sent:
+                        on_tokens(list(out.outputs[0].token_ids[sent:]))
                 final = out
         finally:
             self.in_flight -= 1
@@ -419,15 +432,17 @@ class VLLMEngine(Engine):
         return vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**args))
 
     @staticmethod
-    def _sampling_params(params: SamplingParams) -> Any:
+    def _sampling_params(params: SamplingParams, stream: bool = False) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         kw = sampling_kwargs(params)
         if "structured_outputs" in kw:
             kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
-        # FINAL_ONLY: one output per request, when it finishes (no streaming deltas to drain).
-        return VllmSamplingParams(**kw, output_kind=RequestOutputKind.FINAL_ONLY)
+        # FINAL_ONLY: one output per request, when it finishes (no streaming deltas to drain); streamed,
+        # CUMULATIVE: every step's output holds the whole reply so far (the last one is what FINAL_ONLY sends).
+        kind = RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY
+        return VllmSamplingParams(**kw, output_kind=kind)
 
     @staticmethod
     async def _shutdown(llm: Any) -> None:

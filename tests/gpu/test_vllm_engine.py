@@ -85,6 +85,14 @@ def test_chat_uses_our_token_ids_and_reports_counts(engine):
     assert cut.finish_reason == "length" and cut.completion_tokens == 5
 
 
+def test_streaming_hands_the_tokens_on_as_decoded(engine):
+    """With ``on_tokens`` the reply's token ids arrive in several pieces that spell the completion's ids."""
+    pieces: list[list[int]] = []
+    c = asyncio.run(engine.chat(msgs("Write a long story about a dragon."), SamplingParams(max_tokens=24),
+                                on_tokens=pieces.append))
+    assert len(pieces) > 1 and [t for p in pieces for t in p] == c.token_ids
+
+
 def test_greedy_first_token_matches_transformers(engine, hf_engine):
     q = "Name a colour of the sky."
     assert chat(engine, q).token_ids[0] == chat(hf_engine, q).token_ids[0]
