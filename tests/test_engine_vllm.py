@@ -147,8 +147,9 @@ def test_completion_from_output():
 
 def test_streamed_generation_hands_each_outputs_new_tokens_on():
     """Streamed, each cumulative output's new token ids reach ``on_tokens`` once, in order, and the finished
-    output is the completion, as unstreamed. (A double of vLLM's AsyncLLM: the logic around it; the real
-    engine streams under ``make test-vllm-cpu``, tests/gpu/test_vllm_engine.py.)"""
+    output is the completion, as unstreamed; vLLM grows one output's token list in place, as the double
+    does. (A double of vLLM's AsyncLLM: the logic around it; the real engine streams under
+    ``make test-vllm-cpu``, tests/gpu/test_vllm_engine.py.)"""
     from collections import Counter
 
     from memagent.engines.base import EngineStats
@@ -158,8 +159,10 @@ def test_streamed_generation_hands_each_outputs_new_tokens_on():
     class AsyncLLM:
         async def generate(self, prompt, sp, request_id, **extra):
             assert sp == "stream"
-            for ids in steps:
-                yield request_output(list(ids), "stop" if ids is steps[-1] else None)
+            ids: list[int] = []
+            for step in steps:
+                ids[:] = step  # one list, grown in place
+                yield request_output(ids, "stop" if step is steps[-1] else None)
 
     fake = SimpleNamespace(_llm=AsyncLLM(), engine_args={}, in_flight=0, max_in_flight=0,
                            stats=EngineStats(batch_sizes=Counter()), next_request_id=lambda: "r-1",

@@ -348,15 +348,15 @@ class VLLMEngine(Engine):
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.stats.batch_sizes[self.in_flight] += 1
-        final = None
+        final, sent = None, 0
         try:
             # vLLM rejects a priority unless it schedules by them.
             extra = {"priority": params.priority} if self.engine_args.get("scheduling_policy") == "priority" else {}
             async for out in self._llm.generate({"prompt_token_ids": prompt_ids}, sp, request_id, **extra):
-                if on_tokens is not None and out.outputs:
-                    sent = len(final.outputs[0].token_ids) if final is not None and final.outputs else 0
-                    if len(out.outputs[0].token_ids) > sent:
-                        on_tokens(list(out.outputs[0].token_ids[sent:]))
+                # A count, not the previous output's length: vLLM may grow one output object in place.
+                if on_tokens is not None and out.outputs and len(out.outputs[0].token_ids) > sent:
+                    on_tokens(list(out.outputs[0].token_ids[sent:]))
+                    sent = len(out.outputs[0].token_ids)
                 final = out
         finally:
             self.in_flight -= 1
