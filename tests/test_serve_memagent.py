@@ -188,3 +188,20 @@ def test_reasoning_field_option_names_the_one_field(engine):
     assert message["reasoning"].startswith("[memory after chunk 1]") and "reasoning_content" not in message
     assert "".join(d.get("reasoning", "") for d in deltas) == message["reasoning"]
     assert not any("reasoning_content" in d for d in deltas)
+
+
+def test_instructor_default_mode_gets_a_validated_model_from_the_memory_agent(url):
+    """instructor's default mode (TOOLS: a named function call) returns its validated model from ``memagent``
+    on the first attempt; before, the memagent model refused tools with a 400."""
+    import instructor
+    from openai import OpenAI
+    from pydantic import BaseModel
+
+    class Box(BaseModel):
+        box: int
+
+    client = instructor.from_openai(OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300))
+    got = client.chat.completions.create(model="memagent", response_model=Box, max_retries=0, max_tokens=48,
+                                         temperature=0, messages=[{"role": "system", "content": DOC},
+                                                                  {"role": "user", "content": "Which box has key 5?"}])
+    assert isinstance(got, Box)
