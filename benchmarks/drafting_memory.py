@@ -15,9 +15,9 @@ baseline) and after the drafting state is built, ``drafting_mb`` their differenc
 (VmHWM), ``per_row_mb`` (tracemalloc over one row's build), ``build_s`` per row and
 ``step_ms`` per row-step. ``label`` names the code measured (``--label``); results accumulate per
 label in ``--out`` (``runs``). ``before-603bc4e`` was measured by this script at commit 603bc4e with
-:func:`build` returning ``(list(row.prompt_ids), loop._drafters(row))``, the loop's construction then
-(a list copy of the prompt, an n-gram index of tuple-keyed dicts with its own list, an int64 copy
-for the aligned drafter).
+``loop.row_drafting(row)`` replaced by ``(list(row.prompt_ids), loop._drafters(row))``, the loop's
+construction then (a list copy of the prompt, an n-gram index of tuple-keyed dicts with its own list,
+an int64 copy for the aligned drafter).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import json
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -43,11 +42,6 @@ def status_mb(key: str) -> float:
         if line.startswith(key + ":"):
             return round(int(line.split()[1]) / 1024, 1)
     raise KeyError(key)
-
-
-def build(loop: DecodeLoop, row: Row) -> tuple[Any, list[Any]]:
-    """One row's drafting state, built as the loop builds it."""
-    return loop.row_drafting(row)
 
 
 def main() -> None:
@@ -67,12 +61,12 @@ def main() -> None:
     kept = steps(base, args.steps, rng)
     rss0 = status_mb("VmRSS")
     tracemalloc.start()
-    probe = build(loop, rows[0])
+    probe = loop.row_drafting(rows[0])
     per_row_mb = tracemalloc.get_traced_memory()[0] / 2**20
     tracemalloc.stop()
     del probe
     t0 = time.perf_counter()
-    states = [build(loop, r) for r in rows]
+    states = [loop.row_drafting(r) for r in rows]
     build_s = (time.perf_counter() - t0) / len(rows)
     rss1 = status_mb("VmRSS")
     t0 = time.perf_counter()

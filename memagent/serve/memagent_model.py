@@ -173,8 +173,9 @@ async def _as_written(read: asyncio.Future, updates: asyncio.Queue[str]) -> Asyn
 
 def _answered(read: MemoryRead, answer: Reply, config: AgentConfig, reasoning: str, seconds: float) -> Reply:
     """The engine's answer as the memory agent's reply: usage and trace over the whole chain."""
-    step = Step(len(read.steps), "answer", None, None, None, read.memory, answer.prompt_tokens,
-                answer.completion_tokens, answer.finish_reason, round(seconds, 4))
+    step = Step(step=len(read.steps), kind="answer", chunk_index=None, char_start=None, char_end=None,
+                memory=read.memory, prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
+                finish_reason=answer.finish_reason, seconds=round(seconds, 4))
     steps = [*read.steps, step]
     answer.prompt_tokens = sum(s.prompt_tokens for s in steps)
     answer.completion_tokens = sum(s.completion_tokens for s in steps)
