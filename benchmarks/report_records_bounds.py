@@ -36,19 +36,26 @@ def write_output(root: Path, docs: int, records: int, chars: int) -> None:
 
     from memagent.extraction import schema_from
     from memagent.extraction.records import Evidence, Record
-    from pipelines.records_output import RecordsWriter
+    from memagent.extraction import output_fields, record_items
+    from pipelines.records_output import export_records
 
     root.mkdir(parents=True)
-    writer, rows = RecordsWriter(str(root), None, schema_from(SCHEMA)), []
+    schema = schema_from(SCHEMA)
+    [record] = schema.record_types
+    [column] = [f for f in output_fields(schema) if f.name == "records_payments"]
+    rows, items = [], []
     for d in range(docs):
         payers = [f"{d}-{i}-" + "x" * chars for i in range(records)]
         text = "\n".join(payers)
         found = [Record("payments", {"payer": p, "note": "n" * chars},
                         {"payer": Evidence(0, text.index(p), text.index(p) + len(p))}, 1, 0, 0) for p in payers]
         rows.append({"id": f"d{d}", "context": text, "prediction": "{}", "steps": [], "error": None, "model": "m",
-                     "config": json.dumps({"extraction": SCHEMA}), "extraction": "{}", "field_evidence": [],
-                     "records_file": writer.write(f"d{d}", {"payments": found})})
-    pq.write_table(pa.Table.from_pylist(rows), root / "part-0.parquet")
+                     "config": json.dumps({"extraction": SCHEMA}), "extraction": "{}", "field_evidence": []})
+        items.append(record_items(record, found))
+    table = pa.Table.from_pylist(rows).append_column(column, pa.array(items, column.type))
+    pq.write_table(table.set_column(table.column_names.index("error"), "error", pa.nulls(docs, pa.string())),
+                   root / "part-0.parquet")
+    export_records(str(root), None, ["payments"])
 
 
 def report(root: Path) -> dict:

@@ -16,9 +16,9 @@ Two reading methods share this path: ``memagent`` (the memory agent) and ``full-
 Corpus extraction (``config.extraction``, a JSON Schema): the field list is every row's question,
 and the record adds one typed column per field, ``extraction`` and ``field_evidence`` (:func:`result_schema`,
 :mod:`memagent.extraction.output`); a reply that does not match the schema is an ``invalid_output:`` error row.
-Record types add ``n_records_<type>`` and the records calls' tally (``TALLY_COLUMNS`` of
-:mod:`memagent.result_schema`); the records themselves go to ``on_records`` (the batch job writes them to the
-records output and names their files in ``records_file``: pipelines/records_output.py).
+Record types add ``n_records_<type>``, the records calls' tally (``TALLY_COLUMNS`` of
+:mod:`memagent.result_schema`) and the records themselves, ``records_<type>`` (a list of structs: the batch job
+commits them with the row and derives each type's records dataset from them: pipelines/records_output.py).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from memagent.chunking import ChunkedDocument
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
-from memagent.extraction import InvalidOutput, Record, extraction_columns, null_columns, output_fields
+from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields, record_items
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
-    EXTRACTION_COLUMN, N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, RESULT_COLUMNS, RESULT_SCHEMA, SCHEMA_ERRORS_COLUMN,
+    EXTRACTION_COLUMN, N_RECORDS_PREFIX, RECORDS_PREFIX, RESULT_COLUMNS, RESULT_SCHEMA, SCHEMA_ERRORS_COLUMN,
     TALLY_COLUMNS,
 )
 from memagent.retention import retention_columns
@@ -53,11 +53,6 @@ log = logging.getLogger(__name__)
 
 Method = Literal["memagent", "full-context"]
 READERS = {"memagent": read_document, "full-context": read_full_context}
-
-# Receives a read's records (row id, records per type) before its row is returned; returns the name
-# the row's records were written under (``records_file``) or None when there were none.
-OnRecords = Callable[[str, dict[str, list[Record]]], Awaitable[str | None]]
-
 
 def result_schema(config: AgentConfig) -> pa.Schema:
     """The result columns of a job with ``config``: with an extraction schema, its typed columns,
@@ -142,6 +137,7 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         records = result.records or {}
         record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
         record.update({column: getattr(result.records_tally, name) for name, column in TALLY_COLUMNS.items()})
+        record.update({RECORDS_PREFIX + r.name: record_items(r, records.get(r.name, ())) for r in schema.record_types})
         if error is None:
             _nest_records(record, schema, records, result.records_incomplete)
     return record
@@ -201,7 +197,6 @@ async def answer_row(
     resume: ChainState | None = None,
     on_state: Callable[[ChainState], Awaitable[None]] | None = None,
     checkpoint_ignored: str | None = None,
-    on_records: OnRecords | None = None,
     chunked: ChunkedDocument | None = None,
 ) -> dict[str, Any]:
     """Read one row; any failure of the row itself becomes an error record.
@@ -218,10 +213,6 @@ async def answer_row(
     receives each new state, ``checkpoint_ignored`` says why a checkpoint found was not used.
     ``chunked``: the row's context already chunked by ``config`` (the batch worker's count of a long
     document), so that it is not tokenized again.
-
-    Record types: ``on_records`` is awaited with the read's records before the record is returned
-    (its result goes into ``records_file``); when it fails the row is an ``infra:`` error row (not
-    done: a rerun reads it again), so no row is ever committed without its records.
     """
     t0 = time.perf_counter()
     q = _row_question(row, config, question, method)
@@ -246,20 +237,7 @@ async def answer_row(
         record = failure_record(row, exc, config, engine.name, method)
     else:
         record = result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
-        if on_records is not None and result.records is not None:
-            record = await _with_records(record, row, result, config, engine.name, method, on_records)
     record["checkpoint_ignored"] = checkpoint_ignored
-    return record
-
-
-async def _with_records(record: dict[str, Any], row: Mapping[str, Any], result: Result, config: AgentConfig,
-                        model: str, method: Method, on_records: OnRecords) -> dict[str, Any]:
-    """The record with its records written (``records_file``), or an ``infra:`` error row when they were not."""
-    try:
-        record[RECORDS_FILE_COLUMN] = await on_records(str(row.get("id")), result.records or {})
-    except OSError as exc:
-        log.warning("row %s: could not write its records (%s)", row.get("id"), exc)
-        return error_record(row, f"infra: records not written: {type(exc).__name__}: {exc}", config, model, method)
     return record
 
 

@@ -56,14 +56,13 @@ TALLY_COLUMNS = {"splits": RECORD_SPLITS_COLUMN, "failed": RECORD_FAILED_COLUMN,
                  "invalid_items": RECORD_INVALID_COLUMN, "dropped_values": DROPPED_VALUES_COLUMN,
                  "dropped_records": DROPPED_RECORDS_COLUMN,
                  "incomplete": RECORD_INCOMPLETE_COLUMN}  # RecordsTally field -> row column
-# The stem of the row's records files (pipelines/records_output.py); one ``n_records_<type>`` per type.
-RECORDS_FILE_COLUMN = "records_file"
-N_RECORDS_PREFIX = "n_records_"
-# The records output's own columns, around a record type's value columns (``_records/<type>/``).
+# Per record type: the row's records (``records_<type>``, a list of structs: pipelines/records_output.py) and
+# their count (``n_records_<type>``).
+RECORDS_PREFIX, N_RECORDS_PREFIX = "records_", "n_records_"
+# The records dataset's own columns, around a record type's value columns (``_records/<type>/``).
 RECORD_COLUMNS = ("id", "record_type", "record_index", "record_evidence", "record_conflicts", "first_chunk",
                   "last_chunk", "mentions")
-EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, SCHEMA_ERRORS_COLUMN, *TALLY_COLUMNS.values(),
-                      RECORDS_FILE_COLUMN)
+EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, SCHEMA_ERRORS_COLUMN, *TALLY_COLUMNS.values())
 
 # The batch job's own: which Ray node read the row, and the input fingerprint a resume compares.
 NODE_ID_COLUMN, FINGERPRINT_COLUMN = "node_id", "input_fingerprint"

@@ -282,7 +282,7 @@ class Sweeper:
         self.output, self.s3, self.every_s = output, s3, every_s
         self.fs, self.path = storage.filesystem(output, s3)
         with storage.output_errors(output, s3):  # files before this run: swept by the plan
-            self.seen = set(storage.parquet_files(self.fs, self.path))
+            self.seen = set(storage.output_files(self.fs, self.path))
         self.removed = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memagent-checkpoint-sweeper", daemon=True)
@@ -307,7 +307,7 @@ class Sweeper:
     def sweep(self) -> None:
         ids: list[str] = []
         with storage.output_errors(self.output, self.s3):
-            for file in storage.parquet_files(self.fs, self.path):
+            for file in storage.output_files(self.fs, self.path):  # one level: the writer's files
                 if file in self.seen:
                     continue
                 try:

@@ -1,8 +1,8 @@
 """The phases of a batch run, in their order: one function for the product and its fault harness.
 
     check the output ─► take its lease ─► plan ─► [token budgets] ─► take out redo rows
-        ─► sweep the logs of done ids and orphan records ─► (nothing to do: summary)
-        ─► write the rows ─► sweep orphan records and stray logs ─► summary
+        ─► sweep the logs of done ids ─► (nothing to do: export the records, summary)
+        ─► write the rows ─► export the records ─► sweep stray logs ─► summary
 
 :func:`run_batch_qa <pipelines.batch_qa.run_batch_qa>` calls :func:`run_phases` with Ray Data's row
 phase (the actors and the writer); the fault harness (tests/faults.py) with an in-process one, so the
@@ -57,18 +57,24 @@ def run_phases(cfg: BatchQAConfig, write_rows: RowPhase, *, check_budget: bool) 
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
-        records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records of rows never committed
         if plan.skipped >= plan.total_rows:  # nothing to read (no rows, or all done): no Ray, no model
             log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
+            export_records(cfg)  # what a run killed before its export left to do
             return summarise(cfg, plan, time.perf_counter() - started)
         actors = write_rows(plan, held.holder.run_id, started)
-        # Retried calls' records: no actor of this run writes now (of a forced lease's old run, one may).
-        records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)
+        export_records(cfg)
         remove_stray_logs(cfg)
         summary = summarise(cfg, plan, time.perf_counter() - started)
         if actors is not None:
             summary.add_actor_snapshots(actors.snapshots, actors.max_in_flight)
         return summary
+
+
+def export_records(cfg: BatchQAConfig) -> None:
+    """Each record type's records dataset brought up to the committed rows (pipelines/records_output.py)."""
+    schema = cfg.agent.extraction
+    if schema is not None and schema.record_types:
+        records_output.export_records(cfg.output, cfg.s3, [r.name for r in schema.record_types])
 
 
 def remove_stray_logs(cfg: BatchQAConfig) -> None:

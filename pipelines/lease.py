@@ -21,8 +21,7 @@ own write landed (a retried request) and the lease is kept. Guarantees and assum
 ``force`` (``--force-unlock RUN_ID``) takes a lease that still looks alive only from another host
 (or PID namespace) and only when it names the holder's run id (the manual case: a host known to be
 dead, 5 minutes too long to wait); a holder alive on this host is never forced, since two live runs
-writing one output duplicate rows. A forced lease says so (:attr:`Lease.forced`): its run sweeps no
-records files the old run may still commit. Release deletes it on any exit of the ``with`` block,
+writing one output duplicate rows. Release deletes it on any exit of the ``with`` block,
 error and Ctrl-C included; a killed process leaves it, and the next run takes it over.
 
 The writer checks the lease itself before each output file (:func:`check_held`, read from the
@@ -276,12 +275,8 @@ def _store(output: str, s3: S3Options | None) -> _LocalStore | _S3Store:
 class Lease:
     """A held lease; renewed by a daemon thread until :meth:`release`."""
 
-    def __init__(self, output: str, store: _LocalStore | _S3Store, holder: Holder, version: str,
-                 forced: bool = False):
+    def __init__(self, output: str, store: _LocalStore | _S3Store, holder: Holder, version: str):
         self.output, self.store, self.holder, self.version = output, store, holder, version
-        # Taken from a holder that looked alive (--force-unlock): it may still commit what it wrote, so
-        # nothing it may name is swept (records_output.remove_orphans) by this run.
-        self.forced = forced
         self.lost: str | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -359,7 +354,6 @@ def _refusal(output: str, other: Holder, force: str | None) -> str | None:
 def _acquire(output: str, s3: S3Options | None, force: str | None) -> Lease:
     store = _store(output, s3)
     me = Holder.me()
-    forced = False
     for _ in range(5):  # a few rounds: the lease may change between our read and our write
         now = store.read()
         if now is None:
@@ -367,9 +361,8 @@ def _acquire(output: str, s3: S3Options | None, force: str | None) -> Lease:
         else:
             other = Holder.decode(now[0])
             if other is not None and other.run_id == me.run_id:  # our create landed; its retry got the 412
-                return Lease(output, store, me, now[1], forced)
+                return Lease(output, store, me, now[1])
             live = other is not None and not other.stale()
-            forced = forced or live
             refused = _refusal(output, other, force) if live else None
             if refused:
                 raise OutputBusy(refused)
@@ -379,7 +372,7 @@ def _acquire(output: str, s3: S3Options | None, force: str | None) -> Lease:
         # Read back: a store whose conditional write is not atomic (moto checks, then writes)
         # can let two creators through; the one whose write landed last keeps the lease.
         if version is not None and (store.read() or (b"", ""))[1] == version:
-            return Lease(output, store, me, version, forced)
+            return Lease(output, store, me, version)
     raise OutputBusy(f"output {output}: its lease keeps changing hands; another run is starting on it")
 
 

@@ -1,35 +1,39 @@
-"""The records output of an extraction with record types: one Parquet dataset per record type.
+"""The records of an extraction with record types: in the rows, and one Parquet dataset per record type.
 
-    OUTPUT/_records/<record type>/<stem>.parquet     one file per document and type (its records)
+    OUTPUT/<documents files>                        each row's ``records_<type>``: its records, list<struct>
+    OUTPUT/_records/<record type>/records-<hex>.parquet   each type's records from the rows, in large files
 
-``<record type>`` is the type's name, percent-quoted (``urllib.parse.quote``, nothing kept); a
-file's rows are :func:`memagent.extraction.output.records_table`'s. A file there that is not one of
-the type's (another type's rows, other columns) is named in an error line and left out, never
-taken for the type's columns (:func:`read_records`). The ``_`` keeps the records
-out of the documents dataset for every reader (pyarrow, pandas, Spark and Ray skip ``_`` paths;
-so does this project's listing rule), so ``pd.read_parquet(OUTPUT)`` still reads documents only.
+**Exactly once** comes from the row: a document's records are a column of its row, committed with it
+by Ray Data's writer; nothing else is written while the job runs, so nothing can be orphaned.
 
-**Exactly once.** The actor writes a document's records files first, under a stem new to this
-attempt (``<sha256(id)[:32]>-<random>``), each with :func:`pipelines.storage.atomic_put` (local: a
-hidden file, then rename; S3: one object, which pyarrow completes even when a write fails half way:
-only the committed-stem rule below keeps such a file out), and only then returns the document's
-row, which names the stem (``records_file``).
-The row is committed when its documents file lands, so the committed rows name exactly the
-records that count: :func:`read_records` reads only the files whose stem a committed (not
-``infra:``) row names. Files of an attempt whose row never landed (a killed task, a retried
-call, a row taken out to be redone) are orphans: ignored by :func:`read_records`, removed by
-:func:`remove_orphans` under the output's lease before a run starts and after it ends (no actor
-is writing then). A rerun skips ids already in the documents dataset, so their records stay as
-committed; a redone id writes new files under a new stem and the old ones become orphans.
+**The records dataset** (one per type; ``<record type>`` percent-quoted, nothing kept) is derived from
+the committed rows by :func:`export_records`, under the output's lease at the end of every run and by
+``repair-output``: its rows are :func:`memagent.extraction.records_arrow_schema`'s, each file holding
+the records of whole documents files and naming them (name and size) in its footer. A file is
+*current* while every documents file it names is in the output unchanged and no current file names
+one of them too. An export adds the committed records of the documents files no current file names
+(new rows, files rewritten by a redo or a repair), merges the files under ``records_per_file`` records
+into new ones, then removes what is not current: the type's files hold each committed record once,
+in a handful of files (one per ``records_per_file`` records and a remainder). A kill between writing
+and removing leaves files that are not current: :func:`read_records` ignores them and the next export
+removes them. ``pd.read_parquet("OUTPUT/_records/<type>")`` reads the dataset as the last export left
+it: read it while no run is writing, or read with :func:`read_records`, which is exact at any time
+(the current files, plus the committed rows of the documents files no current file names).
+
+The ``_`` keeps the records out of the documents dataset for every reader (pyarrow, pandas, Spark and
+Ray skip ``_`` paths; so does this project's listing rule). A file in a type's folder that is not an
+export (no sources in its footer) is named in an error line and left out. An output of the earlier
+layout (one records file per document, named by a ``records_file`` column) is refused with what to do.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
+import re
 import uuid
-from collections import Counter
-from typing import Callable, TypeVar
+from dataclasses import dataclass
+from typing import Iterable
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -37,176 +41,234 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from memagent.extraction import ExtractionSchema, Record, records_table
-from memagent.result_schema import RECORDS_FILE_COLUMN
+from memagent.result_schema import RECORDS_PREFIX
 from pipelines import storage
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 RECORDS_DIR = "_records"
+RECORDS_PER_FILE = 100_000  # an export file's records, at least (but for the remainder)
+SOURCES_KEY = b"memagent.records_sources"  # footer key: the documents files (name -> size) a file holds
+_EXPORT = re.compile(r"records-[0-9a-f]{16}\.parquet")
+_EARLIER_LAYOUT = re.compile(r"[0-9a-f]{32}-[0-9a-f]{12}\.parquet")  # one file per document and attempt
+
+
+class EarlierLayout(ValueError):
+    """The output holds records in the layout of an earlier version (one file per document)."""
 
 
 def type_dir(root: str, record_type: str) -> str:
     return f"{root}/{quote(record_type, safe='')}"
 
 
-class RecordsWriter:
-    """Writes documents' records beside an output (inside the actors): ``answer_row``'s ``on_records``."""
-
-    def __init__(self, output: str, s3: S3Options | None, schema: ExtractionSchema):
-        self.fs, path = storage.filesystem(output, s3)
-        self.root = f"{path.rstrip('/')}/{RECORDS_DIR}"
-        self.schema = schema
-
-    def write(self, row_id: str, records: dict[str, list[Record]]) -> str | None:
-        """Write one document's records; the stem its files are named by (None: it has none)."""
-        if not any(records.values()):
-            return None
-        stem = f"{storage.row_key(row_id)}-{uuid.uuid4().hex[:12]}"
-        for record in self.schema.record_types:
-            found = records.get(record.name) or []
-            if found:
-                self._put(type_dir(self.root, record.name), stem, records_table(record, row_id, found))
-        return stem
-
-    def _put(self, directory: str, stem: str, table: pa.Table) -> None:
-        storage.atomic_put(self.fs, f"{directory}/{stem}.parquet",
-                           lambda target: pq.write_table(table, target, filesystem=self.fs), stem)
-
-    async def __call__(self, row_id: str, records: dict[str, list[Record]]) -> str | None:
-        return await asyncio.to_thread(self.write, row_id, records)
+@dataclass(frozen=True)
+class _ExportFile:
+    path: str
+    sources: dict[str, int]  # documents file name -> its size when exported
+    rows: int
 
 
-def committed_stems(fs: pafs.FileSystem, path: str) -> set[str]:
-    """The ``records_file`` stems the committed, done rows of the documents dataset name."""
-    stems: set[str] = set()
-    for file in storage.parquet_files(fs, path):  # a file without a footer yet (its writer is at it) commits nothing
-        stems.update(s for s in storage.committed_rows(fs, file, [RECORDS_FILE_COLUMN]).column(RECORDS_FILE_COLUMN)
-                     .to_pylist() if isinstance(s, str))
-    return stems
+def _documents(fs: pafs.FileSystem, path: str) -> dict[str, int]:
+    """The output's documents files (one level: the writer's), name -> size."""
+    return {info.base_name: info.size for info in storage.output_file_infos(fs, path)}
 
 
-def _record_files(fs: pafs.FileSystem, root: str, recursive: bool = True) -> list[pafs.FileInfo]:
-    """The files under ``root``; ``recursive=False``: only those directly in it (a record type's folder
-    is that type's alone, not the folders below it)."""
-    return [f for f in fs.get_file_info(pafs.FileSelector(root, recursive=recursive, allow_not_found=True))
-            if f.type == pafs.FileType.File]
+def _listed(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
+    infos = fs.get_file_info(pafs.FileSelector(directory, recursive=False, allow_not_found=True))
+    return sorted((f for f in infos if f.type == pafs.FileType.File), key=lambda f: f.path)
 
 
-def read_records(output: str, record_type: str, s3: S3Options | None = None,
-                 stems: set[str] | None = None, errors: list[str] | None = None) -> pa.Table:
-    """The committed records of ``record_type`` in ``output`` (orphans of unfinished attempts left out);
-    ``stems``: :func:`committed_stems` of the output, when the caller has them already.
-
-    A type's folder holds that type's files only: a committed file that is not one of them (not Parquet;
-    no ``id``, ``record_index`` and ``record_type`` columns; rows of another type; columns that clash with
-    those most of the type's files have) is left out, whatever its name sorts before, and never hides the
-    others. ``errors``: when given, each such file is named there, one line each; without it, it raises.
-    """
-    fs, path = storage.filesystem(output, s3)
-    stems = committed_stems(fs, path) if stems is None else stems
-    directory = type_dir(f"{path.rstrip('/')}/{RECORDS_DIR}", record_type)
-    read: list[tuple[str, pa.Table]] = []
-    for info in sorted(_record_files(fs, directory, recursive=False), key=lambda f: f.path):
+def _exports(fs: pafs.FileSystem, directory: str, documents: dict[str, int], record_type: str,
+             errors: list[str] | None) -> tuple[list[_ExportFile], list[str]]:
+    """(the current export files of a type's folder, the files an export removes: ours but not current,
+    or left unfinished); a file that is not an export is named in ``errors`` (raised without it)."""
+    found, stale = [], []
+    for info in _listed(fs, directory):
         name = info.base_name
-        if name.endswith(".parquet") and not name.startswith(".") and name.removesuffix(".parquet") in stems:
-            table = _guarded(info.path, record_type, errors, lambda file=info.path: _read_one(fs, file, record_type))
-            if table is not None:
-                read.append((info.path, table))
-    tables = _same_columns(read, record_type, errors)
+        if name.startswith(".") and name.endswith(".tmp"):  # a local write cut short (storage.atomic_put)
+            stale.append(info.path)
+            continue
+        if _EARLIER_LAYOUT.fullmatch(name):
+            raise EarlierLayout(f"records file {info.path} is of the earlier records layout (one file per document); "
+                                "this version keeps each document's records in its row (records_<type> columns): "
+                                "write the job to a new output directory")
+        try:
+            with fs.open_input_file(info.path) as f:
+                meta = pq.read_metadata(f)
+            sources = json.loads((meta.metadata or {})[SOURCES_KEY])
+            found.append(_ExportFile(info.path, {str(k): int(v) for k, v in sources.items()}, meta.num_rows))
+        except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
+            if _EXPORT.fullmatch(name):  # ours, cut short (an S3 upload completed half way): not a whole file
+                stale.append(info.path)
+                continue
+            why = "it names no documents files" if isinstance(exc, KeyError) else str(exc).strip()[:200]
+            line = f"records file {info.path} of type {record_type!r} is not an export of this output ({why}); left out"
+            if errors is None:
+                raise ValueError(line) from None
+            errors.append(line)
+    current, covered = [], set()
+    for e in sorted(found, key=lambda e: (-len(e.sources), e.path)):  # a merged file before the parts it replaced
+        whole = all(documents.get(name) == size for name, size in e.sources.items())
+        if whole and not covered & e.sources.keys():
+            current.append(e)
+            covered |= e.sources.keys()
+        else:
+            stale.append(e.path)
+    return current, stale
+
+
+def _row_records(fs: pafs.FileSystem, file: str, record_type: str) -> pa.Table | None:
+    """The records of ``record_type`` in the committed rows of one documents file, as dataset rows (empty
+    when it has no such column); None while the file has no footer (its writer is at it)."""
+    column = RECORDS_PREFIX + record_type
+    with fs.open_input_file(file) as f:
+        try:
+            pf = pq.ParquetFile(f)
+        except pa.ArrowInvalid:
+            return None
+        names = pf.schema_arrow.names
+        if "records_file" in names and column not in names:
+            raise EarlierLayout(f"output file {file} is of the earlier records layout (a records_file column); this "
+                                "version keeps each document's records in its row: write the job to a new output "
+                                "directory")
+        if column not in names:
+            return pa.table({})
+        table = pf.read(columns=["id", "error", column])
+    table = table.filter(storage.committed_mask(table.column("error")))
+    return flatten(table.column("id"), table.column(column), record_type)
+
+
+def flatten(ids: pa.ChunkedArray | pa.Array, records: pa.ChunkedArray | pa.Array, record_type: str) -> pa.Table:
+    """Rows' ``records_<type>`` lists as the records dataset's rows: each record's row id, its type, its fields."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    records = records.combine_chunks() if isinstance(records, pa.ChunkedArray) else records
+    items = pc.list_flatten(records)
+    parents = pc.list_parent_indices(records)
+    columns = {"id": ids.take(parents).cast(pa.string()),
+               "record_type": pa.array([record_type] * len(items), pa.string())}
+    columns |= {f.name: items.field(i) for i, f in enumerate(items.type)}
+    return pa.table(columns)
+
+
+def _sorted(tables: list[pa.Table]) -> pa.Table:
+    tables = [t.replace_schema_metadata(None) for t in tables if t.num_columns]
     if not tables:
         return pa.table({})
-    return _sorted_concat(tables)
-
-
-def _same_columns(read: list[tuple[str, pa.Table]], record_type: str, errors: list[str] | None) -> list[pa.Table]:
-    """The tables whose columns agree with those most of them have (the type's own; ties: the first file's),
-    each the others' too; the rest named in ``errors`` (module: :func:`read_records`)."""
-    counts = Counter(t.schema.remove_metadata() for _, t in read)
-    if not counts:
-        return []
-    unified = max(counts, key=lambda schema: counts[schema])
-    kept = []
-    for file, table in read:
-        merged = _guarded(file, record_type, errors, lambda schema=table.schema: pa.unify_schemas(
-            [unified, schema], promote_options="permissive"))
-        if merged is not None:
-            unified = merged
-            kept.append(table)
-    return kept
-
-
-def _one_document(table: pa.Table) -> str | None:
-    """The id of a table holding one document's records in ``record_index`` order (else None)."""
-    ids, index = table.column("id"), table.column("record_index")
-    if len(table) == 0 or len(ids.unique()) != 1 or index.null_count:
-        return None
-    return ids[0].as_py() if len(table) == 1 or pc.all(pc.less(index[:-1], index[1:])).as_py() else None
-
-
-def _sorted_concat(tables: list[pa.Table]) -> pa.Table:
-    """The tables as one, sorted by ``(id, record_index)``: each file holds one document's records in
-    order, so ordering the files is enough (concatenation copies nothing); a sort only otherwise."""
-    ids = [_one_document(t) for t in tables]
-    if None not in ids and len(set(ids)) == len(ids):
-        return pa.concat_tables([t for _, t in sorted(zip(ids, tables), key=lambda p: p[0])],
-                                promote_options="permissive")
     table = pa.concat_tables(tables, promote_options="permissive")
     return table.sort_by([("id", "ascending"), ("record_index", "ascending")]) if len(table) else table
 
 
-def _read_one(fs: pafs.FileSystem, file: str, record_type: str) -> pa.Table:
-    """``file``'s table when it holds records of ``record_type``; else a ValueError saying why not."""
-    with fs.open_input_file(file) as f:
-        table = pq.read_table(f)
-    if not {"id", "record_index", "record_type"} <= set(table.column_names):
-        raise ValueError("it has no id, record_index and record_type columns")
-    types = set(table.column("record_type").unique().to_pylist())
-    if types - {record_type}:
-        raise ValueError(f"its rows are of record type {sorted(map(str, types - {record_type}))[0]!r}")
-    return table
+def read_records(output: str, record_type: str, s3: S3Options | None = None,
+                 errors: list[str] | None = None) -> pa.Table:
+    """The committed records of ``record_type`` in ``output``, sorted by ``(id, record_index)``: the current
+    export files, plus the committed rows of the documents files none of them holds (exact at any time).
+
+    ``errors``: when given, each file in the type's folder that is not an export of this output is named
+    there, one line each, and left out; without it, it raises.
+    """
+    fs, path = storage.filesystem(output, s3)
+    documents = _documents(fs, path)
+    directory = type_dir(f"{path.rstrip('/')}/{RECORDS_DIR}", record_type)
+    current, _ = _exports(fs, directory, documents, record_type, errors)
+    tables = []
+    for e in current:
+        with fs.open_input_file(e.path) as f:
+            tables.append(pq.read_table(f))
+    covered = {name for e in current for name in e.sources}
+    for name in sorted(set(documents) - covered):
+        table = _row_records(fs, f"{path.rstrip('/')}/{name}", record_type)
+        if table is not None:
+            tables.append(table)
+    return _sorted(tables)
 
 
-def _guarded(file: str, record_type: str, errors: list[str] | None, step: Callable[[], T]) -> T | None:
-    """``step()``, or None and a line in ``errors`` naming ``file`` when it fails (it raises without ``errors``)."""
-    try:
-        return step()
-    except (OSError, ValueError, pa.ArrowException) as exc:
-        if errors is None:
-            raise
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        errors.append(f"records file {file} of type {record_type!r} is not a records file of this output "
-                      f"({why[:200]}); left out")
-        return None
+def record_types_in(fs: pafs.FileSystem, files: Iterable[str]) -> list[str]:
+    """The record types whose ``records_<type>`` columns the documents files hold."""
+    types: set[str] = set()
+    for file in files:
+        with fs.open_input_file(file) as f:
+            schema = pq.read_schema(f)
+        types |= {field.name.removeprefix(RECORDS_PREFIX) for field in schema
+                  if field.name.startswith(RECORDS_PREFIX) and pa.types.is_list(field.type)
+                  and pa.types.is_struct(field.type.value_type)}
+    return sorted(types)
 
 
-def remove_orphans(output: str, s3: S3Options | None = None, *, forced: bool = False) -> int:
-    """Remove records files no committed row names (run only while no actor writes: under the lease).
+def export_records(output: str, s3: S3Options | None, record_types: Iterable[str],
+                   records_per_file: int = RECORDS_PER_FILE) -> int:
+    """Bring each type's records dataset up to the committed rows (module doc); the files it wrote.
 
-    ``forced``: the lease was taken with ``--force-unlock`` from a run that looked alive; it may still
-    commit a documents file naming its records, so none is removed (a later run's sweep does it)."""
-    if forced:
-        log.warning("output %s: the lease was forced; records files of rows not committed are kept, since the "
-                    "run it was taken from may still commit them (the next run removes those it never did)", output)
-        return 0
+    Run under the output's lease (no other export at work). A store's error is logged, not raised: the
+    rows hold the records, :func:`read_records` reads them exactly, and the next export finishes the job.
+    """
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{RECORDS_DIR}"
-    removed = 0
+    written = 0
     try:
         with storage.output_errors(output, s3):
-            files = _record_files(fs, root)
-            stems = committed_stems(fs, path) if files else set()  # unknown (an error): nothing is removed
-            for info in files:
-                stem = info.base_name.removeprefix(".").removesuffix(".tmp").removesuffix(".parquet")
-                if stem not in stems or info.base_name.startswith("."):
-                    fs.delete_file(info.path)
-                    removed += 1
-    except OSError as exc:  # orphans are never read: a sweep the store cut short is the next run's to finish
-        log.warning("output %s: records files of rows never committed not (all) removed (%s); the next run "
-                    "removes them", output, exc)
-    if removed:
-        log.info("output %s: removed %d records file(s) of rows never committed", output, removed)
-    return removed
+            documents = _documents(fs, path)
+            for record_type in record_types:
+                written += _export_type(fs, path, type_dir(root, record_type), record_type, documents,
+                                        records_per_file)
+    except OSError as exc:
+        log.warning("output %s: records dataset not (all) exported (%s); the rows hold the records "
+                    "(read_records reads them) and the next run exports them", output, exc)
+    return written
 
+
+def _export_type(fs: pafs.FileSystem, path: str, directory: str, record_type: str, documents: dict[str, int],
+                 records_per_file: int) -> int:
+    errors: list[str] = []
+    current, stale = _exports(fs, directory, documents, record_type, errors)
+    for line in errors:
+        log.warning("output %s", line)
+    covered = {name for e in current for name in e.sources}
+    parts: list[tuple[dict[str, int], pa.Table]] = []
+    for name in sorted(set(documents) - covered):
+        table = _row_records(fs, f"{path.rstrip('/')}/{name}", record_type)
+        if table is not None:  # a file its writer is at: the next export takes it
+            parts.append(({name: documents[name]}, table))
+    small = [e for e in current if e.rows < records_per_file]
+    if not parts and len(small) < 2:
+        _remove(fs, stale)
+        return 0
+    for e in small:  # merged with the new records, so that the files stay few and large
+        with fs.open_input_file(e.path) as f:
+            parts.append((e.sources, pq.read_table(f)))
+    written = 0
+    for sources, table in _files_of(parts, records_per_file):
+        name = f"records-{uuid.uuid4().hex[:16]}.parquet"
+        table = table.replace_schema_metadata({SOURCES_KEY: json.dumps(sources, sort_keys=True).encode()})
+        storage.atomic_put(fs, f"{directory}/{name}", lambda target, t=table: pq.write_table(t, target, filesystem=fs),
+                           name)
+        written += 1
+    _remove(fs, [*stale, *(e.path for e in small)])
+    return written
+
+
+def _files_of(parts: list[tuple[dict[str, int], pa.Table]],
+              records_per_file: int) -> Iterable[tuple[dict[str, int], pa.Table]]:
+    """The parts grouped into files of at least ``records_per_file`` records (the last one: the remainder),
+    each file's sources the union of its parts'; a group without any column (no records of the type
+    anywhere in it) is written only if a later part gives it the type's columns."""
+    sources: dict[str, int] = {}
+    tables: list[pa.Table] = []
+    rows = 0
+    for i, (names, table) in enumerate(parts):
+        sources |= names
+        tables.append(table)
+        rows += len(table)
+        if rows >= records_per_file or i == len(parts) - 1:
+            merged = _sorted(tables)
+            if merged.num_columns:
+                yield sources, merged
+                sources, tables, rows = {}, [], 0
+
+
+def _remove(fs: pafs.FileSystem, files: Iterable[str]) -> None:
+    for file in files:
+        try:
+            fs.delete_file(file)
+        except FileNotFoundError:
+            pass

@@ -8,6 +8,7 @@ ids are untouched.
 
 Each affected file is rewritten as a new file holding its kept rows, then the old file is
 deleted: a kill in between leaves duplicates (a second repair removes them), never a lost row.
+Then each record type's records dataset is exported from the rows kept (pipelines/records_output.py).
 The output's lease is held while it works, so it never races a running job.
 """
 
@@ -45,6 +46,7 @@ class RepairSummary:
     duplicated_ids: int = 0
     rows_removed: int = 0
     files_rewritten: int = 0
+    records_files: int = 0  # records dataset files written (pipelines/records_output.export_records)
     examples: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -84,10 +86,10 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
     with storage.output_errors(cfg.output, cfg.s3):
         if fs.get_file_info(path).type != pafs.FileType.Directory and not storage.is_s3(cfg.output):
             raise ValueError(f"output {cfg.output}: no such directory")
-        with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:
+        with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock):
             files = storage.complete_parquet_files(fs, path)
             storage.committed_and_retry_ids(fs, files)  # refuses a directory that is not a batch output
-            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # records no committed row names
+            record_types = records_output.record_types_in(fs, files)
             infos = fs.get_file_info(files)
             parts, newness, sizes = [], [], []
             for i, (file, info) in enumerate(zip(files, infos)):
@@ -97,27 +99,32 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
                 stamp = info.mtime.timestamp() if info.mtime else 0.0
                 newness += [stamp * 1e6 + i] * len(part)  # ties broken by listing order
                 sizes.append(len(part))
-            if not parts:
-                return summary
-            table = pa.concat_tables(parts)
-            drop = rows_to_drop(table.column("id").combine_chunks(), table.column("error").combine_chunks(),
-                                pa.array(newness, pa.float64()))
-            if not drop:
-                return summary
-            dropped_ids = table.column("id").take(pa.array(drop)).unique()
-            summary.duplicated_ids = len(dropped_ids)
-            summary.examples = [str(v) for v in dropped_ids.to_pylist()[:5]]
-            starts = [sum(sizes[:i]) for i in range(len(sizes))]
-            for i, file in enumerate(files):
-                mine = [p - starts[i] for p in drop if starts[i] <= p < starts[i] + sizes[i]]
-                if not mine:
-                    continue
-                _rewrite_without(fs, path, file, mine)
-                summary.rows_removed += len(mine)
-                summary.files_rewritten += 1
-            records_output.remove_orphans(cfg.output, cfg.s3, forced=held.forced)  # the duplicates' records
+            if parts:
+                _drop_duplicates(fs, path, files, parts, newness, sizes, summary)
+            # Each record type's records dataset from the rows kept (a rewritten file's records are exported again).
+            summary.records_files = records_output.export_records(cfg.output, cfg.s3, record_types)
     log.info(summary.line())
     return summary
+
+
+def _drop_duplicates(fs: pafs.FileSystem, path: str, files: list[str], parts: list[pa.Table], newness: list[float],
+                     sizes: list[int], summary: RepairSummary) -> None:
+    """Rewrite the files holding the rows :func:`rows_to_drop` names without them; counted in ``summary``."""
+    table = pa.concat_tables(parts)
+    drop = rows_to_drop(table.column("id").combine_chunks(), table.column("error").combine_chunks(),
+                        pa.array(newness, pa.float64()))
+    if not drop:
+        return
+    dropped_ids = table.column("id").take(pa.array(drop)).unique()
+    summary.duplicated_ids = len(dropped_ids)
+    summary.examples = [str(v) for v in dropped_ids.to_pylist()[:5]]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    for i, file in enumerate(files):
+        mine = [p - starts[i] for p in drop if starts[i] <= p < starts[i] + sizes[i]]
+        if mine:
+            _rewrite_without(fs, path, file, mine)
+            summary.rows_removed += len(mine)
+            summary.files_rewritten += 1
 
 
 def _rewrite_without(fs: pafs.FileSystem, path: str, file: str, rows: list[int]) -> None:

@@ -31,7 +31,6 @@ from memagent.report import html as rh
 from memagent.report.fields import fields_html, is_number, schema_fields
 from memagent.report.records import Wanted, add_snippets, records_view, schema_record_types
 from memagent.report import retention_view
-from memagent.result_schema import RECORDS_FILE_COLUMN
 from pipelines import records_output, storage
 from pipelines.storage import S3Options
 
@@ -45,8 +44,7 @@ BATCH_REPORT_NAME = "_report.html"
 ROW_COLUMNS = ["id", "question", "answers", "context", "prediction", "response", "n_chunks", "context_tokens",
                "truncated", "steps", "score", "error", "model", "config", "seconds", "method", "task", "length",
                "metric", "evidence_step", "evidence_char_start", "evidence_char_end", "answer_spans",
-               "answer_found_step", "answer_lost_step", "extraction", "field_evidence", "gold_positions",
-               RECORDS_FILE_COLUMN]
+               "answer_found_step", "answer_lost_step", "extraction", "field_evidence", "gold_positions"]
 EVAL_IMAGES = [("heatmap.png", "Accuracy heatmap: method · task × length"),
                ("accuracy_vs_length.png", "Accuracy against document length (95% intervals)")]
 
@@ -101,10 +99,9 @@ def read_record_views(fs: pafs.FileSystem, path: str, run: str, s3: S3Options,
     types = schema_record_types(config)
     if not types:
         return [], []
-    stems = records_output.committed_stems(fs, path)
     views, wanted, errors = [], {}, []
     for name in types:
-        table = records_output.read_records(run, name, s3, stems, errors)
+        table = records_output.read_records(run, name, s3, errors)
         rows = (row for batch in table.to_batches(max_chunksize=256) for row in batch.to_pylist())
         views.append(records_view(name, rows, wanted=wanted))  # a batch of rows at a time as Python objects
     _cut_snippets(fs, path, wanted)

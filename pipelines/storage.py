@@ -53,6 +53,22 @@ def parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
     return sorted(files)
 
 
+def output_file_infos(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    """An output's documents files: the ``.parquet`` files directly in ``path`` (the writer's, one level: the
+    ``_records``, ``_progress`` and other ``_``/``.`` names are never listed), sorted by path."""
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    # no allow_not_found: a bucket gone between the check and the listing must raise, not read as empty
+    infos = [f for f in fs.get_file_info(pafs.FileSelector(path)) if f.type == pafs.FileType.File
+             and f.base_name.lower().endswith(".parquet") and not f.base_name.startswith(("_", "."))]
+    return sorted(infos, key=lambda f: f.path)
+
+
+def output_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """:func:`output_file_infos`' paths."""
+    return [f.path for f in output_file_infos(fs, path)]
+
+
 def complete_parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
     """Output files that are whole Parquet files; partial ones (no footer) are quarantined.
 
@@ -61,7 +77,7 @@ def complete_parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
     cannot be read (a store's error) is not judged: the error is raised, and a rerun reads it again.
     """
     good = []
-    for file in parquet_files(fs, path):
+    for file in output_files(fs, path):
         try:
             with fs.open_input_file(file) as f:
                 pq.read_metadata(f)

@@ -17,7 +17,6 @@ from pipelines import fingerprint
 from pipelines.admission import AdmissionPlan, Gate, count_document
 from pipelines.batch_config import BatchQAConfig
 from pipelines.checkpoints import CheckpointLog
-from pipelines.records_output import RecordsWriter
 
 if TYPE_CHECKING:
     from memagent.chunking import ChunkedDocument
@@ -32,7 +31,7 @@ EngineBuilder = Callable[[EngineConfig], "Engine"]
 
 
 async def read_row(engine: Engine, row: dict, cfg: BatchQAConfig, chain: Callable[[dict], Awaitable[dict]],
-                   on_records: RecordsWriter | None = None, chunked: ChunkedDocument | None = None) -> dict:
+                   chunked: ChunkedDocument | None = None) -> dict:
     """One row as an actor reads it: ``chain(row)`` (its checkpoint arguments), then ``answer_row``
     (``chunked``: the row's context already chunked by ``cfg.agent``, when the worker counted it).
 
@@ -48,7 +47,7 @@ async def read_row(engine: Engine, row: dict, cfg: BatchQAConfig, chain: Callabl
         record = failure_record(row, exc, cfg.agent, engine.name, cfg.method, doing="reading its checkpoints")
         return {**record, "checkpoint_ignored": None}
     return await answer_row(engine, row, cfg.agent, question=cfg.question, metric=cfg.metric, method=cfg.method,
-                            on_records=on_records, chunked=chunked, **args)
+                            chunked=chunked, **args)
 
 
 class AgentWorker:
@@ -94,8 +93,6 @@ class AgentWorker:
         self.chains = CheckpointLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
         # A chain resumes only on the stack that wrote it: dtype, model and tokenizer files, library versions.
         self.decode_parts = fingerprint.decode_parts(cfg.engine, inner) if self.chains else {}
-        schema = cfg.agent.extraction  # record types: each row's records go beside the output first
-        self.records = RecordsWriter(cfg.output, cfg.s3, schema) if schema and schema.record_types else None
 
     async def _report(self) -> None:
         """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""
@@ -131,7 +128,7 @@ class AgentWorker:
                                                     cfg.job.long_document_tokens, cfg.agent.chunk_tokens,
                                                     cfg.agent.max_chunks)
             async with self.gate.slot(long=long):
-                return self.breaker.check(await read_row(self.engine, row, cfg, self._chain, self.records, chunked))
+                return self.breaker.check(await read_row(self.engine, row, cfg, self._chain, chunked))
 
         try:
             records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))

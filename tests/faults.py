@@ -1,14 +1,14 @@
-"""The batch job in miniature, every store call under tests/fault_fs.py's injector: checkpoints, records,
-output files and the lease, on local disk or S3 (a moto server on loopback).
+"""The batch job in miniature, every store call under tests/fault_fs.py's injector: checkpoints, the records
+dataset, output files and the lease, on local disk or S3 (a moto server on loopback).
 
 :func:`run_job` runs, in one process and without Ray:
 
 - the product's driver, unchanged: :func:`pipelines.driver.run_phases` (the output check, the lease,
-  ``plan_input``, ``take_out_redo_rows``, the sweeps of done logs, orphan records and stray logs, the
-  summary), in the order ``run_batch_qa`` runs it;
+  ``plan_input``, ``take_out_redo_rows``, the sweep of done logs, the records export, the sweep of stray
+  logs, the summary), in the order ``run_batch_qa`` runs it;
 - in place of Ray Data's row phase, a stand-in that calls the product functions Ray's tasks call:
-  per row ``CheckpointLog.resume_args`` and ``answer_row`` with a ``RecordsWriter`` (what ``AgentWorker``
-  does per row), then ``lease.check_held`` and the row's Parquet file named as Ray Data names it (a
+  per row ``CheckpointLog.resume_args`` and ``answer_row`` (what ``AgentWorker`` does per row: the
+  row's records are its ``records_payments`` column), then ``lease.check_held`` and the row's Parquet file named as Ray Data names it (a
   retried write task writes the same name), then ``checkpoints.remove_logs`` for the row.
 
 What it does not cover: Ray itself (``AgentWorker``, its admission gate, ``read_parquet``, the
@@ -83,7 +83,8 @@ def write_input(directory: Path, docs: list[Ledger]) -> str:
 class Outcome:
     rows: dict[str, list[dict]]  # id -> every output row written for it (exactly one expected)
     records: list[dict]  # the committed records, as read_records reads them
-    leftovers: list[str]  # files left under _progress, _records (orphans) or the lease, after the last run
+    exported: list[dict]  # the records dataset's files read whole, as pandas reads the folder
+    leftovers: list[str]  # what the last run left: logs under _progress, the lease, an export behind the rows
     updates: int  # memory updates asked of the engine over all runs
     runs: int
     injected: list[tuple]  # (run, site, call, n, fault)
@@ -143,11 +144,10 @@ class _Job:
     def _actor(self, row: dict) -> dict:
         cfg = self.cfg
         for attempt in range(RETRIES + 1):
-            try:  # a restarted actor: new CheckpointLog and RecordsWriter
+            try:  # a restarted actor: a new CheckpointLog
                 chains = checkpoints.CheckpointLog(cfg.output, cfg.s3, cfg.job.checkpoint_every_steps, 3600)
-                writer = records_output.RecordsWriter(cfg.output, cfg.s3, cfg.agent.extraction)
                 args = chains.resume_args(row["id"], fingerprint.checkpoint_key(row[fingerprint.COLUMN], {}))
-                record = asyncio.run(answer_row(self.engine, row, cfg.agent, on_records=writer, **args))
+                record = asyncio.run(answer_row(self.engine, row, cfg.agent, **args))
                 return {**record, "node_id": "local"}
             except Preempted:
                 raise
@@ -218,9 +218,9 @@ def run_job(docs: list[Ledger], input_dir: str, output: str, s3: S3Options | Non
         calls.update({(runs, *key.split("/")): n for key, n in counts.counts.items()})
         rows = _rows(job.cfg)
         if ended and len(rows) == len(docs) and all(r["error"] is None for r in rows) and not _leftovers(job.cfg):
-            break  # a sweep a fault skipped (an orphan, a lease a failed release left) is the next run's
-    return Outcome(_by_id(_rows(job.cfg)), _records(job.cfg), _leftovers(job.cfg), oracle.updates, runs,
-                   injected, calls)
+            break  # a sweep or export a fault cut short (a lease a failed release left) is the next run's
+    return Outcome(_by_id(_rows(job.cfg)), _records(job.cfg), _exported(job.cfg), _leftovers(job.cfg),
+                   oracle.updates, runs, injected, calls)
 
 
 def _rows(cfg: BatchQAConfig) -> list[dict]:
@@ -236,22 +236,34 @@ def _by_id(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+RECORD_KEYS = ("id", "record_index", "payer", "date", "amount")
+
+
 def _records(cfg: BatchQAConfig) -> list[dict]:
     table = records_output.read_records(cfg.output, "payments", cfg.s3)
-    keep = ("id", "record_index", "payer", "date", "amount")
-    return [{k: r[k] for k in keep} for r in table.to_pylist()] if len(table) else []
+    return [{k: r[k] for k in RECORD_KEYS} for r in table.to_pylist()] if len(table) else []
+
+
+def _exported(cfg: BatchQAConfig) -> list[dict]:
+    """Every Parquet file in the records dataset's folder, read whole (as ``pd.read_parquet`` reads it)."""
+    fs, path = storage.filesystem(cfg.output, cfg.s3)
+    folder = records_output.type_dir(f"{path.rstrip('/')}/{records_output.RECORDS_DIR}", "payments")
+    rows = [r for file in storage.output_files(fs, folder) for r in pq.read_table(file, filesystem=fs).to_pylist()]
+    return sorted(({k: r[k] for k in RECORD_KEYS} for r in rows), key=lambda r: (r["id"], r["record_index"]))
 
 
 def _leftovers(cfg: BatchQAConfig) -> list[str]:
-    """What a finished output should not hold: checkpoint logs, records files no row names, the lease."""
+    """What a finished output should not hold: checkpoint logs, files in the records folder that are not
+    the committed records once, the lease."""
     fs, path = storage.filesystem(cfg.output, cfg.s3)
     root = path.rstrip("/")
     left = [f.path for f in fs.get_file_info(pafs.FileSelector(f"{root}/{checkpoints.PROGRESS_DIR}", recursive=True,
                                                                allow_not_found=True)) if f.type == pafs.FileType.File]
-    stems = records_output.committed_stems(fs, root)
-    left += [f.path for f in fs.get_file_info(pafs.FileSelector(f"{root}/{records_output.RECORDS_DIR}", recursive=True,
-                                                                allow_not_found=True))
-             if f.type == pafs.FileType.File and f.base_name.removesuffix(".parquet") not in stems]
+    folder = fs.get_file_info(pafs.FileSelector(f"{root}/{records_output.RECORDS_DIR}", recursive=True,
+                                                allow_not_found=True))
+    left += [f.path for f in folder if f.type == pafs.FileType.File and f.base_name.startswith(".")]
+    if _exported(cfg) != _records(cfg):
+        left.append(f"{root}/{records_output.RECORDS_DIR}: the records dataset is not the committed records once")
     left += [f"{root}/{lease.LEASE_NAME}"] if fs.get_file_info(f"{root}/{lease.LEASE_NAME}").type == pafs.FileType.File \
         else []
     return left

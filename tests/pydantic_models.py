@@ -24,7 +24,7 @@ NAME = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True).filter(
                         "memory", "steps", "score", "seconds", "method", "prediction", "truncated", "extraction"}
     and not n.startswith(("n_records_", "record_", "evidence_", "answer_", "grounding_", "schema_", "field_",
                           "checkpoint", "resumed", "n_chunks", "context_", "node_", "input_", "mentions",
-                          "first_chunk", "last_chunk", "records_file")))
+                          "first_chunk", "last_chunk", "records_")))
 WORDS = st.text("abcdefghij klmnop", min_size=1, max_size=12).map(str.strip).filter(bool)
 
 SCALARS: dict[str, Any] = {

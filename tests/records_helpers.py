@@ -80,3 +80,27 @@ def records_engine(config: dict, engine_config=None) -> RecordsEngine:
     from transformers import AutoTokenizer
 
     return RecordsEngine(AutoTokenizer.from_pretrained(config["tokenizer"]), config.get("max_records"))
+
+
+def write_documents(root: str, schema, docs: list[tuple[str, dict[str, list]]], name: str = "block-0.parquet",
+                    extra: list[dict] | None = None, **write_options) -> None:
+    """A documents file as the batch job commits it (each document's records in its ``records_<type>``
+    columns, typed as ``output_fields`` types them), then each type's records dataset exported from it.
+    ``docs``: (id, records by type); ``extra``: each row's other columns (the report's; types inferred)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.extraction import output_fields, record_items
+    from memagent.result_schema import RECORDS_PREFIX
+    from pipelines.records_output import export_records
+
+    table = pa.Table.from_pylist([{**(extra[i] if extra else {}), "id": doc} for i, (doc, _) in enumerate(docs)])
+    if "error" not in table.column_names:
+        table = table.append_column("error", pa.nulls(len(docs), pa.string()))
+    for field in output_fields(schema):
+        if field.name.startswith(RECORDS_PREFIX):
+            record = next(r for r in schema.record_types if RECORDS_PREFIX + r.name == field.name)
+            items = [record_items(record, found.get(record.name, [])) for _, found in docs]
+            table = table.append_column(field, pa.array(items, field.type))
+    pq.write_table(table, f"{root}/{name}", **write_options)
+    export_records(root, None, [r.name for r in schema.record_types])

@@ -140,7 +140,7 @@ def test_output_columns_are_typed():
                      "field_evidence": types["field_evidence"], "schema_errors": pa.list_(pa.string()),
                      "record_splits": pa.int32(),
                      "record_failed_pieces": pa.int32(), "record_runaway_pieces": pa.int32(),
-                     "record_invalid_items": pa.int32(), "records_file": pa.string(),
+                     "record_invalid_items": pa.int32(),
                      "grounding_dropped_values": pa.int32(), "grounding_dropped_records": pa.int32(),
                      "record_incomplete": pa.int32()}
     assert [f.name for f in types["field_evidence"].value_type] == ["field", "value", "step", "char_start", "char_end"]

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.oracle.ledger import SCHEMA, LedgerSpec, ledger
@@ -201,9 +202,11 @@ def kill_then_rerun(job: Job, served, oracle: Oracle, plan: list[list], driver_d
     assert job.records() == oracle.records, "the records dataset is not the fault-free records once"
     if job.s3 is None:  # the last run released its lease
         assert not (Path(job.output) / "_memagent.lease").exists()
-    if job.s3 is None:  # and no orphan left: one committed file per document
-        files = sorted(p.name for p in (Path(job.output) / "_records" / "payments").iterdir())
-        assert len(files) == len(IDS) and all(f.endswith(".parquet") and f[0] not in "._" for f in files), files
+    if job.s3 is None:  # and the dataset's files, read whole, hold them once: one export file, nothing else
+        files = sorted((Path(job.output) / "_records" / "payments").iterdir())
+        assert len(files) == 1 and files[0].name.startswith("records-"), files
+        whole = pq.read_table(files[0])
+        assert sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in whole.to_pylist()) == oracle.records
     reread = served[0].updates - before - oracle.updates
     assert reread <= EVERY * len(injected), f"{reread} chunk(s) read again for {len(injected)} fault(s)"
     what = {"plan": plan, "first_rc": first.returncode, "reruns": reruns, "reread": reread, "driver_died": died}
@@ -227,20 +230,11 @@ def test_actor_killed_at_a_checkpoint_write(job, served, oracle, fault):
     kill_then_rerun(job, served, oracle, [["checkpoint", "open_output_stream", n, fault]], driver_dies=False)
 
 
-def test_actor_killed_after_a_records_file_landed(job, served, oracle):
-    """An actor SIGKILLed right after a document's records file landed (before it is committed) leaves the
-    records dataset with that document's records once after the rerun."""
-    n = middle(oracle.calls("records/open_output_stream", driver=False))
-    kill_then_rerun(job, served, oracle, [["records", "open_output_stream", n, "kill_after"]], driver_dies=False)
-
-
-def test_driver_killed_in_its_records_orphan_sweep(job, served, oracle):
-    """An actor SIGKILLed after a records file landed leaves an orphan, and the driver SIGKILLed while its
-    end-of-run sweep deletes it: the rerun sweeps it and the records dataset holds the fault-free records once.
-    (The fault-free run deletes no records file: this sweep only has work after a kill.)"""
-    n = middle(oracle.calls("records/open_output_stream", driver=False))
-    kill_then_rerun(job, served, oracle, [["records", "open_output_stream", n, "kill_after"],
-                                          ["records", "delete_file", 0, "kill_before"]], driver_dies=[False, True])
+@pytest.mark.parametrize("fault", ["kill_after", "kill_before"])
+def test_driver_killed_in_its_records_export(job, served, oracle, fault):
+    """A driver SIGKILLed around the write of the records dataset's file (every row committed) leaves the
+    dataset unwritten or written: the rerun (nothing to read) exports it, the fault-free records once."""
+    kill_then_rerun(job, served, oracle, [["records", "open_output_stream", 0, fault]], driver_dies=True)
 
 
 # -- Ray Data's write tasks --------------------------------------------------------------------

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from memagent.extraction import schema_from
 from memagent.extraction.records import Evidence, Record
-from pipelines.records_output import RECORDS_DIR, RecordsWriter, read_records
+from pipelines.records_output import RECORDS_DIR, read_records
+from tests.records_helpers import write_documents
 
 # The building blocks of hostile names: dots, separators, CJK (3 UTF-8 bytes each), combining marks
 # and precomposed letters (equal after NFC), compatibility forms (equal after NFKC: the fi ligature,
@@ -94,19 +95,18 @@ def test_a_schema_loads_with_one_line_or_each_type_writes_and_reads_its_own_fold
         return
     parsed = schema_from(schema)
     root = tmp_path_factory.mktemp("out")
-    writer = RecordsWriter(str(root), None, parsed)
     records = {r.name: [Record(r.name, values_of(r), {"obj": Evidence(0, 0, 1)}, 1, 0, 0)]
                for r in parsed.record_types}
-    stem = writer.write("doc", records)
-    files = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    write_documents(str(root), parsed, [("doc", records)])
+    files = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.name != "block-0.parquet")
     folders = [f.parts[1] for f in files]
-    assert all(f.parts[0] == RECORDS_DIR and len(f.parts) == 3 and f.name == f"{stem}.parquet" for f in files)
+    assert all(f.parts[0] == RECORDS_DIR and len(f.parts) == 3 and f.name.startswith("records-") for f in files)
     assert len(files) == len(parsed.record_types) == len({fold(f) for f in folders})
     assert all(f.strip(".") for f in folders)  # never the records root or the output root
     for r in parsed.record_types:
         paths = [p for p, _, _ in r.leaves({})]
         assert len(paths) == len(set(paths))  # two leaves never share a path (the report's columns)
-        [row] = read_records(str(root), r.name, stems={stem}).to_pylist()
+        [row] = read_records(str(root), r.name).to_pylist()
         assert row["record_type"] == r.name
         chains = list(leaves_of(r.fields))
         assert {c: get(row, c) for c in chains} == {c: f"{r.name}:{c}" for c in chains}
@@ -133,8 +133,8 @@ def test_a_type_name_is_limited_in_bytes_of_its_folder_name(tmp_path):
     error = load_error({"type": "object", "properties": {"中" * 64: {"type": "array", "items": item({"a": STRING})}}})
     assert error and "properties[" in error and "64 bytes" in error and "\n" not in error, error
     parsed = schema_from({"type": "object", "properties": {"中" * 21: {"type": "array", "items": item({"a": STRING})}}})
-    stem = RecordsWriter(str(tmp_path), None, parsed).write("d", {"中" * 21: [Record("中" * 21, {"a": "x"}, {}, 1, 0, 0)]})
-    assert read_records(str(tmp_path), "中" * 21, stems={stem}).column("a").to_pylist() == ["x"]
+    write_documents(str(tmp_path), parsed, [("d", {"中" * 21: [Record("中" * 21, {"a": "x"}, {}, 1, 0, 0)]})])
+    assert read_records(str(tmp_path), "中" * 21).column("a").to_pylist() == ["x"]
 
 
 @pytest.mark.parametrize("a, b", [("Payments", "payments"), ("caf\u00e9", "cafe\u0301"), ("\ufb01le", "file"),
@@ -173,24 +173,24 @@ def test_a_type_reads_only_files_directly_in_its_folder(tmp_path):
     """Records files below a type's folder (what a type named ``.`` or ``payments/x`` once left
     there) are not that type's records: the listing is one folder deep."""
     parsed = schema_from({"type": "object", "properties": {"payments": {"type": "array", "items": item({"a": STRING})}}})
-    stem = RecordsWriter(str(tmp_path), None, parsed).write("d", {"payments": [Record("payments", {"a": "x"}, {}, 1, 0, 0)]})
-    own = tmp_path / RECORDS_DIR / "payments" / f"{stem}.parquet"
+    write_documents(str(tmp_path), parsed, [("d", {"payments": [Record("payments", {"a": "x"}, {}, 1, 0, 0)]})])
+    [own] = (tmp_path / RECORDS_DIR / "payments").glob("*.parquet")
     below = own.parent / "other"
     below.mkdir()
     table = pq.read_table(own)
     pq.write_table(table.set_column(table.column_names.index("a"), "a", pa.array(["y"])), below / own.name)
-    assert read_records(str(tmp_path), "payments", stems={stem}).column("a").to_pylist() == ["x"]
+    assert read_records(str(tmp_path), "payments").column("a").to_pylist() == ["x"]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(docs=st.lists(st.tuples(st.sampled_from(["b", "a", "中", "B", "a1"]), st.integers(1, 3)), min_size=1, max_size=6))
 def test_records_read_back_sorted_by_document_and_index(docs, tmp_path_factory):
-    """However files and documents are written (one id may own two committed files), a type's records
-    read back sorted by (id, record_index), each written record once."""
+    """However files and documents are written (one id may own two committed files, exported or not), a type's
+    records read back sorted by (id, record_index), each written record once."""
     root = tmp_path_factory.mktemp("out")
     parsed = schema_from({"type": "object", "properties": {"p": {"type": "array", "items": item({"a": STRING})}}})
-    writer = RecordsWriter(str(root), None, parsed)
-    stems = {writer.write(doc, {"p": [Record("p", {"a": f"{doc}{i}"}, {}, 1, 0, 0) for i in range(n)]})
-             for doc, n in docs}
-    got = [(r["id"], r["record_index"], r["a"]) for r in read_records(str(root), "p", stems=stems).to_pylist()]
+    for k, (doc, n) in enumerate(docs):
+        write_documents(str(root), parsed, [(doc, {"p": [Record("p", {"a": f"{doc}{i}"}, {}, 1, 0, 0)
+                                                         for i in range(n)]})], name=f"block-{k}.parquet")
+    got = [(r["id"], r["record_index"], r["a"]) for r in read_records(str(root), "p").to_pylist()]
     assert got == sorted((doc, i, f"{doc}{i}") for doc, n in docs for i in range(n))

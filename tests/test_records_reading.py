@@ -16,7 +16,7 @@ from memagent.agent import read_document
 from memagent.checkpoint import new_segment, parse_segment, replay
 from memagent.chunking import Chunk
 from memagent.engines.base import Completion, SamplingParams
-from memagent.extraction import records_table, schema_from
+from memagent.extraction import record_items, records_arrow_schema, schema_from
 from memagent.extraction.record_grounding import MemoryTrail
 from memagent.extraction.reading import ChunkRead, RecordsCall, read_chunk_records, records_reach, sentence_end, \
     split_point
@@ -180,10 +180,11 @@ def test_a_resumed_read_keeps_the_records_of_the_chunks_before(tokenizer):
     assert resumed.records == full.records  # evidence and mentions included
 
 
-def test_records_table_has_typed_columns_and_evidence(tokenizer):
+def test_records_dataset_rows_have_typed_columns_and_evidence(tokenizer):
     r = read(RecordsEngine(tokenizer), three_chunk_document())
     record = CONFIG.extraction.record_type("payments")
-    t = records_table(record, "doc-1", r.records["payments"])
+    rows = [{"id": "doc-1", "record_type": "payments", **item} for item in record_items(record, r.records["payments"])]
+    t = pa.Table.from_pylist(rows, schema=records_arrow_schema(record))
     assert t.schema.field("date").type == pa.date32() and t.schema.field("amount").type == pa.float64()
     assert t.schema.field("bank").type == pa.struct([("name", pa.string())])
     assert t.column_names[:3] == ["id", "record_type", "record_index"]

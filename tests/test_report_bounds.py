@@ -1,6 +1,6 @@
 """The report stays bounded and keeps going whatever the records output holds (pipelines/report.py,
-memagent/report/records.py, fields.py): long values are cut with a visible mark, a foreign file under
-a committed stem is named in an ``error:`` line, and documents' texts are not kept while records load."""
+memagent/report/records.py, fields.py): long values are cut with a visible mark, a foreign file in a
+records folder is named in an ``error:`` line, and documents' texts are not kept while records load."""
 
 from __future__ import annotations
 
@@ -14,20 +14,21 @@ import pyarrow.parquet as pq
 
 from memagent.extraction import schema_from
 from memagent.extraction.records import Evidence, Record
-from pipelines.records_output import RECORDS_DIR, RecordsWriter
+from pipelines.records_output import RECORDS_DIR
 from pipelines.report import build_report
+from tests.records_helpers import write_documents
 from tests.test_report_records import page_data, schema
 
 BIG = 100_000  # characters of one hostile value
 
 
-def row(doc: str, context: str, stem: str | None, extraction: dict | None = None) -> dict:
+def row(doc: str, context: str, extraction: dict | None = None) -> dict:
     steps = [{"step": 0, "kind": "memory", "chunk_index": 0, "char_start": 0, "char_end": len(context),
               "memory": "m", "prompt_tokens": 10, "completion_tokens": 5, "finish_reason": "stop", "seconds": 0.1}]
     return {"id": doc, "context": context, "prediction": "{}", "response": "{}", "n_chunks": 1, "context_tokens": 40,
             "truncated": False, "steps": steps, "score": None, "error": None, "model": "m", "seconds": 0.2,
             "config": json.dumps({"chunk_tokens": 64, "extraction": schema()}),
-            "extraction": json.dumps(extraction or {}), "field_evidence": [], "records_file": stem}
+            "extraction": json.dumps(extraction or {}), "field_evidence": []}
 
 
 def payment(payer: str, context: str) -> Record:
@@ -36,17 +37,15 @@ def payment(payer: str, context: str) -> Record:
                   {"payer": Evidence(0, at, at + len(payer))}, 1, 0, 0)
 
 
-def write_output(root: Path, docs: dict[str, list[str]]) -> dict[str, str]:
-    """One row per document (its text: its payers) with its committed records; the stems by document."""
+def write_output(root: Path, docs: dict[str, list[str]]) -> None:
+    """One row per document (its text: its payers) with its committed records, exported."""
     root.mkdir(parents=True)
-    writer = RecordsWriter(str(root), None, schema_from(schema()))
-    rows, stems = [], {}
+    rows, found = [], []
     for doc, payers in docs.items():
         context = "".join(f"{p} paid 1 on 2021-03-14.\n" for p in payers)
-        stems[doc] = writer.write(doc, {"payments": [payment(p, context) for p in payers]})
-        rows.append(row(doc, context, stems[doc], {"note": "n" * BIG}))
-    pq.write_table(pa.Table.from_pylist(rows), root / "part-0.parquet")
-    return stems
+        found.append((doc, {"payments": [payment(p, context) for p in payers]}))
+        rows.append(row(doc, context, {"note": "n" * BIG}))
+    write_documents(str(root), schema_from(schema()), found, name="part-0.parquet", extra=rows)
 
 
 def test_long_values_and_spans_are_cut_with_a_visible_mark(tmp_path):
@@ -67,20 +66,21 @@ def test_long_values_and_spans_are_cut_with_a_visible_mark(tmp_path):
         assert all(len(x[1] or "") < 1000 and "more characters)" in x[1] for x in v["x"])
 
 
-def test_a_foreign_file_under_a_committed_stem_is_an_error_line_and_the_report_goes_on(tmp_path, capsys):
-    """A committed records file that is not Parquet, or holds another table, is named in one ``error:``
-    line (stderr and the page) and left out; the other documents' records are shown."""
-    stems = write_output(tmp_path / "out", {"doc-1": ["Acme Ltd"], "doc-2": ["Birch Ltd"], "doc-3": ["Cedar Ltd"]})
+def test_a_foreign_file_in_a_records_folder_is_an_error_line_and_the_report_goes_on(tmp_path, capsys):
+    """A file in a type's records folder that is not Parquet, or holds another table, is named in one
+    ``error:`` line (stderr and the page) and left out; every document's records are shown."""
+    write_output(tmp_path / "out", {"doc-1": ["Acme Ltd"], "doc-2": ["Birch Ltd"], "doc-3": ["Cedar Ltd"]})
     folder = tmp_path / "out" / RECORDS_DIR / "payments"
-    (folder / f"{stems['doc-1']}.parquet").write_bytes(b"not a parquet file")
-    pq.write_table(pa.table({"foreign": [1, 2]}), folder / f"{stems['doc-3']}.parquet")
+    (folder / "0000-notes.parquet").write_bytes(b"not a parquet file")
+    pq.write_table(pa.table({"foreign": [1, 2]}), folder / "0001-other.parquet")
     page = Path(build_report(str(tmp_path / "out"), str(tmp_path / "r.html"))).read_text()
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 2 and all("records file" in line and "left out" in line for line in err), err
-    assert stems["doc-1"] in err[0] and stems["doc-3"] in err[1]
+    assert "0000-notes" in err[0] and "0001-other" in err[1]
     [view] = page_data(page)["records"]
-    assert [(r["d"], r["v"][0]) for r in view["rows"]] == [("doc-2", "Birch Ltd")]
-    assert stems["doc-1"] in page and stems["doc-3"] in page
+    assert [(r["d"], r["v"][0]) for r in view["rows"]] == [("doc-1", "Acme Ltd"), ("doc-2", "Birch Ltd"),
+                                                            ("doc-3", "Cedar Ltd")]
+    assert "0000-notes" in page and "0001-other" in page
 
 
 def test_records_load_without_keeping_every_document_text(tmp_path):
@@ -88,15 +88,14 @@ def test_records_load_without_keeping_every_document_text(tmp_path):
     most of those texts at once: Python's peak stays under half of their 60 MB."""
     root = tmp_path / "out"
     root.mkdir()
-    writer = RecordsWriter(str(root), None, schema_from(schema()))
     text = "Acme Ltd paid 1 on 2021-03-14.\n" + "filler words " * 4600
-    rows = []
+    rows, found = [], []
     for i in range(1000):
         context = f"{i:04d} {text}"
-        stem = writer.write(f"d{i}", {"payments": [payment("Acme Ltd", context)]}) if i < 3 else f"gone-{i}"
-        rows.append({**row(f"d{i}", context, stem), "steps": []})
-    pq.write_table(pa.Table.from_pylist(rows), root / "part-0.parquet", row_group_size=100)
-    del rows
+        found.append((f"d{i}", {"payments": [payment("Acme Ltd", context)] if i < 3 else []}))
+        rows.append({**row(f"d{i}", context), "steps": []})
+    write_documents(str(root), schema_from(schema()), found, name="part-0.parquet", extra=rows, row_group_size=100)
+    del rows, found
     tracemalloc.start()
     try:
         page = Path(build_report(str(root), str(tmp_path / "r.html"))).read_text()

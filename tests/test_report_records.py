@@ -10,8 +10,6 @@ import re
 from pathlib import Path
 from urllib.parse import urlencode
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from infra.report_browser import find_chromium, open_page
@@ -19,8 +17,8 @@ from memagent.extraction import schema_from
 from memagent.extraction.records import Evidence, Record
 from memagent.report.html import JS
 from memagent.report.records import record_snippets
-from pipelines.records_output import RecordsWriter
 from pipelines.report import build_report
+from tests.records_helpers import write_documents
 from tests.test_report_hostile import assert_nothing_ran, unescaped_concatenations
 
 TEXT = ("Statement for Jane Roe.\nAcme Ltd paid 1250 on 2021-03-14.\n" + "Nothing happened that week.\n" * 12
@@ -44,17 +42,15 @@ def rec(payer_field: str, payer: str, amount: int, date: str, mentions: int = 1)
 def output(root: Path, payer: str = "payer") -> Path:
     root.mkdir(parents=True)
     s = schema(payer)
-    writer = RecordsWriter(str(root), None, schema_from(s))
-    stem = writer.write("doc-1", {"payments": [rec(payer, "Acme Ltd", 1250, "2021-03-14", 2),
-                                               rec(payer, "Birch Ltd", 300, "2021-04-01"),
-                                               rec(payer, "Cedar Ltd", 75, "2021-05-02")]})
+    found = {"payments": [rec(payer, "Acme Ltd", 1250, "2021-03-14", 2), rec(payer, "Birch Ltd", 300, "2021-04-01"),
+                          rec(payer, "Cedar Ltd", 75, "2021-05-02")]}
     steps = [{"step": 0, "kind": "memory", "chunk_index": 0, "char_start": 0, "char_end": len(TEXT), "memory": "m",
               "prompt_tokens": 10, "completion_tokens": 5, "finish_reason": "stop", "seconds": 0.1}]
     row = {"id": "doc-1", "context": TEXT, "prediction": "{}", "response": "{}", "n_chunks": 1, "context_tokens": 40,
            "truncated": False, "steps": steps, "score": None, "error": None, "model": "m", "seconds": 0.2,
            "config": json.dumps({"chunk_tokens": 64, "extraction": s}), "extraction": "{}", "field_evidence": [],
-           "n_records_payments": 3, "records_file": stem}
-    pq.write_table(pa.Table.from_pylist([row]), root / "part-0.parquet")
+           "n_records_payments": 3}
+    write_documents(str(root), schema_from(s), [("doc-1", found)], name="part-0.parquet", extra=[row])
     return root
 
 

@@ -16,7 +16,7 @@ from memagent.extraction.grounding import FUZZY_THRESHOLD, Span, locate
 from memagent.extraction.kinds import KINDS, Kind
 from memagent.extraction.output import (
     EVIDENCE_TYPE, InvalidOutput, extraction_columns, field_evidence, null_columns, output_fields, parse_reply,
-    record_fields, records_arrow_schema, records_table, typed_record, typed_values,
+    record_fields, record_items, record_struct, records_arrow_schema, typed_record, typed_values,
 )
 from memagent.extraction.parse import ObjectSpec, RecordType
 from memagent.extraction.record_grounding import GroundedChunk, MemoryTrail, ground_chunk
@@ -27,6 +27,6 @@ __all__ = [
     "EVIDENCE_TYPE", "FUZZY_THRESHOLD", "KINDS", "ExtractionSchema", "FieldSpec", "GroundedChunk", "InvalidOutput",
     "Kind", "MemoryTrail", "Mention", "ObjectSpec", "Record", "RecordType", "Span", "extraction_columns",
     "field_evidence", "ground_chunk", "load_schema", "locate", "merge_records", "null_columns", "output_fields",
-    "parse_reply", "record_fields", "record_key", "records_arrow_schema", "records_table", "schema_from",
-    "typed_record", "typed_values",
+    "parse_reply", "record_fields", "record_items", "record_key", "record_struct", "records_arrow_schema",
+    "schema_from", "typed_record", "typed_values",
 ]

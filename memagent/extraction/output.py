@@ -20,15 +20,17 @@ Columns (all nullable, null in error rows):
   :func:`memagent.extraction.grounding.value_evidence` (the value as written, then its other
   spellings: ``48,250``, ``March 14, 2021``, case and spacing aside).
 
-Record types have their typed row columns here too (:func:`record_fields`, :func:`typed_record`), and
-:func:`records_table` turns one document's merged records of one type into the rows of the records
-output: ``id``, ``record_type``, ``record_index``, one typed column per item property (nested
-objects as structs), ``record_evidence`` (``list<struct<field, step, char_start, char_end, grounding>>``,
-one entry per stated leaf, array items as ``field.i``; ``grounding`` says how the span was found:
-``exact``/``normalised``/``fuzzy`` in the text the call read, ``memory`` through the memory, ``elsewhere``
-only outside it, null not found), ``record_conflicts`` (``list<struct<field, value, step, char_start,
-char_end>>``: values mentions stated that the record does not keep, :mod:`memagent.extraction.records`),
-``first_chunk``, ``last_chunk``, ``mentions``.
+Record types have their typed row columns here too (:func:`record_fields`, :func:`typed_record`).
+A document's merged records of one type are its row's ``records_<type>`` column (:func:`record_items`,
+typed by :func:`record_struct`): a list of structs, one per record, in order: ``record_index``, one typed
+field per item property (nested objects as structs), ``record_evidence``
+(``list<struct<field, step, char_start, char_end, grounding>>``, one entry per stated leaf, array items as
+``field.i``; ``grounding`` says how the span was found: ``exact``/``normalised``/``fuzzy`` in the text the
+call read, ``memory`` through the memory, ``elsewhere`` only outside it, null not found),
+``record_conflicts`` (``list<struct<field, value, step, char_start, char_end>>``: values mentions stated
+that the record does not keep, :mod:`memagent.extraction.records`), ``first_chunk``, ``last_chunk``,
+``mentions``. The records dataset of a type (:func:`records_arrow_schema`) is those structs as rows,
+after the row's ``id`` and ``record_type``.
 
 A reply that does not parse or does not validate raises :class:`InvalidOutput`; the batch job
 writes it as an ``invalid_output:`` error row (:mod:`memagent.error_kinds`).
@@ -48,8 +50,7 @@ from memagent.extraction.resolve import without_nulls
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
-    EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX, RECORDS_FILE_COLUMN, SCHEMA_ERRORS_COLUMN,
-    TALLY_COLUMNS,
+    EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX, RECORDS_PREFIX, SCHEMA_ERRORS_COLUMN, TALLY_COLUMNS,
 )
 
 EVIDENCE_TYPE = pa.struct([
@@ -71,16 +72,17 @@ class InvalidOutput(ValueError):
 
 
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
-    """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``, one
-    ``n_records_<type>`` per record type, the records calls' tally (``record_splits``,
+    """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``,
+    ``schema_errors``, one ``n_records_<type>`` per record type, the records calls' tally (``record_splits``,
     ``record_failed_pieces``, ``record_runaway_pieces``, ``record_invalid_items``,
-    ``grounding_dropped_values``, ``grounding_dropped_records``) and ``records_file`` (null without
-    record types)."""
+    ``grounding_dropped_values``, ``grounding_dropped_records``, ``record_incomplete``) and one
+    ``records_<type>`` per record type (the records themselves)."""
     return [*(_arrow_field(f) for f in schema.fields),
             pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),
             pa.field(SCHEMA_ERRORS_COLUMN, pa.list_(pa.string())),
             *(pa.field(N_RECORDS_PREFIX + r.name, pa.int32()) for r in schema.record_types),
-            *(pa.field(c, pa.int32()) for c in TALLY_COLUMNS.values()), pa.field(RECORDS_FILE_COLUMN, pa.string())]
+            *(pa.field(c, pa.int32()) for c in TALLY_COLUMNS.values()),
+            *(pa.field(RECORDS_PREFIX + r.name, pa.list_(record_struct(r))) for r in schema.record_types)]
 
 
 def _arrow_field(spec: FieldSpec | ObjectSpec) -> pa.Field:
@@ -106,21 +108,25 @@ def typed_record(record: RecordType, obj: Mapping[str, Any]) -> dict[str, Any]:
     return _typed_object(record.fields, obj) or {}
 
 
-def records_arrow_schema(record: RecordType) -> pa.Schema:
-    """The columns of a record type's rows in the records output (the module docstring)."""
-    return pa.schema([pa.field("id", pa.string()), pa.field("record_type", pa.string()),
-                      pa.field("record_index", pa.int32()), *record_fields(record),
+def record_struct(record: RecordType) -> pa.StructType:
+    """One record in its row's ``records_<type>`` column (the module docstring)."""
+    return pa.struct([pa.field("record_index", pa.int32()), *record_fields(record),
                       pa.field("record_evidence", pa.list_(RECORD_EVIDENCE_TYPE)),
                       pa.field("record_conflicts", pa.list_(RECORD_CONFLICT_TYPE)), pa.field("first_chunk", pa.int32()),
                       pa.field("last_chunk", pa.int32()), pa.field("mentions", pa.int32())])
 
 
-def records_table(record: RecordType, row_id: str, records: Iterable[Any]) -> pa.Table:
-    """One document's merged records (:class:`memagent.extraction.records.Record`) of one type as rows."""
-    rows = [{"id": row_id, "record_type": record.name, "record_index": i, **typed_record(record, r.values),
-             "record_evidence": r.evidence_rows(), "record_conflicts": r.conflict_rows(), "first_chunk": r.first_chunk,
-             "last_chunk": r.last_chunk, "mentions": r.mentions} for i, r in enumerate(records)]
-    return pa.Table.from_pylist(rows, schema=records_arrow_schema(record))
+def record_items(record: RecordType, records: Iterable[Any]) -> list[dict[str, Any]]:
+    """One document's merged records (:class:`memagent.extraction.records.Record`) of one type as the
+    values of its row's ``records_<type>`` column."""
+    return [{"record_index": i, **typed_record(record, r.values), "record_evidence": r.evidence_rows(),
+             "record_conflicts": r.conflict_rows(), "first_chunk": r.first_chunk, "last_chunk": r.last_chunk,
+             "mentions": r.mentions} for i, r in enumerate(records)]
+
+
+def records_arrow_schema(record: RecordType) -> pa.Schema:
+    """The columns of a record type's records dataset: ``id``, ``record_type``, then :func:`record_struct`'s."""
+    return pa.schema([pa.field("id", pa.string()), pa.field("record_type", pa.string()), *record_struct(record)])
 
 
 def null_columns(schema: ExtractionSchema) -> dict[str, None]:

@@ -44,7 +44,7 @@ from memagent.extraction.parse import (
     check_size, clean, iter_leaves, parse_schema,
 )
 from memagent.extraction.resolve import Resolved, resolve, validator, without_nulls
-from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RECORD_COLUMNS, RESULT_COLUMNS
+from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RECORD_COLUMNS, RECORDS_PREFIX, RESULT_COLUMNS
 
 __all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "load_schema", "schema_from",
            "parse_fields", "PROPERTY_KEYWORDS", "SUPPORTED", "TOP_KEYWORDS", "RECORD_COLUMNS"]
@@ -99,11 +99,13 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
                     raise ValueError(f"properties.{r.name}.{word}: a record type lists every record the document "
                                      f"states, read chunk by chunk, so {word} cannot bound it; remove {word} "
                                      "(count the records in the output instead)")
-        counts = {N_RECORDS_PREFIX + r.name for r in self._records}
+        columns = {prefix + r.name: (what, r.name) for r in self._records
+                   for prefix, what in ((N_RECORDS_PREFIX, "record count"), (RECORDS_PREFIX, "records"))}
         for f in self._fields:
-            if f.name in counts:
-                raise ValueError(f"properties.{f.name}: property {f.name!r} clashes with the record count column "
-                                 f"of record type {f.name.removeprefix(N_RECORDS_PREFIX)!r}; rename it")
+            if f.name in columns:
+                what, name = columns[f.name]
+                raise ValueError(f"properties.{f.name}: property {f.name!r} clashes with the {what} column "
+                                 f"of record type {name!r}; rename it")
         return self
 
     @property
