@@ -35,6 +35,7 @@ import random
 import resource
 import subprocess
 import time
+from typing import Any
 
 from benchmarks.common import batch_mean, loadavg, machine, print_table, write_json
 
@@ -160,7 +161,8 @@ def compare(docs: list[dict], a: dict, b: dict, sa: list[float], sb: list[float]
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="smollm2-135m")
@@ -176,7 +178,89 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--verbose", action="store_true", help="a progress line per document")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def run_configs(args: argparse.Namespace, n: int) -> list[tuple[str, bool, int, list[int]]]:
+    """(label, speculate, documents in flight, reading order) of each configuration, in the order they run."""
+    shuffled = list(range(n))
+    random.Random(args.seed).shuffle(shuffled)
+    configs = [("off", False, args.batch_size, list(range(n))),
+               ("on", True, args.batch_size, list(range(n))),
+               ("off_shuffled", False, args.batch_size, shuffled)]
+    if args.extra_batch_size:
+        configs.append((f"off_bs{args.extra_batch_size}", False, args.extra_batch_size, list(range(n))))
+    return configs
+
+
+def write_summary(out: dict, docs: list[dict], configs: list[tuple], runs: dict[str, dict],
+                  scores: dict[str, list[float]], args: argparse.Namespace, t_start: float, partial: bool) -> None:
+    """Accuracy per configuration, the pairwise comparisons and per-document rows of the runs so far; writes --out."""
+    out["accuracy"] = {}
+    for label in runs:
+        done = [s for s in scores[label] if not math.isnan(s)]
+        k = sum(s >= 1 for s in done)
+        out["accuracy"][label] = {"n": len(done), "correct": k, "accuracy": round(k / len(done), 4) if done else None,
+                                  "ci95": wilson(k, len(done))}
+    out["changed"] = {}
+    pairs = [("off", "on"), ("off", "off_shuffled")] + [("off", c[0]) for c in configs[3:]] + [("off_shuffled", "on")]
+    for a, b in pairs:
+        if a in runs and b in runs:
+            out["changed"][f"{a}_vs_{b}"] = compare(docs, runs[a], runs[b], scores[a], scores[b])
+    out["per_document"] = [{"id": d["id"], "source": d["source"], "depth": d["depth"], "answers": d["answers"],
+                            **{f"{label}_prediction": runs[label][i]["prediction"]
+                               for label in runs if i in runs[label]},
+                            **{f"{label}_score": scores[label][i] for label in runs if i in runs[label]},
+                            "chunks": next((runs[label][i]["chunks"] for label in runs if i in runs[label]), None)}
+                           for i, d in enumerate(docs)]
+    out["peak_rss_mib"] = peak_rss_mib()
+    out["loadavg_end"] = loadavg()
+    out["uptime_end"] = uptime()
+    out["wall_s"] = round(time.perf_counter() - t_start, 1)
+    out["complete"] = not partial
+    write_json(args.out, out)
+
+
+def read_config(engine: Any, args: argparse.Namespace, docs: list[dict], agent: Any,
+                config: tuple[str, bool, int, list[int]], t_start: float) -> tuple[dict[int, dict], dict]:
+    """Read every document in one configuration on its engine: the results by document and the run's figures."""
+    label, speculate, bs, order = config
+    n = len(docs)
+    loads: list[float] = []
+
+    def progress(done: int) -> None:
+        loads.append(loadavg()[0])
+        if done % 10 == 0 or done == n or args.verbose:
+            print(f"[{label}] {done}/{n} docs  load {loads[-1]}  {time.perf_counter() - t_start:.0f}s", flush=True)
+
+    result, wall = read_all(engine, docs, order, bs, agent, progress)
+    return result, {"speculate": speculate, "batch_size": bs,
+                    "order": "shuffled" if order != sorted(order) else "listed",
+                    "wall_s": round(wall, 1), "docs": len(result),
+                    "chunks": sum(r["chunks"] for r in result.values()),
+                    "drafted": sum(r["drafted"] for r in result.values()),
+                    "accepted": sum(r["accepted"] for r in result.values()),
+                    "batch_sizes_mean": round(batch_mean(engine.stats.batch_sizes), 2),
+                    "loadavg_min_mean_max": [min(loads), round(sum(loads) / len(loads), 2), max(loads)]
+                    if loads else None,
+                    "dtype": str(engine.dtype)}
+
+
+def print_results(out: dict, out_path: str) -> None:
+    """Print accuracy per configuration and the pairwise comparisons."""
+    rows = [[label, a["n"], a["correct"], a["accuracy"], f"[{a['ci95'][0]}, {a['ci95'][1]}]",
+             out["runs"][label]["wall_s"]] for label, a in out["accuracy"].items()]
+    print_table(["config", "n", "correct", "accuracy", "95% CI", "wall s"], rows)
+    print_table(["comparison", "n", "answers changed", "memories changed", "discordant (1st/2nd right)", "McNemar p"],
+                [[k, c["n"], f"{c['response_changed']} ({c['response_changed_frac']})",
+                  f"{c['memory_changed']} ({c['memory_changed_frac']})",
+                  f"{c['discordant']} ({c['right_only_first']}/{c['right_only_second']})", c["mcnemar_exact_p"]]
+                 for k, c in out["changed"].items()])
+    print(f"peak RSS {out['peak_rss_mib']} MiB; {out['uptime_end']}; wrote {out_path}")
+
+
+def main() -> None:
+    args = parse_args()
 
     import torch
 
@@ -192,82 +276,26 @@ def main() -> None:
     assert agent.temperature == 0.0, "greedy decoding"
     lengths = [int(x) for x in args.lengths.split(",")]
     docs = documents(load_tokenizer(args.model), args.niah, args.ruler, args.hotpot, lengths, args.seed)
-    n = len(docs)
-    shuffled = list(range(n))
-    random.Random(args.seed).shuffle(shuffled)
-    configs = [("off", False, args.batch_size, list(range(n))),
-               ("on", True, args.batch_size, list(range(n))),
-               ("off_shuffled", False, args.batch_size, shuffled)]
-    if args.extra_batch_size:
-        configs.append((f"off_bs{args.extra_batch_size}", False, args.extra_batch_size, list(range(n))))
+    configs = run_configs(args, len(docs))
 
     out: dict = {"benchmark": "bf16_speculation", "settings": {**vars(args), "agent": agent.model_dump()},
                  "uptime_start": uptime(), "machine": machine(),
-                 "documents": {"n": n, "by_source": {s: sum(d["source"] == s for d in docs)
-                                                      for s in dict.fromkeys(d["source"] for d in docs)}},
+                 "documents": {"n": len(docs), "by_source": {s: sum(d["source"] == s for d in docs)
+                                                             for s in dict.fromkeys(d["source"] for d in docs)}},
                  "runs": {}, "complete": False}
     runs: dict[str, dict] = {}
     scores: dict[str, list[float]] = {}
-
-    def finish(partial: bool) -> None:
-        out["accuracy"] = {}
-        for label in runs:
-            done = [s for s in scores[label] if not math.isnan(s)]
-            k = sum(s >= 1 for s in done)
-            out["accuracy"][label] = {"n": len(done), "correct": k, "accuracy": round(k / len(done), 4) if done else None,
-                                      "ci95": wilson(k, len(done))}
-        out["changed"] = {}
-        pairs = [("off", "on"), ("off", "off_shuffled")] + [("off", c[0]) for c in configs[3:]] + [("off_shuffled", "on")]
-        for a, b in pairs:
-            if a in runs and b in runs:
-                out["changed"][f"{a}_vs_{b}"] = compare(docs, runs[a], runs[b], scores[a], scores[b])
-        out["per_document"] = [{"id": d["id"], "source": d["source"], "depth": d["depth"], "answers": d["answers"],
-                                **{f"{label}_prediction": runs[label][i]["prediction"] for label in runs if i in runs[label]},
-                                **{f"{label}_score": scores[label][i] for label in runs if i in runs[label]},
-                                "chunks": next((runs[label][i]["chunks"] for label in runs if i in runs[label]), None)}
-                               for i, d in enumerate(docs)]
-        out["peak_rss_mib"] = peak_rss_mib()
-        out["loadavg_end"] = loadavg()
-        out["uptime_end"] = uptime()
-        out["wall_s"] = round(time.perf_counter() - t_start, 1)
-        out["complete"] = not partial
-        write_json(args.out, out)
-
     for label, speculate, bs, order in configs:
         engine = TransformersEngine.from_config(
             EngineConfig(model=args.model, dtype=args.dtype, max_batch_size=bs, speculate=speculate), name=args.model)
-        assert str(engine.dtype) == {"bf16": "torch.bfloat16", "fp32": "torch.float32"}.get(args.dtype, str(engine.dtype))
-        loads: list[float] = []
-        runs[label] = {}
-
-        def progress(done: int, label=label, loads=loads) -> None:
-            loads.append(loadavg()[0])
-            if done % 10 == 0 or done == n or args.verbose:
-                print(f"[{label}] {done}/{n} docs  load {loads[-1]}  {time.perf_counter() - t_start:.0f}s", flush=True)
-
-        result, wall = read_all(engine, docs, order, bs, agent, progress)
-        runs[label] = result
-        scores[label] = score_run(docs, result)
-        out["runs"][label] = {"speculate": speculate, "batch_size": bs, "order": "shuffled" if order != sorted(order) else "listed",
-                              "wall_s": round(wall, 1), "docs": len(result),
-                              "chunks": sum(r["chunks"] for r in result.values()),
-                              "drafted": sum(r["drafted"] for r in result.values()),
-                              "accepted": sum(r["accepted"] for r in result.values()),
-                              "batch_sizes_mean": round(batch_mean(engine.stats.batch_sizes), 2),
-                              "loadavg_min_mean_max": [min(loads), round(sum(loads) / len(loads), 2), max(loads)] if loads else None,
-                              "dtype": str(engine.dtype)}
+        assert str(engine.dtype) == {"bf16": "torch.bfloat16", "fp32": "torch.float32"}.get(args.dtype,
+                                                                                          str(engine.dtype))
+        runs[label], out["runs"][label] = read_config(engine, args, docs, agent, (label, speculate, bs, order),
+                                                      t_start)
+        scores[label] = score_run(docs, runs[label])
         del engine
-        finish(partial=label != configs[-1][0])
-
-    rows = [[label, a["n"], a["correct"], a["accuracy"], f"[{a['ci95'][0]}, {a['ci95'][1]}]", out["runs"][label]["wall_s"]]
-            for label, a in out["accuracy"].items()]
-    print_table(["config", "n", "correct", "accuracy", "95% CI", "wall s"], rows)
-    print_table(["comparison", "n", "answers changed", "memories changed", "discordant (1st/2nd right)", "McNemar p"],
-                [[k, c["n"], f"{c['response_changed']} ({c['response_changed_frac']})",
-                  f"{c['memory_changed']} ({c['memory_changed_frac']})",
-                  f"{c['discordant']} ({c['right_only_first']}/{c['right_only_second']})", c["mcnemar_exact_p"]]
-                 for k, c in out["changed"].items()])
-    print(f"peak RSS {out['peak_rss_mib']} MiB; {out['uptime_end']}; wrote {args.out}")
+        write_summary(out, docs, configs, runs, scores, args, t_start, partial=label != configs[-1][0])
+    print_results(out, args.out)
 
 
 if __name__ == "__main__":

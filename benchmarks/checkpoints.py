@@ -137,7 +137,8 @@ def restart_figures(result: dict) -> dict:
             "read_again_s": round(again * per_chunk, 2), "restart_s": round(extra - again * per_chunk, 2)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results/checkpoints.json")
     p.add_argument("--long-tokens", type=int, default=40000)
@@ -146,21 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-at", type=float, default=0.75, help="fraction of the chunks read when the actor dies")
     p.add_argument("--model", default="tiny")
     p.add_argument("--work", default=None, help="work directory (default: a temporary one)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def run_jobs(row: dict, work: Path, model_dir: Path, agent: Any, kill_at: float) -> list[dict]:
+    """On a local Ray, after a warm-up job: the row uninterrupted, without checkpoints, killed, killed without."""
     import ray
 
-    from memagent.config import AgentConfig
     from memagent.data.demo import niah_row
-    from pipelines.job import JobConfig
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="checkpoints-"))
-    model_dir, label = resolve_bench_model(args.model, work)
-    agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, answer_tokens=4,
-                        query_tokens=64, temperature=0.0)
-    r = niah_row(0, args.long_tokens, depth=0.5, seed=11)
-    row = {"id": "long/0", "question": r["question"], "context": r["context"], "answers": r["answers"]}
-    every = JobConfig().checkpoint_every_steps
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
     try:
         # Ray's first job starts its worker processes: a short warm-up job keeps that out of the figures.
@@ -169,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 model_dir, agent, None)
         base = run_job(row, work, "uninterrupted", model_dir, agent, None)
         print({k: v for k, v in base.items() if k not in ("_row", "segment_bytes")}, flush=True)
-        kill_call = int(base["n_chunks"] * args.kill_at) + 1  # dies reading chunk int(0.75 n)
+        kill_call = int(base["n_chunks"] * kill_at) + 1  # dies reading chunk int(0.75 n)
         jobs = [base]
         for name, ev, kill in (("no_checkpoints", 0, None), ("killed", None, kill_call),
                                ("killed_no_checkpoints", 0, kill_call)):
@@ -177,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
             print({k: v for k, v in jobs[-1].items() if k not in ("_row", "segment_bytes")}, flush=True)
     finally:
         ray.shutdown()
+    return jobs
+
+
+def write_results(args: argparse.Namespace, argv: list[str] | None, jobs: list[dict], every: int, work: Path,
+                  label: str, agent: Any) -> None:
+    """Write --out (the headline ratios, the write cost, every job) and print the jobs' table and the headline."""
+    base = jobs[0]
     by = {j["name"]: j for j in jobs}
     cost = write_cost(base["_row"], every, work)
     sizes = base["segment_bytes"]
@@ -205,6 +207,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['interrupted_wall_ratio_no_checkpoints']}); checkpoint writes {result['checkpoint_overhead']:.3%} "
           f"of the read (wall difference {result['wall_overhead']:.1%}); {result['bytes_per_checkpoint']} bytes per "
           f"checkpoint every {every} steps; wrote {args.out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    from memagent.config import AgentConfig
+    from memagent.data.demo import niah_row
+    from pipelines.job import JobConfig
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="checkpoints-"))
+    model_dir, label = resolve_bench_model(args.model, work)
+    agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, answer_tokens=4,
+                        query_tokens=64, temperature=0.0)
+    r = niah_row(0, args.long_tokens, depth=0.5, seed=11)
+    row = {"id": "long/0", "question": r["question"], "context": r["context"], "answers": r["answers"]}
+    every = JobConfig().checkpoint_every_steps
+    jobs = run_jobs(row, work, model_dir, agent, args.kill_at)
+    write_results(args, argv, jobs, every, work, label, agent)
     return 0
 
 

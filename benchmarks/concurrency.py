@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import time
+from typing import Any
 
 from benchmarks.common import (
     DecodeForwards,
@@ -89,7 +91,8 @@ class ForwardLog:
         }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=1200, help="document length in tokens")
@@ -102,65 +105,53 @@ def main() -> None:
                         help="comma-separated drafting modes (ngram, aligned, both, MODE:K): concurrent reads "
                         "without speculation, then once per mode (no sequential read)")
     add_threads_option(parser)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    import torch
 
-    from memagent.agent import check_config, read_document
-    from memagent.config import preset
-    from memagent.engines import EngineConfig, SamplingParams, make_engine
+async def read_sequentially(engine: Any, config: Any, rows: list[dict]) -> list:
+    """Read ``rows`` one after another."""
+    from memagent.agent import read_document
 
-    load_start = loadavg()
-    threads = set_threads(args.threads)
-    engine = make_engine(EngineConfig(model=bench_model(args.model), dtype=args.dtype, max_batch_size=max(16, args.docs)))
-    config = preset(args.preset)
-    check_config(engine, config)
-    rows = niah_docs(engine.tokenizer, args.docs, args.tokens)
-    params_matmul = sum(p.numel() for p in engine.model.parameters()) - engine.model.get_input_embeddings().weight.numel()
+    return [await read_document(engine, row["question"], row["context"], config) for row in rows]
 
-    async def read(row):
-        return await read_document(engine, row["question"], row["context"], config)
 
-    async def sequential(rs):
-        return [await read(r) for r in rs]
+async def read_concurrently(engine: Any, config: Any, rows: list[dict]) -> list:
+    """Read ``rows`` all at once (one coroutine per document; the engine batches their calls)."""
+    from memagent.agent import read_document
 
-    async def concurrent(rs):
-        return await asyncio.gather(*(read(r) for r in rs))
+    return await asyncio.gather(*(read_document(engine, row["question"], row["context"], config) for row in rows))
 
-    asyncio.run(engine.chat([{"role": "user", "content": "Hello"}], SamplingParams(2)))  # warm-up
-    mm = matmul_gflops(2048, torch.float32, 3)
-    print(f"fp32 matmul: {mm['gflops']:.1f} GFLOP/s; load {loadavg()}", flush=True)
 
-    def run(kind: str, rs) -> dict:
-        log = ForwardLog(engine.model)
-        n0 = engine.stats.batch_sizes.copy()
-        t0 = time.perf_counter()
-        results = asyncio.run(sequential(rs) if kind == "sequential" else concurrent(rs))
-        wall = time.perf_counter() - t0
-        log.restore()
-        s = log.summary()
-        real_prompt = sum(st.prompt_tokens for r in results for st in r.steps)
-        s.update({
-            "docs": len(rs), "wall_s": round(wall, 2), "context_tokens": sum(r.context_tokens for r in results),
-            "chunks": sum(r.n_chunks for r in results), "calls": sum(len(r.steps) for r in results),
-            "prompt_tokens_real": real_prompt, "prefill_flops": 2 * params_matmul * real_prompt,
-            "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
-            "engine_batch_sizes": dict(engine.stats.batch_sizes - n0),  # {rows: forwards}
-            "correct": sum(any(a in (r.prediction or "") for a in row["answers"]) for r, row in zip(results, rs)),
-            "loadavg_end": loadavg(),
-        })
-        s["other_s"] = round(wall - s["prefill_s"] - s["decode_forward_s"], 2)
-        s["doc_tokens_per_s"] = s["context_tokens"] / wall
-        print(f"{kind}: {wall:.1f}s (prefill {s['prefill_s']:.1f}s, decode {s['decode_forward_s']:.1f}s, "
-              f"{s['decode_steps']} steps); load {s['loadavg_end']}", flush=True)
-        return s
+def timed_read(kind: str, rs: list[dict], engine: Any, config: Any, params_matmul: int) -> dict:
+    """Read ``rs`` ``kind`` (sequential or concurrent) with every forward timed: the run's prefill/decode split."""
+    log = ForwardLog(engine.model)
+    n0 = engine.stats.batch_sizes.copy()
+    t0 = time.perf_counter()
+    reader = read_sequentially if kind == "sequential" else read_concurrently
+    results = asyncio.run(reader(engine, config, rs))
+    wall = time.perf_counter() - t0
+    log.restore()
+    s = log.summary()
+    real_prompt = sum(st.prompt_tokens for r in results for st in r.steps)
+    s.update({
+        "docs": len(rs), "wall_s": round(wall, 2), "context_tokens": sum(r.context_tokens for r in results),
+        "chunks": sum(r.n_chunks for r in results), "calls": sum(len(r.steps) for r in results),
+        "prompt_tokens_real": real_prompt, "prefill_flops": 2 * params_matmul * real_prompt,
+        "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
+        "engine_batch_sizes": dict(engine.stats.batch_sizes - n0),  # {rows: forwards}
+        "correct": sum(any(a in (r.prediction or "") for a in row["answers"]) for r, row in zip(results, rs)),
+        "loadavg_end": loadavg(),
+    })
+    s["other_s"] = round(wall - s["prefill_s"] - s["decode_forward_s"], 2)
+    s["doc_tokens_per_s"] = s["context_tokens"] / wall
+    print(f"{kind}: {wall:.1f}s (prefill {s['prefill_s']:.1f}s, decode {s['decode_forward_s']:.1f}s, "
+          f"{s['decode_steps']} steps); load {s['loadavg_end']}", flush=True)
+    return s
 
-    if args.speculation:
-        compare_speculation(engine, rows, concurrent, args, config, threads, load_start)
-        return
-    n_seq = args.sequential_docs or args.docs
-    seq = run("sequential", rows[:n_seq])
-    conc = run("concurrent", rows)
+
+def write_results(args: argparse.Namespace, engine: Any, config: Any, threads: int, load_start: list[float],
+                  mm: dict, seq: dict, conc: dict, n_seq: int) -> None:
+    """Write --out (the ratio and the fraction of the bound) and print the two runs."""
     scale = args.docs / n_seq
     seq_wall = seq["wall_s"] * scale
     peak = mm["gflops"] * 1e9
@@ -192,11 +183,46 @@ def main() -> None:
     out = write_json(args.out, result)
     print_table(["run", "docs", "wall s", "prefill s", "decode s", "other s", "doc tok/s", "correct"], [
         [k, r["docs"], r["wall_s"], round(r["prefill_s"], 1), round(r["decode_forward_s"], 1), r["other_s"],
-         round(r["context_tokens"] / r["wall_s"], 1), r["correct"]] for k, r in (("sequential", seq), ("concurrent", conc))
+         round(r["context_tokens"] / r["wall_s"], 1), r["correct"]]
+        for k, r in (("sequential", seq), ("concurrent", conc))
     ])
     print(f"ratio {result['ratio']} (sequential{' extrapolated' if result['sequential_extrapolated'] else ''} "
-          f"{seq_wall:.1f}s / concurrent {conc['wall_s']}s); bound {bound:.1f}s -> fraction {result['fraction_of_bound']}")
+          f"{seq_wall:.1f}s / concurrent {conc['wall_s']}s); bound {bound:.1f}s -> fraction "
+          f"{result['fraction_of_bound']}")
     print(f"wrote {out}")
+
+
+def main() -> None:
+    args = parse_args()
+
+    import torch
+
+    from memagent.agent import check_config
+    from memagent.config import preset
+    from memagent.engines import EngineConfig, SamplingParams, make_engine
+
+    load_start = loadavg()
+    threads = set_threads(args.threads)
+    engine = make_engine(EngineConfig(model=bench_model(args.model), dtype=args.dtype,
+                                      max_batch_size=max(16, args.docs)))
+    config = preset(args.preset)
+    check_config(engine, config)
+    rows = niah_docs(engine.tokenizer, args.docs, args.tokens)
+    params_matmul = (sum(p.numel() for p in engine.model.parameters())
+                     - engine.model.get_input_embeddings().weight.numel())
+
+    asyncio.run(engine.chat([{"role": "user", "content": "Hello"}], SamplingParams(2)))  # warm-up
+    mm = matmul_gflops(2048, torch.float32, 3)
+    print(f"fp32 matmul: {mm['gflops']:.1f} GFLOP/s; load {loadavg()}", flush=True)
+
+    if args.speculation:
+        concurrent = functools.partial(read_concurrently, engine, config)
+        compare_speculation(engine, rows, concurrent, args, config, threads, load_start)
+        return
+    n_seq = args.sequential_docs or args.docs
+    seq = timed_read("sequential", rows[:n_seq], engine, config, params_matmul)
+    conc = timed_read("concurrent", rows, engine, config, params_matmul)
+    write_results(args, engine, config, threads, load_start, mm, seq, conc, n_seq)
 
 
 def forward_costs(steps: list[tuple[int, int, int, float]], cost) -> dict:
@@ -222,10 +248,41 @@ def forward_costs(steps: list[tuple[int, int, int, float]], cost) -> dict:
                                                "c_tok": round(cost.c_tok, 6)}}
 
 
-def compare_speculation(engine, rows, concurrent, args, config, threads, load_start) -> None:
-    """Concurrent reads without speculation, then once per mode: wall, outputs, k chosen."""
+def speculation_read(engine: Any, label: str, rows: list[dict], concurrent: Any) -> dict:
+    """One concurrent read at the engine's current speculation (mode ``label``): wall, outputs, forwards, k chosen."""
     from collections import Counter, defaultdict
 
+    with DecodeForwards() as forwards:
+        t0 = time.perf_counter()
+        results = asyncio.run(concurrent(rows))
+        wall = time.perf_counter() - t0
+    by_active: dict[int, Counter] = defaultdict(Counter)
+    for k, _b, active, _s in forwards.steps:
+        by_active[active][k] += 1
+    run = {"wall_s": round(wall, 2), "results": results, "decode_forwards": len(forwards.steps),
+           "loadavg_end": loadavg(), **forward_costs(forwards.steps, engine.cost),
+           "k_by_active_rows": {a: dict(sorted(c.items())) for a, c in sorted(by_active.items())},
+           "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
+           "drafted": sum(st.draft_tokens for r in results for st in r.steps),
+           "accepted": sum(st.accepted_tokens for r in results for st in r.steps)}
+    print(f"speculation {label}: {wall:.1f}s, {len(forwards.steps)} decode forwards "
+          f"({run['decode_forward_s']}s); load {loadavg()}", flush=True)
+    return run
+
+
+def against_none(off: dict, r: dict, rows: list[dict]) -> dict:
+    """A mode's read beside the read without speculation: wall ratio, identical rows, acceptance."""
+    same = sum(all(x.memory == y.memory for x, y in zip(a.steps, b.steps)) and a.response == b.response
+               for a, b in zip(off["results"], r["results"]))
+    drafting = [a for a, c in r["k_by_active_rows"].items() if any(k > 0 for k in c)]
+    return {"ratio": round(off["wall_s"] / r["wall_s"], 3), "identical_rows": same, "rows": len(rows),
+            "acceptance": r["accepted"] / r["drafted"] if r["drafted"] else None,
+            "drafted_with_active_rows_at_most": max(drafting, default=0),
+            **{k: v for k, v in r.items() if k != "results"}}
+
+
+def compare_speculation(engine, rows, concurrent, args, config, threads, load_start) -> None:
+    """Concurrent reads without speculation, then once per mode: wall, outputs, k chosen."""
     from benchmarks.speculation import spec_for
 
     spec_on = engine.speculation
@@ -235,34 +292,10 @@ def compare_speculation(engine, rows, concurrent, args, config, threads, load_st
     runs = {}
     for label in ("none", *modes):
         engine.speculation = spec_for(label, spec_on)
-        with DecodeForwards() as forwards:
-            t0 = time.perf_counter()
-            results = asyncio.run(concurrent(rows))
-            wall = time.perf_counter() - t0
-        by_active: dict[int, Counter] = defaultdict(Counter)
-        for k, _b, active, _s in forwards.steps:
-            by_active[active][k] += 1
-        runs[label] = {"wall_s": round(wall, 2), "results": results, "decode_forwards": len(forwards.steps),
-                       "loadavg_end": loadavg(), **forward_costs(forwards.steps, engine.cost),
-                       "k_by_active_rows": {a: dict(sorted(c.items())) for a, c in sorted(by_active.items())},
-                       "completion_tokens": sum(st.completion_tokens for r in results for st in r.steps),
-                       "drafted": sum(st.draft_tokens for r in results for st in r.steps),
-                       "accepted": sum(st.accepted_tokens for r in results for st in r.steps)}
-        print(f"speculation {label}: {wall:.1f}s, {len(forwards.steps)} decode forwards "
-              f"({runs[label]['decode_forward_s']}s); load {loadavg()}", flush=True)
+        runs[label] = speculation_read(engine, label, rows, concurrent)
     engine.speculation = spec_on
     off = runs["none"]
-
-    def against_none(r: dict) -> dict:
-        same = sum(all(x.memory == y.memory for x, y in zip(a.steps, b.steps)) and a.response == b.response
-                   for a, b in zip(off["results"], r["results"]))
-        drafting = [a for a, c in r["k_by_active_rows"].items() if any(k > 0 for k in c)]
-        return {"ratio": round(off["wall_s"] / r["wall_s"], 3), "identical_rows": same, "rows": len(rows),
-                "acceptance": r["accepted"] / r["drafted"] if r["drafted"] else None,
-                "drafted_with_active_rows_at_most": max(drafting, default=0),
-                **{k: v for k, v in r.items() if k != "results"}}
-
-    per_mode = {label: against_none(runs[label]) for label in modes}
+    per_mode = {label: against_none(off, runs[label], rows) for label in modes}
     head = per_mode[modes[0]]
     result = {
         "benchmark": "concurrency-speculation",

@@ -48,6 +48,7 @@ import random
 import resource
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,8 @@ def score_doc(rec: dict[str, Any], row: dict[str, Any], fields: list[Any]) -> No
             rec["evidence_inside"][f.name] = e.get("char_start") is not None and g0 <= e["char_start"] and e["char_end"] <= g1
 
 
-def main() -> None:  # noqa: C901 - one script, phases in order
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=100)
     parser.add_argument("--baseline-docs", type=int, default=30, help="random documents also read one chain per field")
@@ -138,38 +140,41 @@ def main() -> None:  # noqa: C901 - one script, phases in order
     parser.add_argument("--corpus-cache", default=None, help="Parquet file to keep/reuse the generated corpus")
     parser.add_argument("--out", default="runs/bench/extraction.json")
     add_threads_option(parser)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from memagent.agent import check_config, read_document
+def stop_time(deadline: str | None, reserve_s: float) -> float | None:
+    """Epoch seconds after which no read starts: ``reserve_s`` before the next ``HH:MM`` UTC (None: no deadline)."""
+    if not deadline:
+        return None
+    now = dt.datetime.now(dt.timezone.utc)
+    h, m = (int(x) for x in deadline.split(":"))
+    return time.time() + ((now.replace(hour=h, minute=m, second=0, microsecond=0) - now).total_seconds()
+                          % 86400) - reserve_s
+
+
+def agent_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """The contract schema, the one-chain agent config, and per field the config of its one-field schema."""
     from memagent.config import AgentConfig
-    from memagent.data.contracts import CONTRACT_SCHEMA, ContractCorpus, contract_corpus
-    from memagent.data.hotpotqa import count_tokens
-    from memagent.engines import EngineConfig, SamplingParams, make_engine
-    from memagent.extraction import InvalidOutput, extraction_columns, parse_reply, schema_from
-    from memagent.prompts import final_answer_messages
+    from memagent.data.contracts import CONTRACT_SCHEMA
+    from memagent.extraction import schema_from
 
-    t_start = time.perf_counter()
-    load = LoadSampler()
-    load.start()
-    threads = set_threads(args.threads)
-    stop_at = None
-    if args.deadline:
-        now = dt.datetime.now(dt.timezone.utc)
-        h, m = (int(x) for x in args.deadline.split(":"))
-        stop_at = time.time() + ((now.replace(hour=h, minute=m, second=0, microsecond=0) - now).total_seconds()
-                                 % 86400) - args.reserve_s
-    engine = make_engine(EngineConfig(model=bench_model(args.model), max_batch_size=args.max_in_flight))
     schema = schema_from(CONTRACT_SCHEMA)
-    fields = list(schema.fields)
     config = AgentConfig(preset=args.preset, answer_tokens=args.answer_tokens, extraction=schema)
     one_field = {f.name: AgentConfig(preset=args.preset, answer_tokens=args.answer_tokens, extraction=schema_from(
         {"type": "object", "properties": {f.name: CONTRACT_SCHEMA["properties"][f.name]}, "required": [f.name]}))
-        for f in fields}
-    for c in [config, *one_field.values()]:
-        check_config(engine, c)
+        for f in schema.fields}
+    return schema, config, one_field
+
+
+def contract_rows(args: argparse.Namespace, engine: Any) -> tuple[list[dict[str, Any]], float]:
+    """The generated contracts (from ``--corpus-cache`` when it holds the same corpus) and the seconds they took."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.data.contracts import ContractCorpus, contract_corpus
+    from memagent.data.hotpotqa import count_tokens
+
     t0 = time.perf_counter()
     cache = Path(args.corpus_cache) if args.corpus_cache else None
     key = {"docs": args.docs, "min": args.min_tokens, "max": args.max_tokens, "seed": args.seed, "model": args.model}
@@ -182,30 +187,58 @@ def main() -> None:  # noqa: C901 - one script, phases in order
             cache.parent.mkdir(parents=True, exist_ok=True)
             table = pa.Table.from_pylist(rows)
             pq.write_table(table.replace_schema_metadata({"corpus": json.dumps(key)}), cache)
-    corpus_s = time.perf_counter() - t0
+    return rows, time.perf_counter() - t0
+
+
+def baseline_split(rows: list[dict[str, Any]], args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The ids of the seeded baseline sample and of the other documents (each shortest first with --shortest-first)."""
     by_id = {r["id"]: r for r in rows}
     sample = sorted(random.Random(SAMPLE_SEED).sample(list(by_id), min(args.baseline_docs, len(rows))))
     rest = [i for i in by_id if i not in set(sample)]
     if args.shortest_first:
         sample, rest = (sorted(ids, key=lambda i: by_id[i]["target_tokens"]) for ids in (sample, rest))
-    asyncio.run(engine.chat([{"role": "user", "content": "Hello"}], SamplingParams(2)))  # warm-up
-    print(f"{len(rows)} contracts ({sum(r['target_tokens'] for r in rows):,} target tokens) in {corpus_s:.1f}s; "
-          f"baseline sample {len(sample)}; threads {threads}; load {loadavg()}", flush=True)
+    return sample, rest
 
-    records: dict[str, list[dict[str, Any]]] = {"one_chain": [], "per_field": [], "unconstrained": []}
-    phases: dict[str, dict[str, Any]] = {}
-    skipped: dict[str, int] = {}
 
-    async def read(doc_id: str, cfg: AgentConfig, asked: list[str]) -> dict[str, Any]:
-        row, sch = by_id[doc_id], cfg.extraction
+@dataclass
+class ExtractionRun:
+    """One run's reads: its engine, corpus and agent configs, the records so far, and the phases queueing them."""
+
+    args: argparse.Namespace
+    engine: Any
+    schema: Any
+    config: Any
+    one_field: dict[str, Any]
+    rows: list[dict[str, Any]]
+    sample: list[str]
+    threads: int
+    load: LoadSampler
+    t_start: float
+    corpus_s: float
+    stop_at: float | None
+    records: dict[str, list[dict[str, Any]]] = field(
+        default_factory=lambda: {"one_chain": [], "per_field": [], "unconstrained": []})
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fields = list(self.schema.fields)
+        self.by_id = {r["id"]: r for r in self.rows}
+
+    async def read(self, doc_id: str, cfg: Any, asked: list[str]) -> dict[str, Any]:
+        """One chain over one document with ``cfg``'s schema, scored on the fields it ``asked``."""
+        from memagent.agent import read_document
+        from memagent.extraction import InvalidOutput, extraction_columns
+
+        row, sch = self.by_id[doc_id], cfg.extraction
         rec: dict[str, Any] = {"id": doc_id, "asked": asked, "target_tokens": row["target_tokens"],
                                "amended": row["amended"]}
         t = time.perf_counter()
         try:
-            result = await read_document(engine, None, row["context"], cfg)
+            result = await read_document(self.engine, None, row["context"], cfg)
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
             rec.update(valid=False, error=f"{type(exc).__name__}: {exc}"[:300])
-            score_doc(rec, row, fields)  # an error row extracts nothing: wrong on every field
+            score_doc(rec, row, self.fields)  # an error row extracts nothing: wrong on every field
             return rec
         rec.update(seconds=round(time.perf_counter() - t, 2), context_tokens=result.context_tokens,
                    n_chunks=result.n_chunks, prompt_tokens=sum(s.prompt_tokens for s in result.steps),
@@ -216,74 +249,115 @@ def main() -> None:  # noqa: C901 - one script, phases in order
             rec.update(valid=True, values=json.loads(cols["extraction"]), evidence=cols["field_evidence"])
         except InvalidOutput as exc:
             rec.update(valid=False, invalid=str(exc))
-        score_doc(rec, row, fields)
+        score_doc(rec, row, self.fields)
         return rec
 
-    async def unconstrained(rec: dict[str, Any]) -> dict[str, Any]:
+    async def unconstrained(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """The final-answer call of a finished one-chain read again, from its final memory, without the schema."""
+        from memagent.engines import SamplingParams
+        from memagent.extraction import InvalidOutput, parse_reply
+        from memagent.prompts import final_answer_messages
+
+        schema, config = self.schema, self.config
         messages = final_answer_messages(schema.question(), rec["memory"], "json", config.instruction, config.prompts,
                                          schema.answer_instruction())
-        reply = await engine.chat(messages, SamplingParams(config.answer_tokens, config.temperature, config.top_p,
-                                                           priority=-1))
+        reply = await self.engine.chat(messages, SamplingParams(config.answer_tokens, config.temperature,
+                                                                config.top_p, priority=-1))
         out = {"id": rec["id"], "asked": rec["asked"], "response": reply.text,
                "completion_tokens": reply.completion_tokens}
         try:
             out.update(valid=True, values=parse_reply(schema, reply.text))
         except InvalidOutput as exc:
             out.update(valid=False, invalid=str(exc))
-        score_doc(out, by_id[rec["id"]], fields)
+        score_doc(out, self.by_id[rec["id"]], self.fields)
         return out
 
-    async def run_phase(name: str, bucket: str, jobs: list, deadline: bool = True, in_flight: int = 0) -> None:
-        sem = asyncio.Semaphore(in_flight or args.max_in_flight)
+    async def run_phase(self, name: str, bucket: str, jobs: list, deadline: bool = True, in_flight: int = 0) -> None:
+        """Run ``jobs`` at most ``in_flight`` at once (default --max-in-flight), saving the JSON after each."""
+        sem = asyncio.Semaphore(in_flight or self.args.max_in_flight)
+        records, fields = self.records, self.fields
         t = time.perf_counter()
 
         async def one(job):
             async with sem:
-                if deadline and stop_at is not None and time.time() > stop_at:
-                    skipped[name] = skipped.get(name, 0) + 1
+                if deadline and self.stop_at is not None and time.time() > self.stop_at:
+                    self.skipped[name] = self.skipped.get(name, 0) + 1
                     return
                 rec = await job()
                 rec["phase"] = name
                 if bucket == "mixed" and len(rec["asked"]) == len(fields) and rec.get("memory") is not None:
-                    u = await unconstrained(rec)  # right away: a cut run keeps both answers of every document
+                    u = await self.unconstrained(rec)  # right away: a cut run keeps both answers of every document
                     u["phase"] = name
                     records["unconstrained"].append(u)
                 to = bucket if bucket != "mixed" else "one_chain" if len(rec["asked"]) == len(fields) else "per_field"
                 records[to].append(rec)
-                phases[name] = {"jobs": len(jobs), "done": sum(1 for k, v in records.items() for r in v
-                                                                if r["phase"] == name and (k != "unconstrained" or bucket == k)),
-                                "wall_s": round(time.perf_counter() - t, 2), "loadavg_end": loadavg()}
-                save()
+                self.phases[name] = {"jobs": len(jobs), "done": sum(1 for k, v in records.items() for r in v
+                                                                    if r["phase"] == name
+                                                                    and (k != "unconstrained" or bucket == k)),
+                                     "wall_s": round(time.perf_counter() - t, 2), "loadavg_end": loadavg()}
+                self.save()
 
         await asyncio.gather(*(one(j) for j in jobs))
-        print(f"{name}: {phases.get(name)}", flush=True)
+        print(f"{name}: {self.phases.get(name)}", flush=True)
 
-    def jobs_one_chain(ids):
-        return [lambda i=i: read(i, config, [f.name for f in fields]) for i in ids]
+    def jobs_one_chain(self, ids: list[str]) -> list:
+        """One job per document: its one-chain read of all the fields."""
+        return [lambda i=i: self.read(i, self.config, [f.name for f in self.fields]) for i in ids]
 
-    def save() -> dict[str, Any]:
-        result = summarize(args, rows, sample, records, phases, skipped, fields, config, threads, load, t_start,
-                           corpus_s)
-        write_json(args.out, result)
+    def jobs_per_field(self, doc_id: str) -> list:
+        """One job per field of a document: its read with that field's one-field schema."""
+        return [lambda i=doc_id, f=f: self.read(i, self.one_field[f.name], [f.name]) for f in self.fields]
+
+    def save(self) -> dict[str, Any]:
+        """Summarize the reads so far and rewrite --out with them."""
+        result = summarize(self.args, self.rows, self.sample, self.records, self.phases, self.skipped, self.fields,
+                           self.config, self.threads, self.load, self.t_start, self.corpus_s)
+        write_json(self.args.out, result)
         return result
 
-    def jobs_per_field(i):
-        return [lambda i=i, f=f: read(i, one_field[f.name], [f.name]) for f in fields]
+    def run_all(self, rest: list[str]) -> None:
+        """The phases in order (--phased), else one interleaved queue; then the unconstrained answers (--phased)."""
+        args, sample = self.args, self.sample
+        if args.phased:
+            pair = min(args.max_in_flight, len(sample))  # both ways of the sample at the same concurrency
+            asyncio.run(self.run_phase("one_chain_sample", "one_chain", self.jobs_one_chain(sample), in_flight=pair))
+            asyncio.run(self.run_phase("per_field_sample", "per_field",
+                                       [j for i in sample for j in self.jobs_per_field(i)], in_flight=pair))
+            asyncio.run(self.run_phase("one_chain_rest", "one_chain", self.jobs_one_chain(rest)))
+        else:  # one queue: the jobs' bucket is known from how many fields each asks
+            jobs = [j for i in sample for j in [*self.jobs_one_chain([i]), *self.jobs_per_field(i)]] + \
+                self.jobs_one_chain(rest)
+            asyncio.run(self.run_phase("interleaved", "mixed", jobs))
+        if args.phased:
+            done = [r for r in self.records["one_chain"] if r.get("memory") is not None]
+            asyncio.run(self.run_phase("unconstrained", "unconstrained",
+                                       [lambda r=r: self.unconstrained(r) for r in done], deadline=False))
 
-    if args.phased:
-        pair = min(args.max_in_flight, len(sample))  # both ways of the sample at the same concurrency
-        asyncio.run(run_phase("one_chain_sample", "one_chain", jobs_one_chain(sample), in_flight=pair))
-        asyncio.run(run_phase("per_field_sample", "per_field", [j for i in sample for j in jobs_per_field(i)],
-                              in_flight=pair))
-        asyncio.run(run_phase("one_chain_rest", "one_chain", jobs_one_chain(rest)))
-    else:  # one queue: the jobs' bucket is known from how many fields each asks
-        jobs = [j for i in sample for j in [*jobs_one_chain([i]), *jobs_per_field(i)]] + jobs_one_chain(rest)
-        asyncio.run(run_phase("interleaved", "mixed", jobs))
-    if args.phased:
-        done = [r for r in records["one_chain"] if r.get("memory") is not None]
-        asyncio.run(run_phase("unconstrained", "unconstrained", [lambda r=r: unconstrained(r) for r in done],
-                              deadline=False))
-    result = save()
+
+def main() -> None:
+    args = parse_args()
+
+    from memagent.agent import check_config
+    from memagent.engines import EngineConfig, SamplingParams, make_engine
+
+    t_start = time.perf_counter()
+    load = LoadSampler()
+    load.start()
+    threads = set_threads(args.threads)
+    stop_at = stop_time(args.deadline, args.reserve_s)
+    engine = make_engine(EngineConfig(model=bench_model(args.model), max_batch_size=args.max_in_flight))
+    schema, config, one_field = agent_configs(args)
+    for c in [config, *one_field.values()]:
+        check_config(engine, c)
+    rows, corpus_s = contract_rows(args, engine)
+    sample, rest = baseline_split(rows, args)
+    asyncio.run(engine.chat([{"role": "user", "content": "Hello"}], SamplingParams(2)))  # warm-up
+    print(f"{len(rows)} contracts ({sum(r['target_tokens'] for r in rows):,} target tokens) in {corpus_s:.1f}s; "
+          f"baseline sample {len(sample)}; threads {threads}; load {loadavg()}", flush=True)
+    run = ExtractionRun(args, engine, schema, config, one_field, rows, sample, threads, load, t_start, corpus_s,
+                        stop_at)
+    run.run_all(rest)
+    result = run.save()
     report(result, args.out)
 
 
@@ -293,6 +367,63 @@ def _field_rates(recs: list[dict[str, Any]], fields: list[Any]) -> dict[str, Any
         got = [r["correct"][f.name] for r in recs if f.name in r.get("correct", {})]
         out[f.name] = wilson(sum(got), len(got))
     return out
+
+
+def baseline_figures(one: list[dict[str, Any]], base: list[dict[str, Any]], base_done: set[str],
+                     phases: dict[str, dict[str, Any]], fields: list[Any]) -> dict[str, Any]:
+    """One chain vs one chain per field on the same documents: tokens, walls, chain seconds, exact match."""
+    same = base_done & {r["id"] for r in one if "error" not in r}
+    one_same = [r for r in one if r["id"] in same]
+    base_same = [r for r in base if r["id"] in same]
+    both = (("one_chain", one_same), ("per_field", base_same))
+    tok = {k: sum(r.get("context_tokens", 0) for r in v) for k, v in both}
+    prompt = {k: sum(r.get("prompt_tokens", 0) for r in v) for k, v in both}
+    chain_s = {k: round(sum(r.get("seconds", 0) for r in v), 1) for k, v in both}
+    p1, p2 = phases.get("one_chain_sample", {}), phases.get("per_field_sample", {})
+    full_phases = bool(p1 and p2) and p1["done"] == p1["jobs"] and p2["done"] == p2["jobs"]
+    per_field_acc = {
+        f.name: {"one_chain": wilson(sum(r["correct"].get(f.name, False) for r in one_same), len(one_same)),
+                 "per_field": wilson(sum(r["correct"].get(f.name, False) for r in base_same if f.name in r["correct"]),
+                                     sum(1 for r in base_same if f.name in r["correct"]))}
+        for f in fields}
+    return {
+        "documents": len(same), "same_documents": sorted(same),
+        "doc_tokens_read": tok, "prompt_tokens": prompt,
+        "tokens_ratio": round(tok["per_field"] / tok["one_chain"], 3) if tok["one_chain"] else None,
+        "prompt_tokens_ratio": round(prompt["per_field"] / prompt["one_chain"], 3) if prompt["one_chain"] else None,
+        "wall_s": {"one_chain": p1.get("wall_s"), "per_field": p2.get("wall_s")},
+        "wall_ratio": round(p2["wall_s"] / p1["wall_s"], 3) if full_phases and p1.get("wall_s") else None,
+        "wall_note": None if full_phases else "no separate phases (interleaved run) or a phase was cut",
+        "chain_seconds": chain_s,
+        "chain_seconds_ratio": round(chain_s["per_field"] / chain_s["one_chain"], 3) if chain_s["one_chain"] else None,
+        "exact_match_per_field": per_field_acc,
+    }
+
+
+def partial_reasons(rows: list[dict[str, Any]], sample: list[str], one: list[dict[str, Any]],
+                    base_done: set[str]) -> list[str]:
+    """Why a run's figures are partial: sized below the issue's run, or documents not read (none: complete)."""
+    reasons = []
+    if len(rows) < ISSUE_DOCS or len(sample) < ISSUE_BASELINE_DOCS:
+        reasons.append(f"sized below the issue's {ISSUE_DOCS} documents / {ISSUE_BASELINE_DOCS} baseline documents "
+                       f"(--docs {len(rows)} --baseline-docs {len(sample)})")
+    if len(one) < len(rows):
+        reasons.append(f"{len(one)} of {len(rows)} documents read in one chain")
+    if len(base_done) < len(sample):
+        reasons.append(f"{len(base_done)} of {len(sample)} baseline documents read one chain per field")
+    return reasons
+
+
+def run_settings(args: argparse.Namespace, rows: list[dict[str, Any]], sample: list[str], config: Any, threads: int,
+                 corpus_s: float) -> dict[str, Any]:
+    """The run's settings as the JSON records them."""
+    return {"docs": len(rows), "baseline_docs": len(sample), "sample_in_flight": min(args.max_in_flight, len(sample)),
+            "phased": args.phased, "shortest_first": args.shortest_first, "min_tokens": args.min_tokens,
+            "max_tokens": args.max_tokens, "seed": args.seed, "model": args.model, "preset": args.preset,
+            "agent": {k: v for k, v in config.model_dump(mode="json").items() if k != "prompts"},
+            "max_in_flight": args.max_in_flight, "threads": threads, "corpus_seconds": round(corpus_s, 1),
+            "doc_tokens_total": sum(r["target_tokens"] for r in rows),
+            "amended_docs": sum(1 for r in rows if r["amended"])}
 
 
 def summarize(args, rows, sample, records, phases, skipped, fields, config, threads, load, t_start,
@@ -306,29 +437,8 @@ def summarize(args, rows, sample, records, phases, skipped, fields, config, thre
     inside = sum(1 for f, r in all_correct if r["evidence_inside"].get(f))
     # Same documents both ways: the sample's documents read completely by the per-field baseline.
     base_done = {i for i in sample if sum(1 for r in base if r["id"] == i and "error" not in r) == len(fields)}
-    same = base_done & {r["id"] for r in one if "error" not in r}
-    one_same = [r for r in one if r["id"] in same]
-    base_same = [r for r in base if r["id"] in same]
-    tok = {k: sum(r.get("context_tokens", 0) for r in v) for k, v in (("one_chain", one_same), ("per_field", base_same))}
-    prompt = {k: sum(r.get("prompt_tokens", 0) for r in v) for k, v in (("one_chain", one_same), ("per_field", base_same))}
-    chain_s = {k: round(sum(r.get("seconds", 0) for r in v), 1) for k, v in (("one_chain", one_same),
-                                                                             ("per_field", base_same))}
-    p1, p2 = phases.get("one_chain_sample", {}), phases.get("per_field_sample", {})
-    full_phases = bool(p1 and p2) and p1["done"] == p1["jobs"] and p2["done"] == p2["jobs"]
-    per_field_acc = {
-        f.name: {"one_chain": wilson(sum(r["correct"].get(f.name, False) for r in one_same), len(one_same)),
-                 "per_field": wilson(sum(r["correct"].get(f.name, False) for r in base_same if f.name in r["correct"]),
-                                     sum(1 for r in base_same if f.name in r["correct"]))}
-        for f in fields}
     amended = [r for r in one if r.get("amended")]
-    reasons = []
-    if len(rows) < ISSUE_DOCS or len(sample) < ISSUE_BASELINE_DOCS:
-        reasons.append(f"sized below the issue's {ISSUE_DOCS} documents / {ISSUE_BASELINE_DOCS} baseline documents "
-                       f"(--docs {len(rows)} --baseline-docs {len(sample)})")
-    if len(one) < len(rows):
-        reasons.append(f"{len(one)} of {len(rows)} documents read in one chain")
-    if len(base_done) < len(sample):
-        reasons.append(f"{len(base_done)} of {len(sample)} baseline documents read one chain per field")
+    reasons = partial_reasons(rows, sample, one, base_done)
     return {
         "benchmark": "extraction",
         "partial": bool(reasons), "partial_reason": "; ".join(reasons) or None,
@@ -340,29 +450,12 @@ def summarize(args, rows, sample, records, phases, skipped, fields, config, thre
             sum(r["correct"].get(f, False) for r in amended for f in r["amended"]),
             sum(len(r["amended"]) for r in amended)),
         "evidence_correct_rate": wilson(inside, len(all_correct)),
-        "baseline": {
-            "documents": len(same), "same_documents": sorted(same),
-            "doc_tokens_read": tok, "prompt_tokens": prompt,
-            "tokens_ratio": round(tok["per_field"] / tok["one_chain"], 3) if tok["one_chain"] else None,
-            "prompt_tokens_ratio": round(prompt["per_field"] / prompt["one_chain"], 3) if prompt["one_chain"] else None,
-            "wall_s": {"one_chain": p1.get("wall_s"), "per_field": p2.get("wall_s")},
-            "wall_ratio": round(p2["wall_s"] / p1["wall_s"], 3) if full_phases and p1.get("wall_s") else None,
-            "wall_note": None if full_phases else "no separate phases (interleaved run) or a phase was cut",
-            "chain_seconds": chain_s,
-            "chain_seconds_ratio": round(chain_s["per_field"] / chain_s["one_chain"], 3) if chain_s["one_chain"] else None,
-            "exact_match_per_field": per_field_acc,
-        },
+        "baseline": baseline_figures(one, base, base_done, phases, fields),
         "errors": [{"id": r["id"], "phase": r["phase"], "error": r["error"]} for r in [*one, *base] if "error" in r],
         "invalid": [{"id": r["id"], "phase": r["phase"], "why": r["invalid"], "response": r.get("response", "")[:300]}
                     for r in [*one, *base, *unc] if "invalid" in r][:40],
         "phases": phases, "skipped_by_deadline": skipped,
-        "settings": {"docs": len(rows), "baseline_docs": len(sample), "sample_in_flight": min(args.max_in_flight, len(sample)),
-                     "phased": args.phased, "shortest_first": args.shortest_first, "min_tokens": args.min_tokens,
-                     "max_tokens": args.max_tokens, "seed": args.seed, "model": args.model, "preset": args.preset,
-                     "agent": {k: v for k, v in config.model_dump(mode="json").items() if k != "prompts"},
-                     "max_in_flight": args.max_in_flight, "threads": threads, "corpus_seconds": round(corpus_s, 1),
-                     "doc_tokens_total": sum(r["target_tokens"] for r in rows),
-                     "amended_docs": sum(1 for r in rows if r["amended"])},
+        "settings": run_settings(args, rows, sample, config, threads, corpus_s),
         "seconds_total": round(time.perf_counter() - t_start, 1),
         "peak_rss_mb": peak_rss_mb(), "loadavg_during": load.summary(),
         "docs": [{k: v for k, v in r.items() if k not in ("memory", "evidence")} for r in [*one, *base]],

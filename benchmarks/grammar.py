@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from benchmarks.common import add_threads_option, loadavg, machine, print_table, set_threads, write_json
 
@@ -46,92 +47,103 @@ PARTIES = ["Harlow Freight Ltd", "Norbridge Mills plc", "Castell Data GmbH", "Oa
            "Kestrel Foods Inc", "Lyle Textiles Ltd", "Brightwater Energy AG"]
 
 
-def _library(lib: str) -> dict:
-    """One library's figures (run in a fresh process: the peak RSS is its own)."""
+def _llguidance(tok: Any, V: int, schema: str, out: dict) -> tuple[Callable, Callable, Callable]:
+    """llguidance's matcher for ``schema``: start, mask and accept steps (setup and compile seconds into ``out``)."""
     import numpy as np
     import torch
-    from transformers import AutoTokenizer
 
-    from memagent.models import resolve_model
+    t = time.perf_counter()  # the library's import counts to its tokenizer setup
+    import llguidance
+    import llguidance.hf
 
-    torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
-    V = len(tok)
-    schema = json.dumps(SCHEMA)
-    ids = tok(json.dumps(REPLY, separators=(",", ":")), add_special_tokens=False)["input_ids"]
-    out: dict = {"library": lib, "version": metadata.version(lib), "vocab": V, "reply_tokens": len(ids),
-                 "load_before": loadavg()}
+    lt = llguidance.hf.from_tokenizer(tok, n_vocab=V)
+    out["tokenizer_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    if lib == "llguidance":
-        import llguidance
-        import llguidance.hf
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        schema, defaults={"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"})
+    template = llguidance.LLMatcher(lt, grammar, log_level=0)
+    out["compile_s"] = time.perf_counter() - t
+    bits = torch.zeros((V + 31) // 32, dtype=torch.int32)
 
-        lt = llguidance.hf.from_tokenizer(tok, n_vocab=V)
-        out["tokenizer_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"})
-        template = llguidance.LLMatcher(lt, grammar, log_level=0)
-        out["compile_s"] = time.perf_counter() - t
-        bits = torch.zeros((V + 31) // 32, dtype=torch.int32)
+    def start():
+        return template.deep_copy()
 
-        def start():
-            return template.deep_copy()
+    def mask(m, logits):
+        m.unsafe_compute_mask_ptr(bits.data_ptr(), bits.numel() * 4)
+        allowed = torch.from_numpy(np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")[:V].view(np.bool_))
+        logits.masked_fill_(~allowed, float("-inf"))
 
-        def mask(m, logits):
-            m.unsafe_compute_mask_ptr(bits.data_ptr(), bits.numel() * 4)
-            allowed = torch.from_numpy(np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")[:V].view(np.bool_))
-            logits.masked_fill_(~allowed, float("-inf"))
+    def accept(m, i):
+        return m.consume_token(i)
 
-        def accept(m, i):
-            return m.consume_token(i)
-    elif lib == "xgrammar":
-        import xgrammar as xgr
+    return start, mask, accept
 
-        info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=V)
-        out["tokenizer_s"] = time.perf_counter() - t
-        compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        t = time.perf_counter()
-        compiled = compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
-        out["compile_s"] = time.perf_counter() - t
-        bitmask = xgr.allocate_token_bitmask(1, V)
 
-        def start():
-            return xgr.GrammarMatcher(compiled)
+def _xgrammar(tok: Any, V: int, schema: str, out: dict) -> tuple[Callable, Callable, Callable]:
+    """xgrammar's matcher for ``schema``: start, mask and accept steps (setup and compile seconds into ``out``)."""
+    t = time.perf_counter()  # the library's import counts to its tokenizer setup
+    import xgrammar as xgr
 
-        def mask(m, logits):
-            m.fill_next_token_bitmask(bitmask)
-            xgr.apply_token_bitmask_inplace(logits.view(1, -1), bitmask)
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=V)
+    out["tokenizer_s"] = time.perf_counter() - t
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    t = time.perf_counter()
+    compiled = compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
+    out["compile_s"] = time.perf_counter() - t
+    bitmask = xgr.allocate_token_bitmask(1, V)
 
-        def accept(m, i):
-            return m.accept_token(i)
-    elif lib == "outlines-core":
-        import outlines_core as oc
-        from outlines_core.json_schema import build_regex_from_schema
+    def start():
+        return xgr.GrammarMatcher(compiled)
 
-        vocab: dict[str, list[int]] = {}
-        for i in range(V):
-            if i not in tok.all_special_ids:
-                vocab.setdefault(tok.convert_tokens_to_string([tok.convert_ids_to_tokens(i)]), []).append(i)
-        voc = oc.Vocabulary(tok.eos_token_id, vocab)
-        out["tokenizer_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        index = oc.Index(build_regex_from_schema(schema, whitespace_pattern=""), voc)
-        out["compile_s"] = time.perf_counter() - t
+    def mask(m, logits):
+        m.fill_next_token_bitmask(bitmask)
+        xgr.apply_token_bitmask_inplace(logits.view(1, -1), bitmask)
 
-        def start():
-            return oc.Guide(index)
+    def accept(m, i):
+        return m.accept_token(i)
 
-        def mask(m, logits):
-            keep = torch.full((V,), float("-inf"))
-            keep[torch.tensor(m.get_tokens())] = 0
-            logits.add_(keep)
+    return start, mask, accept
 
-        def accept(m, i):
-            m.advance(i)
-            return True
-    else:
-        raise ValueError(f"unknown library {lib!r}")
+
+def _outlines_core(tok: Any, V: int, schema: str, out: dict) -> tuple[Callable, Callable, Callable]:
+    """outlines-core's guide for ``schema``: start, mask and accept steps (setup and compile seconds into ``out``)."""
+    import torch
+
+    t = time.perf_counter()  # the library's import counts to its tokenizer setup
+    import outlines_core as oc
+    from outlines_core.json_schema import build_regex_from_schema
+
+    vocab: dict[str, list[int]] = {}
+    for i in range(V):
+        if i not in tok.all_special_ids:
+            vocab.setdefault(tok.convert_tokens_to_string([tok.convert_ids_to_tokens(i)]), []).append(i)
+    voc = oc.Vocabulary(tok.eos_token_id, vocab)
+    out["tokenizer_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    index = oc.Index(build_regex_from_schema(schema, whitespace_pattern=""), voc)
+    out["compile_s"] = time.perf_counter() - t
+
+    def start():
+        return oc.Guide(index)
+
+    def mask(m, logits):
+        keep = torch.full((V,), float("-inf"))
+        keep[torch.tensor(m.get_tokens())] = 0
+        logits.add_(keep)
+
+    def accept(m, i):
+        m.advance(i)
+        return True
+
+    return start, mask, accept
+
+
+MATCHERS = {"llguidance": _llguidance, "xgrammar": _xgrammar, "outlines-core": _outlines_core}
+
+
+def _mask_times(lib: str, ids: list[int], V: int, start: Callable, mask: Callable, accept: Callable) -> list[float]:
+    """Seconds of each position's mask (computed and applied to a ``[V]`` logits row): 5 passes after a warm-up."""
+    import torch
 
     def one_pass() -> list[float]:
         m, times = start(), []
@@ -145,7 +157,27 @@ def _library(lib: str) -> dict:
         return times
 
     one_pass()
-    times = [x for _ in range(5) for x in one_pass()]
+    return [x for _ in range(5) for x in one_pass()]
+
+
+def _library(lib: str) -> dict:
+    """One library's figures (run in a fresh process: the peak RSS is its own)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from memagent.models import resolve_model
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
+    V = len(tok)
+    schema = json.dumps(SCHEMA)
+    ids = tok(json.dumps(REPLY, separators=(",", ":")), add_special_tokens=False)["input_ids"]
+    out: dict = {"library": lib, "version": metadata.version(lib), "vocab": V, "reply_tokens": len(ids),
+                 "load_before": loadavg()}
+    if lib not in MATCHERS:
+        raise ValueError(f"unknown library {lib!r}")
+    start, mask, accept = MATCHERS[lib](tok, V, schema, out)
+    times = _mask_times(lib, ids, V, start, mask, accept)
     out.update(mask_ms_mean=1000 * statistics.mean(times), mask_ms_p50=1000 * statistics.median(times),
                mask_ms_max=1000 * max(times), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                load_after=loadavg())

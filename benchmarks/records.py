@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import loadavg, print_table, write_json
+from benchmarks.common import loadavg, write_json
+from benchmarks.records_report import model_summary, print_summary, scripted_summary
 
 SEED = 32
 ROOT = Path(__file__).resolve().parent.parent
@@ -355,16 +356,8 @@ def run_child_module(module: str, args: list[str], timeout: float) -> tuple[int,
     return rc, round(time.perf_counter() - t0, 1)
 
 
-def wilson(k: int, n: int) -> dict[str, Any]:
-    from memagent.evaluate import wilson_interval
-
-    if not n:
-        return {"rate": None, "ci95": None, "k": 0, "n": 0}
-    lo, hi = wilson_interval(k / n, n)
-    return {"rate": round(k / n, 4), "ci95": [round(lo, 4), round(hi, 4)], "k": k, "n": n}
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring); the ``--child-*`` options are the parts' subprocesses'."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results/records.json")
     ap.add_argument("--sizes", default="8192,65536,262144,1048576", help="scripted documents' target tokens")
@@ -376,28 +369,30 @@ def main() -> None:
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-langextract", action="store_true")
     ap.add_argument("--langextract-python", default=None,
-                    help="the python of a venv with langextract installed: runs the peer row (benchmarks.langextract_peer)")
+                    help="the python of a venv with langextract installed: runs the peer row "
+                         "(benchmarks.langextract_peer)")
     ap.add_argument("--no-scripted", action="store_true")
-    ap.add_argument("--model-result", default=None, help="a --child-model JSON already written (run beside the scripted part)")
+    ap.add_argument("--model-result", default=None,
+                    help="a --child-model JSON already written (run beside the scripted part)")
     ap.add_argument("--model-key", default="model", help="the JSON key of the model part")
     ap.add_argument("--update", action="store_true", help="keep the parts already in --out (a part run later)")
     ap.add_argument("--child-scripted", nargs=2, metavar=("DOC", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--child-model", nargs=2, metavar=("DOCS", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--child-deadline", type=float, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child_scripted:
-        return child_scripted(*args.child_scripted)
-    if args.child_model:
-        return child_model(*args.child_model, args.child_deadline, args.threads, args.max_batch)
+    return ap.parse_args()
 
-    from memagent.data.records_corpus import statement
 
-    deadline = time.time() + 3600
-    if args.deadline:
-        now = dt.datetime.now(dt.UTC)
-        h, m = map(int, args.deadline.split(":"))
-        deadline = now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
-    work = Path(tempfile.mkdtemp(prefix="records-bench-"))
+def deadline_epoch(deadline: str | None) -> float:
+    """When the model and peer parts stop: ``HH:MM`` UTC today, else an hour from now (epoch seconds)."""
+    if not deadline:
+        return time.time() + 3600
+    now = dt.datetime.now(dt.UTC)
+    h, m = map(int, deadline.split(":"))
+    return now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
+
+
+def start_output(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON's header; with --update, the parts already in --out, this run appended to its ``runs``."""
     out: dict[str, Any] = {"benchmark": "records", "issue": "32 item 9", "seed": SEED,
                            "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                            "command": "nice python -m benchmarks.records " + " ".join(sys.argv[1:]),
@@ -407,7 +402,13 @@ def main() -> None:
         old = json.loads(Path(args.out).read_text())
         old.pop("machine", None)
         out = {**old, "runs": old.get("runs", []) + [{"command": out["command"], "started_utc": out["started_utc"]}]}
-    # 1. scripted engine, one subprocess per size
+    return out
+
+
+def scripted_part(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
+    """1. The scripted engine, one subprocess per size in --sizes; --out rewritten after each."""
+    from memagent.data.records_corpus import statement
+
     scripted = []
     for size in [int(s) for s in args.sizes.split(",") if s and not args.no_scripted]:
         doc = statement(f"stmt-{size}", size, SEED)
@@ -424,97 +425,72 @@ def main() -> None:
                                       "records_reply_budget": 160, "query_tokens": 200},
                            "documents": scripted}
         write_json(args.out, out)
-        print(f"scripted {size}: {json.dumps({k: r.get(k) for k in ('document_tokens', 'chunks', 'wall_s', 'peak_rss_mb')})}",
-              flush=True)
+        figures = {k: r.get(k) for k in ('document_tokens', 'chunks', 'wall_s', 'peak_rss_mb')}
+        print(f"scripted {size}: {json.dumps(figures)}", flush=True)
     ok = [r for r in scripted if "score" in r] if not args.no_scripted else []
     if ok:
-        small, big = min(ok, key=lambda r: r["document_tokens"]), max(ok, key=lambda r: r["document_tokens"])
-        tot = {k: sum(r["score"][k] for r in ok) for k in ("gold", "predicted", "true_positive")}
-        out["scripted"]["summary"] = {
-            "recall": round(tot["true_positive"] / tot["gold"], 4), "precision": round(tot["true_positive"] / tot["predicted"], 4),
-            "records_gold": tot["gold"],
-            "records_lost_to_truncation_failed_pieces": sum(r["record_failed_pieces"] for r in ok),
-            "records_calls_cut_at_budget_then_split": sum(r["calls"]["records_cut_at_budget"] for r in ok),
-            "missed_with_a_planted_line_cut_by_chunk_boundary": sum(r["score"].get("missed_with_a_cut_line", 0) for r in ok),
-            "peak_rss_mb": {str(r["document_tokens"]): r["peak_rss_mb"] for r in ok},
-            "peak_rss_ratio_largest_vs_smallest": round(big["peak_rss_mb"] / small["peak_rss_mb"], 3),
-            "records_cost_vs_memory_update": big["records_cost_vs_memory_update"],
-            "records_cost_vs_memory_update_with_prefix_sharing": big["records_cost_vs_memory_update_with_prefix_sharing"],
-            "prompt_tokens_beyond_template_per_document_token": big["prompt_tokens_beyond_template_per_document_token"],
-        }
+        out["scripted"]["summary"] = scripted_summary(ok)
         write_json(args.out, out)
-    # 2. packaged model
+
+
+def model_part(args: argparse.Namespace, work: Path, out: dict[str, Any], deadline: float) -> None:
+    """2. The packaged model on --model-docs short documents, in a subprocess (or a --model-result merged)."""
+    from memagent.data.records_corpus import statement
+
     docs = [statement(f"short-{i}", args.model_tokens, SEED + 1) for i in range(args.model_docs)]
     dp = work / "model-docs.json"
     dp.write_text(json.dumps(docs))
-    if not args.no_model:
-        o = work / "model.json"
-        la = loadavg()
-        budget = deadline - time.time() - (240 if not args.no_langextract else 60)
-        if args.model_result:
-            o, rc, wall = Path(args.model_result), "separate process", None
-        else:
-            rc, wall = run_child(["--child-model", str(dp), str(o), "--child-deadline", str(time.time() + budget),
-                                  "--threads", str(args.threads), "--max-batch", str(args.max_batch)], budget + 30)
-        m = json.loads(o.read_text()) if o.exists() else {"error": f"child rc {rc}", "docs": []}
-        m["rc"], m["child_wall_s"] = rc, wall
-        m["loadavg_before" if not args.model_result else "loadavg_at_merge"] = la
-        m["loadavg_after"] = loadavg()
-        ds = m.get("docs", [])
-        g, tp, pr = (sum(d["score"][k] for d in ds) for k in ("gold", "true_positive", "predicted"))
-        am = [sum(d["score"]["amount_exact"][i] for d in ds) for i in (0, 1)]
-        bk = [sum(d["score"]["bank_exact"][i] for d in ds) for i in (0, 1)]
-        gr = [sum(d["score"]["grounded"][i] for d in ds) for i in (0, 1)]
-        m["summary"] = {
-            "model": "smollm2-135m fp32", "threads": args.threads, "max_batch": args.max_batch,
-            "config": {"chunk_tokens": 512, "memory_tokens": m.get("memory_tokens", 128),
-                       "records_reply_budget": m.get("memory_tokens", 128), "answer_tokens": 48,
-                       "min_split_chars": m.get("min_split_chars")},
-            "partial": len(ds) < len(docs), "docs_read": len(ds), "docs_asked": len(docs),
-            "schema_valid_rate": wilson(m.get("records_calls_valid", 0), m.get("records_calls", 0)),
-            "recall": wilson(tp, g), "precision": wilson(tp, pr), "amount_exact_match": wilson(*am),
-            "bank_exact_match": wilson(*bk), "grounded_fraction": wilson(*gr)}
-        out[args.model_key] = m
-        write_json(args.out, out)
-    # 3. LangExtract peer: its own module (LangExtract lives in a separate venv; it merges its key into --out)
+    if args.no_model:
+        return
+    o = work / "model.json"
+    la = loadavg()
+    budget = deadline - time.time() - (240 if not args.no_langextract else 60)
+    if args.model_result:
+        o, rc, wall = Path(args.model_result), "separate process", None
+    else:
+        rc, wall = run_child(["--child-model", str(dp), str(o), "--child-deadline", str(time.time() + budget),
+                              "--threads", str(args.threads), "--max-batch", str(args.max_batch)], budget + 30)
+    m = json.loads(o.read_text()) if o.exists() else {"error": f"child rc {rc}", "docs": []}
+    m["rc"], m["child_wall_s"] = rc, wall
+    m["loadavg_before" if not args.model_result else "loadavg_at_merge"] = la
+    m["loadavg_after"] = loadavg()
+    m["summary"] = model_summary(m, len(docs), args.threads, args.max_batch)
+    out[args.model_key] = m
+    write_json(args.out, out)
+
+
+def langextract_part(args: argparse.Namespace, out: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """3. The LangExtract peer: its own module (LangExtract lives in a separate venv; it merges its key into
+    --out). Returns the JSON as it then stands."""
     if args.no_langextract or not args.langextract_python:
         out["langextract"] = {"run": False, "reason": "--no-langextract" if args.no_langextract else
                               "no --langextract-python (a python with langextract installed, in a separate venv)"}
-    else:
-        write_json(args.out, out)
-        rc, wall = run_child_module("benchmarks.langextract_peer", ["--langextract-python", args.langextract_python,
-                                    "--sizes", args.sizes, "--out", args.out], max(deadline - time.time(), 600))
-        out = json.loads(Path(args.out).read_text())
-        out.pop("machine", None)
-        if rc != 0:
-            out["langextract"] = {"run": False, "reason": f"benchmarks.langextract_peer exited {rc} after {wall} s"}
+        return out
+    write_json(args.out, out)
+    rc, wall = run_child_module("benchmarks.langextract_peer", ["--langextract-python", args.langextract_python,
+                                "--sizes", args.sizes, "--out", args.out], max(deadline - time.time(), 600))
+    out = json.loads(Path(args.out).read_text())
+    out.pop("machine", None)
+    if rc != 0:
+        out["langextract"] = {"run": False, "reason": f"benchmarks.langextract_peer exited {rc} after {wall} s"}
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child_scripted:
+        return child_scripted(*args.child_scripted)
+    if args.child_model:
+        return child_model(*args.child_model, args.child_deadline, args.threads, args.max_batch)
+
+    deadline = deadline_epoch(args.deadline)
+    work = Path(tempfile.mkdtemp(prefix="records-bench-"))
+    out = start_output(args)
+    scripted_part(args, work, out)
+    model_part(args, work, out, deadline)
+    out = langextract_part(args, out, deadline)
     write_json(args.out, out)
     print_summary(out)
-
-
-def print_summary(out: dict[str, Any]) -> None:
-    rows = []
-    for r in out.get("scripted", {}).get("documents", []):
-        if "score" not in r:
-            rows.append([r.get("target_tokens"), "error", "", "", "", "", "", "", ""])
-            continue
-        s = r["score"]
-        rows.append([r["document_tokens"], r["chunks"], s["gold"], s["recall"], s["precision"], r["record_splits"],
-                     r["record_failed_pieces"], r["peak_rss_mb"], r["records_cost_vs_memory_update"],
-                     r["prompt_tokens_beyond_template_per_document_token"]["memory_updates"], r["wall_s"],
-                     r["loadavg_before"][0]])
-    print("scripted test double (measures the pipeline, not a model)")
-    print_table(["doc tokens", "chunks", "gold", "recall", "precision", "splits", "failed", "peak RSS MB",
-                 "records/memory tokens", "doc-token ratio (memory)", "wall s", "load"], rows)
-    for key in [k for k in out if k.startswith("model")]:
-        m = out[key].get("summary")
-        if not m:
-            continue
-        print(key)
-        print_table(["model", "docs", "schema-valid", "recall", "precision", "amount EM", "grounded"],
-                    [[m["model"], f"{m['docs_read']}/{m['docs_asked']}", m["schema_valid_rate"]["rate"], m["recall"]["rate"],
-                      m["precision"]["rate"], m["amount_exact_match"]["rate"], m["grounded_fraction"]["rate"]]])
-    print("langextract:", json.dumps({k: v for k, v in out.get("langextract", {}).items() if k not in ("docs", "documents")})[:600])
 
 
 if __name__ == "__main__":

@@ -221,7 +221,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "labels": dict(labels), "failures": [r for r in rows if "failure" in r]}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results/records_across_chunks.json")
     ap.add_argument("--seconds", type=float, default=300.0, help="CPU seconds in all, split over the distances")
@@ -233,33 +234,20 @@ def main() -> None:
     ap.add_argument("--model-only", action="store_true", help="keep the perfect reader's rows already in --out "
                     "(and their calibrated gaps) and run only the model arm (without it and --model-docs, the model "
                     "arm's rows already in --out are kept)")
-    args = ap.parse_args()
-    from transformers import AutoTokenizer
+    return ap.parse_args()
 
-    from memagent.models import resolve_model
-    from tests.oracle.invoices import SCHEMA
 
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
-    schema = schema_from(SCHEMA)
-    per_line = lines_per_chunk(tokenizer)
-    command = (f"nice python -m benchmarks.records_across_chunks --seconds {args.seconds:g} --max-docs {args.max_docs} "
-               f"--model-docs {args.model_docs} --model-seconds {args.model_seconds:g} "
-               f"--model-distances {args.model_distances} {'--model-only ' if args.model_only else ''}--out {args.out}")
-    out: dict[str, Any] = {"machine": machine(),
-                           "config": {"chunk_tokens": CHUNK_TOKENS, "memory_tokens": MEMORY_TOKENS,
-                                      "require_grounding": True, "invoices_per_doc": INVOICES, "open_per_doc": OPEN,
-                                      "stagger_lines": STAGGER, "reader": "MemoryOracle, in process"},
-                           "distances": {}}
-    gaps: dict[int, int] = {}
-    t_all = time.perf_counter()
-    run = {"command": command, "loadavg_before": loadavg()}
-    kept = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-    if args.model_only:  # the perfect arm's rows are kept as measured, with their own command and machine
-        out.update({k: kept[k] for k in ("perfect_run", "distances", "example")})
-        gaps = {int(d): s["filler_lines_between"] for d, s in kept["distances"].items()}
-    elif not args.model_docs and "embedded_model" in kept:  # the model arm's rows are kept, with their command
-        out.update({k: kept[k] for k in ("model_run", "embedded_model")})
-    for distance in () if args.model_only else DISTANCES:
+def run_command(args: argparse.Namespace) -> str:
+    """The command line of this run, as the results record it."""
+    return (f"nice python -m benchmarks.records_across_chunks --seconds {args.seconds:g} --max-docs {args.max_docs} "
+            f"--model-docs {args.model_docs} --model-seconds {args.model_seconds:g} "
+            f"--model-distances {args.model_distances} {'--model-only ' if args.model_only else ''}--out {args.out}")
+
+
+def perfect_arm(args: argparse.Namespace, out: dict[str, Any], gaps: dict[int, int], tokenizer: Any, schema: Any,
+                per_line: float) -> None:
+    """The perfect reader per distance: calibrate the gap, then read documents for the distance's CPU share."""
+    for distance in DISTANCES:
         gap, _ = calibrate(distance, tokenizer, schema, per_line)
         gaps[distance] = gap
         rows: list[dict[str, Any]] = []
@@ -272,17 +260,10 @@ def main() -> None:
         if any(r.get("example") for r in rows):
             out["example"] = next(r["example"] for r in rows if r.get("example"))
         out["distances"][str(distance)] = summary
-    if not args.model_only:
-        out["perfect_run"] = {**run, "loadavg_after": loadavg(), "wall_s": round(time.perf_counter() - t_all, 1),
-                              "peak_rss_mb": peak_rss_mb(), "machine": out["machine"]}
-    if args.model_docs:
-        chosen = {int(d) for d in args.model_distances.split(",")}
-        t_model = time.perf_counter()
-        out["embedded_model"] = model_arm({d: g for d, g in gaps.items() if d in chosen}, schema, args.model_docs,
-                                          args.model_seconds)
-        out["model_run"] = {**run, "loadavg_after": loadavg(), "wall_s": round(time.perf_counter() - t_model, 1),
-                            "peak_rss_mb": peak_rss_mb()}
-    path = write_json(args.out, out)
+
+
+def write_report(out: dict[str, Any], path: Path) -> None:
+    """Print the tables and write them, with the run's settings and example, as Markdown next to ``path``."""
     headers = ["distance (chunks)", "measured min/med/max", "docs", "gold", "recall", "precision", "incomplete",
                "conflicts", "memory-grounded values", "doc tokens / record", "failing docs"]
     rows_t = [[d, "{min}/{median:g}/{max}".format(**s["chunk_distance"]), s["documents"], s["gold"], s["recall"],
@@ -314,6 +295,44 @@ def main() -> None:
                f"{out['model_run']['loadavg_after']} after; peak RSS {out['model_run']['peak_rss_mb']} MB; CPU flags "
                "as above.", "", table(headers_m, rows_m)]
     path.with_suffix(".md").write_text("\n".join(md) + "\n")
+
+
+def main() -> None:
+    args = parse_args()
+    from transformers import AutoTokenizer
+
+    from memagent.models import resolve_model
+    from tests.oracle.invoices import SCHEMA
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
+    schema = schema_from(SCHEMA)
+    per_line = lines_per_chunk(tokenizer)
+    out: dict[str, Any] = {"machine": machine(),
+                           "config": {"chunk_tokens": CHUNK_TOKENS, "memory_tokens": MEMORY_TOKENS,
+                                      "require_grounding": True, "invoices_per_doc": INVOICES, "open_per_doc": OPEN,
+                                      "stagger_lines": STAGGER, "reader": "MemoryOracle, in process"},
+                           "distances": {}}
+    gaps: dict[int, int] = {}
+    t_all = time.perf_counter()
+    run = {"command": run_command(args), "loadavg_before": loadavg()}
+    kept = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    if args.model_only:  # the perfect arm's rows are kept as measured, with their own command and machine
+        out.update({k: kept[k] for k in ("perfect_run", "distances", "example")})
+        gaps = {int(d): s["filler_lines_between"] for d, s in kept["distances"].items()}
+    elif not args.model_docs and "embedded_model" in kept:  # the model arm's rows are kept, with their command
+        out.update({k: kept[k] for k in ("model_run", "embedded_model")})
+    if not args.model_only:
+        perfect_arm(args, out, gaps, tokenizer, schema, per_line)
+        out["perfect_run"] = {**run, "loadavg_after": loadavg(), "wall_s": round(time.perf_counter() - t_all, 1),
+                              "peak_rss_mb": peak_rss_mb(), "machine": out["machine"]}
+    if args.model_docs:
+        chosen = {int(d) for d in args.model_distances.split(",")}
+        t_model = time.perf_counter()
+        out["embedded_model"] = model_arm({d: g for d, g in gaps.items() if d in chosen}, schema, args.model_docs,
+                                          args.model_seconds)
+        out["model_run"] = {**run, "loadavg_after": loadavg(), "wall_s": round(time.perf_counter() - t_model, 1),
+                            "peak_rss_mb": peak_rss_mb()}
+    write_report(out, write_json(args.out, out))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,12 @@
     python -m benchmarks.scale --out benchmarks/results/scale.json [--docs 2000] [--actors 8]
         [--max-in-flight 64] [--modes admission,barrier] [--time-scale 1.0] [--cluster]
 
-Generates a lake of ``--docs`` documents with lognormal lengths (median 8K tokens, sigma 1.2,
-capped at 1M; count, seed and the length histogram go into the JSON), writes it as Parquet,
-and runs the real Ray Data job (``pipelines.batch_qa.run_batch_qa``: Parquet in, Parquet out,
-resume on) once per mode over the same lake, each into its own output, on ``--actors`` actors
-holding the latency-model engine of ``benchmarks/latency_engine.py`` (one H100-class GPU
-serving an 8B model each; its steps sleep, so eight cost almost no CPU).
+Generates a lake (:mod:`benchmarks.scale_lake`) of ``--docs`` documents with lognormal lengths
+(median 8K tokens, sigma 1.2, capped at 1M; count, seed and the length histogram go into the JSON),
+writes it as Parquet, and runs the real Ray Data job (``pipelines.batch_qa.run_batch_qa``: Parquet
+in, Parquet out, resume on) once per mode over the same lake, each into its own output, on
+``--actors`` actors holding the latency-model engine of ``benchmarks/latency_engine.py`` (one
+H100-class GPU serving an 8B model each; its steps sleep, so eight cost almost no CPU).
 
 Modes: ``admission`` (the job's default: one row per call, ``max_in_flight`` calls per actor,
 the actor's gate), ``barrier`` (admission off: one call per actor of ``max_in_flight`` rows,
@@ -32,14 +32,15 @@ end sooner; speculating, its expected time at the mode's mean acceptance, beside
 same reference) and add ``speculation`` (the setting, its expected drafted and accepted tokens per
 decode step). Targets: occupancy >= 0.9, wall_vs_ideal <= 1.15 with admission on.
 
-``--chain-others 0,3,15`` runs only the chain isolation (:func:`run_chain`): the lake's longest
-document on one simulated engine with 0, 3, 15 other documents reading beside it, no Ray.
+``--chain-others 0,3,15`` runs only the chain isolation (:func:`benchmarks.scale_chain.run_chain`):
+the lake's longest document on one simulated engine with 0, 3, 15 other documents reading beside it,
+no Ray.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import os
 import random
 import resource
@@ -49,6 +50,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,83 +63,10 @@ import psutil  # noqa: E402
 
 from benchmarks.common import loadavg, print_table, write_json  # noqa: E402
 from benchmarks.latency_engine import Acceptance, LatencyModel, engine_builder, load_acceptance, model_dict  # noqa: E402
+from benchmarks.scale_chain import run_chain  # noqa: E402
+from benchmarks.scale_lake import make_lake  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-HIST_EDGES = [0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 512_000, 1_000_001]
-WORDS = ("river harbour merchant lantern quiet market northern valley window garden stone bridge "
-         "winter morning letter council road forest copper wagon festival mill tower orchard "
-         "painter station archive meadow cellar ferry").split()
-NAMES = "Alder Birch Cedar Dune Ember Fable Garnet Heron Iris Juniper Kestrel Linden".split()
-
-
-def lake_lengths(n: int, seed: int, median: int = 8_000, sigma: float = 1.2, cap: int = 1_000_000) -> list[int]:
-    rng = random.Random(seed)
-    return [max(200, min(cap, int(round(median * math.exp(rng.gauss(0.0, sigma)))))) for _ in range(n)]
-
-
-def histogram(lengths: list[int]) -> list[dict]:
-    return [{"from": lo, "to": hi - 1 if hi == HIST_EDGES[-1] else hi,
-             "docs": sum(lo <= x < hi for x in lengths)} for lo, hi in zip(HIST_EDGES, HIST_EDGES[1:])]
-
-
-def corpus(seed: int, sentences: int, fact_every: int) -> str:
-    """Filler prose; one sentence in ``fact_every`` holds a digit string (what the simulated memory keeps)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(sentences):
-        if i % fact_every == fact_every // 2:
-            out.append(f"Ledger {rng.randint(10, 9999)} names {rng.choice(NAMES)} as keeper of the "
-                       f"{rng.choice(WORDS)}.")
-        else:
-            words = rng.choices(WORDS, k=rng.randint(8, 16))
-            out.append(" ".join(words).capitalize() + ".")
-    return " ".join(out)
-
-
-def make_lake(path: Path, n: int, seed: int, fact_every: int, files: int, tokenizer) -> dict:
-    """Write the lake; contexts are slices of one generated corpus (cheap), sized by chars/token."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from memagent.bpe_offsets import tiktoken_bpe_for
-
-    lengths = lake_lengths(n, seed)
-    if (path / "lake.json").exists():  # --keep: the same lake again
-        import json
-
-        return json.loads((path / "lake.json").read_text())
-    text = corpus(seed, min(400_000, 200 + sum(lengths) // 12), fact_every)
-    enc = tiktoken_bpe_for(tokenizer).encoding
-    sample = text[:400_000]
-    chars_per_token = len(sample) / len(enc.encode_ordinary(sample))
-    rng = random.Random(seed + 1)
-    rows = []
-    for i, tokens in enumerate(lengths):
-        chars = int(tokens * chars_per_token)
-        start = rng.randrange(0, len(text))
-        body = text[start:start + chars]
-        while len(body) < chars:  # wrap around the corpus
-            body += " " + text[:chars - len(body) - 1]
-        key, value = f"{rng.choice(WORDS)}-{rng.choice(WORDS)}-{i}", str(rng.randint(1_000_000, 9_999_999))
-        at = rng.randrange(0, max(1, len(body)))
-        at = body.rfind(". ", 0, at) + 2 if body.rfind(". ", 0, at) > 0 else 0
-        context = body[:at] + f"The special magic number for {key} is: {value}. " + body[at:]
-        rows.append({"id": f"doc-{i:05d}", "question": f"What is the special magic number for {key}?",
-                     "context": context, "answers": [value], "target_tokens": tokens})
-    path.mkdir(parents=True, exist_ok=True)
-    per = -(-n // files)
-    for f in range(files):
-        part = rows[f * per:(f + 1) * per]
-        if part:
-            pq.write_table(pa.Table.from_pylist(part), path / f"part-{f:03d}.parquet")
-    info = {"docs": n, "seed": seed, "median_tokens": 8_000, "sigma": 1.2, "cap_tokens": 1_000_000,
-            "tokens_total": sum(lengths), "tokens_max": max(lengths), "tokens_median": sorted(lengths)[n // 2],
-            "tokens_mean": round(sum(lengths) / n), "chars_per_token": round(chars_per_token, 3),
-            "fact_sentence_every": fact_every, "files": files, "histogram": histogram(lengths)}
-    import json
-
-    (path / "lake.json").write_text(json.dumps(info))
-    return info
 
 
 class Scraper:
@@ -178,27 +107,68 @@ def admission_for(mode: str) -> str:
     return {"admission": "continuous", "barrier": "barrier"}[mode]
 
 
+def mode_config(base: str, variants: list[str], lake: Path, out: Path, args: argparse.Namespace, agent: Any) -> Any:
+    """The batch job's config of one mode (its base admission and its ``_lpt``/``_reserve`` suffixes)."""
+    from memagent.engines import EngineConfig
+    from pipelines.batch_qa import BatchQAConfig
+    from pipelines.job import JobConfig
+
+    reserve = "reserve" in variants
+    return BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
+                         job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
+                                       max_in_flight=args.max_in_flight, progress=False,
+                                       admission=admission_for(base),
+                                       longest_first="lpt" in variants,
+                                       long_document_tokens=args.long_tokens if reserve else None,
+                                       long_document_in_flight=min(args.long_in_flight, args.max_in_flight),
+                                       resources={"worker_node": 0.001} if args.pin_workers else {},
+                                       ray_address=args.address))
+
+
+def job_bounds(model: LatencyModel, table: list[dict], prefill: int, decode: int,
+               args: argparse.Namespace) -> tuple[float, float, float, dict]:
+    """The ideal wall, the critical path with and without speculation, and the longest document's row."""
+    # The reference is the same with speculation or without: an always-full engine, not speculating.
+    plain = replace(model, speculative_tokens=0, speculation_acceptance=None, speculation_steps=())
+    full = replace(plain, max_seqs=min(model.max_seqs, args.max_in_flight))
+    ideal = full.ideal_seconds(prefill, decode) / args.actors * model.time_scale
+    longest = max(table, key=lambda r: r["context_tokens"] or 0)
+    critical = sum(model.chain_seconds(s["prompt_tokens"], s["completion_tokens"]) for s in longest["steps"]) \
+        * model.time_scale
+    critical_plain = sum(plain.chain_seconds(s["prompt_tokens"], s["completion_tokens"])
+                         for s in longest["steps"]) * model.time_scale
+    return ideal, critical, critical_plain, longest
+
+
+def longest_docs_seconds(table: list[dict]) -> dict[str, float]:
+    """Seconds each of the five longest documents spent in its actor (its chain under load)."""
+    return {f'{r["id"]} ({r["context_tokens"]:,} tokens, {r["n_chunks"]} chunks)': round(r["seconds"], 1)
+            for r in sorted(table, key=lambda r: -(r["context_tokens"] or 0))[:5]}
+
+
+def machine_figures(load0: list[float], cpu_busy: float, summary: Any) -> dict:
+    """The load, CPU and event-loop figures of one mode's run."""
+    return {
+        "loadavg_start": load0, "loadavg_end": loadavg(),
+        # The simulated GPUs sleep; everything else (Ray Data, the agents, tokenising) shares the
+        # machine's cores. Near 1.0 the figures above measure this machine, not the schedule.
+        "cpu_busy_fraction": round(cpu_busy, 3), "cores": psutil.cpu_count(),
+        "loop_lag_mean_ms": round(summary.loop_lag_mean_s * 1e3, 1) if summary.loop_lag_mean_s is not None else None,
+        "loop_lag_max_ms": round(summary.loop_lag_max_s * 1e3, 1) if summary.loop_lag_max_s is not None else None,
+    }
+
+
 def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent) -> dict:
     import pyarrow.dataset as pads
 
-    from memagent.engines import EngineConfig
     from pipelines.admission import AdmissionPlan
-    from pipelines.batch_qa import BatchQAConfig, run_batch_qa
-    from pipelines.job import JobConfig
+    from pipelines.batch_qa import run_batch_qa
 
     base, *variants = mode.split("_")
     # The engine's queue: first come first served, by priority in the "_priority" variants.
     model = replace(model, priority_scheduling="priority" in variants, **speculation(variants, args))
     reserve = "reserve" in variants
-    cfg = BatchQAConfig(input=str(lake), output=str(out), agent=agent, engine=EngineConfig(),
-                        job=JobConfig(concurrency=args.actors, batch_size=args.batch_size, num_cpus=args.actor_cpus,
-                                      max_in_flight=args.max_in_flight, progress=False,
-                                      admission=admission_for(base),
-                                      longest_first="lpt" in variants,
-                                      long_document_tokens=args.long_tokens if reserve else None,
-                                      long_document_in_flight=min(args.long_in_flight, args.max_in_flight),
-                                      resources={"worker_node": 0.001} if args.pin_workers else {},
-                                      ray_address=args.address))
+    cfg = mode_config(base, variants, lake, out, args, agent)
     load0 = loadavg()
     cpu0 = psutil.cpu_times()
     t0 = time.perf_counter()
@@ -211,15 +181,7 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
     assert len({r["id"] for r in table}) == len(table) == args.docs, (len(table), args.docs)
     prefill = sum(s["prompt_tokens"] for r in table for s in (r["steps"] or []))
     decode = sum(s["completion_tokens"] for r in table for s in (r["steps"] or []))
-    # The reference is the same with speculation or without: an always-full engine, not speculating.
-    plain = replace(model, speculative_tokens=0, speculation_acceptance=None, speculation_steps=())
-    full = replace(plain, max_seqs=min(model.max_seqs, args.max_in_flight))
-    ideal = full.ideal_seconds(prefill, decode) / args.actors * model.time_scale
-    longest = max(table, key=lambda r: r["context_tokens"] or 0)
-    critical = sum(model.chain_seconds(s["prompt_tokens"], s["completion_tokens"]) for s in longest["steps"]) \
-        * model.time_scale
-    critical_plain = sum(plain.chain_seconds(s["prompt_tokens"], s["completion_tokens"])
-                         for s in longest["steps"]) * model.time_scale
+    ideal, critical, critical_plain, longest = job_bounds(model, table, prefill, decode, args)
     # The job's window: from the first document admitted to the last one done (the actors' gates);
     # planning, actor start (tokenizer load) and the last file's write are reported apart.
     job_wall = summary.reading_seconds or summary.seconds
@@ -237,20 +199,13 @@ def run_mode(mode: str, lake: Path, out: Path, args, model: LatencyModel, agent)
         "critical_path_s": round(critical, 2), "longest_doc_tokens": longest["context_tokens"],
         "critical_path_no_speculation_s": round(critical_plain, 2),
         "speculation": speculation_report(model, table),
-        # Seconds each of the five longest documents spent in its actor (its chain under load).
-        "longest_docs_s": {f'{r["id"]} ({r["context_tokens"]:,} tokens, {r["n_chunks"]} chunks)': round(r["seconds"], 1)
-                           for r in sorted(table, key=lambda r: -(r["context_tokens"] or 0))[:5]},
+        "longest_docs_s": longest_docs_seconds(table),
         "bound_s": round(max(ideal, critical), 2), "wall_vs_bound": round(job_wall / max(ideal, critical), 4),
         "docs_per_s": round(args.docs / job_wall, 3), "rows_out": summary.rows_out, "error_rows": summary.error_rows,
         "prefill_tokens": prefill, "decode_tokens": decode, "nodes": len({r["node_id"] for r in table}),
         "files_written": len(list(out.glob("*.parquet"))), "run_batch_qa_s": round(wall, 2),
         "job_seconds": round(summary.seconds, 2), "summary": summary.lines(),
-        "loadavg_start": load0, "loadavg_end": loadavg(),
-        # The simulated GPUs sleep; everything else (Ray Data, the agents, tokenising) shares the
-        # machine's cores. Near 1.0 the figures above measure this machine, not the schedule.
-        "cpu_busy_fraction": round(cpu_busy, 3), "cores": psutil.cpu_count(),
-        "loop_lag_mean_ms": round(summary.loop_lag_mean_s * 1e3, 1) if summary.loop_lag_mean_s is not None else None,
-        "loop_lag_max_ms": round(summary.loop_lag_max_s * 1e3, 1) if summary.loop_lag_max_s is not None else None,
+        **machine_figures(load0, cpu_busy, summary),
     }
 
 
@@ -289,55 +244,6 @@ def cpu_busy_fraction(before, after) -> float:
     idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
     total = sum(after) - sum(before)
     return 1.0 - (idle(after) - idle(before)) / total if total > 0 else 0.0
-
-
-def run_chain(lake_dir: Path, args, model: LatencyModel, agent) -> list[dict]:
-    """The lake's longest document on one simulated engine, alone and with k other documents kept reading.
-
-    No Ray, no job: ``read_document`` on one :class:`LatencyEngine`; each of ``k`` workers reads
-    the lake's documents under 40K tokens one after another until the long one is done. Times are
-    modelled seconds (wall / ``time_scale``).
-    """
-    import asyncio
-
-    import pyarrow.dataset as pads
-
-    from benchmarks.latency_engine import LatencyEngine
-    from memagent.agent import read_document
-
-    rows = pads.dataset(sorted(lake_dir.glob("*.parquet")), format="parquet").to_table(
-        columns=["id", "question", "context", "target_tokens"]).to_pylist()
-    long = max(rows, key=lambda r: r["target_tokens"])
-    others = [r for r in rows if r["target_tokens"] < 40_000]
-    out = []
-    for k in (int(x) for x in args.chain_others.split(",")):
-        engine = LatencyEngine(model)
-
-        async def main() -> dict:
-            done, finished = asyncio.Event(), [0]
-
-            async def other(i: int) -> None:
-                while not done.is_set():
-                    r = others[i % len(others)]
-                    await read_document(engine, r["question"], r["context"], agent)
-                    finished[0] += 1
-                    i += k
-
-            t0 = time.perf_counter()
-            workers = [asyncio.ensure_future(other(i)) for i in range(k)]
-            await read_document(engine, long["question"], long["context"], agent)
-            chain_s = (time.perf_counter() - t0) / model.time_scale
-            done.set()
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-            return {"others_in_flight": k, "chain_s": round(chain_s, 1), "others_done": finished[0],
-                    "engine_busy_s": round(engine.sim.busy_s, 1), "steps": engine.sim.steps,
-                    "prefill_tokens": engine.sim.prefill_tokens, "decode_tokens": engine.sim.decode_tokens}
-
-        out.append({"doc": f'{long["id"]} ({long["target_tokens"]:,} tokens)', **asyncio.run(main())})
-        print(out[-1], flush=True)
-    return out
 
 
 def run_hf(args) -> dict:
@@ -381,7 +287,8 @@ def run_hf(args) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     from memagent.engines import EngineConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -417,7 +324,11 @@ def main() -> None:
     parser.add_argument("--speculation-results", default=None, help="_spec modes at 'measured': a results file "
                         "with per-step drafted/accepted counts (default: benchmarks/results/speculation.json, "
                         "else speculation_provisional.json)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def add_run_settings(args: argparse.Namespace) -> None:
+    """Fill in the defaults found at run time: the speculation results file, its acceptance, no Ray address."""
     results = REPO / "benchmarks" / "results"
     if args.speculation_results is None:  # the single-document speculation benchmark's, when it is there
         args.speculation_results = next((str(results / f) for f in ("speculation.json", "speculation_provisional.json")
@@ -426,60 +337,65 @@ def main() -> None:
         else None
     args.address, args.pin_workers = None, False
 
-    import contextlib
 
+def children_peak_rss_mb() -> float:
+    """Peak RSS of the largest child process (Ray's workers), in MB."""
+    return round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+
+
+def hf_only(args: argparse.Namespace) -> None:
+    """The real-hf comparison alone (--hf), on a local two-CPU Ray; writes --out."""
     import ray
 
-    from memagent.config import AgentConfig
-    from memagent.models import load_tokenizer
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = run_hf(args)
+    finally:
+        ray.shutdown()
+    write_json(args.out, {"benchmark": "scale_hf", **result, "peak_rss_mb_children": children_peak_rss_mb()})
 
-    if args.hf:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            result = run_hf(args)
-        finally:
-            ray.shutdown()
-        write_json(args.out, {"benchmark": "scale_hf", **result,
-                              "peak_rss_mb_children": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)})
-        return
-    agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, answer_tokens=32,
-                        query_tokens=128)
-    work = Path(args.keep or tempfile.mkdtemp(prefix="scale-"))
-    t0 = time.perf_counter()
-    lake = make_lake(work / "lake", args.docs, args.seed, args.fact_every, args.files, load_tokenizer("smollm2-135m"))
-    lake["generate_s"] = round(time.perf_counter() - t0, 2)
-    model = LatencyModel(time_scale=args.time_scale, chars_per_token=lake["chars_per_token"])
-    print(f"lake: {args.docs} docs, {lake['tokens_total']} tokens (max {lake['tokens_max']}) in {lake['generate_s']} s",
-          flush=True)
-    if args.chain_others:
-        chains = run_chain(work / "lake", args, model, agent)
-        write_json(args.out, {"benchmark": "scale_chain", "lake": lake, "time_scale": args.time_scale,
-                              "latency_model": model_dict(model), "chain": chains, "loadavg_end": loadavg()})
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        return
 
-    stack = contextlib.ExitStack()
+def chain_only(args: argparse.Namespace, work: Path, lake: dict, model: LatencyModel, agent: Any) -> None:
+    """The chain isolation alone (--chain-others); writes --out and removes the work directory unless --keep."""
+    chains = run_chain(work / "lake", args, model, agent)
+    write_json(args.out, {"benchmark": "scale_chain", "lake": lake, "time_scale": args.time_scale,
+                          "latency_model": model_dict(model), "chain": chains, "loadavg_end": loadavg()})
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def start_ray(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
+    """``ray.init`` on the 2-node loopback cluster (--cluster; ``stack`` stops it) or on a local Ray."""
+    import ray
+
     if args.cluster:
         from infra.ray_cluster import local_cluster
 
         # --node-cpus logical CPUs a node (4: 8 actors of --actor-cpus 0.75 fit 5 to a node, so they spread).
         args.address = stack.enter_context(local_cluster(workers=1, head_cpus=args.node_cpus,
-                                                                  worker_cpus=args.node_cpus))
+                                                         worker_cpus=args.node_cpus))
         ray.init(address=args.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, log_to_driver=False)
-    else:
-        kw = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
-        # The metrics endpoint needs Ray's dashboard agent (ray[default]'s packages).
-        for attempt in range(3):  # Ray gives its raylet 30 s to register: not always enough on a loaded machine
-            try:
-                ray.init(address="local", num_cpus=args.node_cpus, include_dashboard=bool(args.metrics_port),
-                         log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
-                break
-            except Exception as exc:  # noqa: BLE001 - ray raises a bare Exception here
-                print(f"ray.init failed ({exc}); retrying", flush=True)
-                ray.shutdown()
-                if attempt == 2:
-                    raise
+        return
+    kw = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
+    # The metrics endpoint needs Ray's dashboard agent (ray[default]'s packages).
+    for attempt in range(3):  # Ray gives its raylet 30 s to register: not always enough on a loaded machine
+        try:
+            ray.init(address="local", num_cpus=args.node_cpus, include_dashboard=bool(args.metrics_port),
+                     log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, **kw)
+            break
+        except Exception as exc:  # noqa: BLE001 - ray raises a bare Exception here
+            print(f"ray.init failed ({exc}); retrying", flush=True)
+            ray.shutdown()
+            if attempt == 2:
+                raise
+
+
+def run_modes(args: argparse.Namespace, work: Path, model: LatencyModel, agent: Any) -> dict[str, dict]:
+    """Every --modes job over the lake, each into a fresh output; then Ray and the work directory are cleaned up."""
+    import ray
+
+    stack = contextlib.ExitStack()
+    start_ray(args, stack)
     results = {}
     scraper = Scraper(args.metrics_port, args.scrape_out) if args.metrics_port and args.scrape_out else None
     try:
@@ -495,6 +411,12 @@ def main() -> None:
         stack.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def write_results(args: argparse.Namespace, lake: dict, results: dict[str, dict], model: LatencyModel,
+                  agent: Any) -> None:
+    """Write --out (headline figures from the admission mode, else the first) and print the modes' table."""
     head = results.get("admission") or next(iter(results.values()))
     data = {
         "benchmark": "scale", "occupancy": head["occupancy"], "wall_vs_ideal": head["wall_vs_ideal"],
@@ -506,12 +428,38 @@ def main() -> None:
                      "latency_model": model_dict(model), "actor_cpus": args.actor_cpus,
                      "speculation_measured": {k: v for k, v in (args.measured or {}).items() if k != "steps"} or None},
         "peak_rss_mb_driver": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "peak_rss_mb_children": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+        "peak_rss_mb_children": children_peak_rss_mb(),
     }
     write_json(args.out, data)
     print_table(["mode", "occupancy", "wall_vs_ideal", "wall_vs_bound", "docs/s", "wall s", "ideal s", "critical s"],
                 [[m, r["occupancy"], r["wall_vs_ideal"], r["wall_vs_bound"], r["docs_per_s"], r["wall_s"], r["ideal_s"],
                   r["critical_path_s"]] for m, r in results.items()])
+
+
+def main() -> None:
+    args = parse_args()
+    add_run_settings(args)
+
+    from memagent.config import AgentConfig
+    from memagent.models import load_tokenizer
+
+    if args.hf:
+        hf_only(args)
+        return
+    agent = AgentConfig(chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens, answer_tokens=32,
+                        query_tokens=128)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="scale-"))
+    t0 = time.perf_counter()
+    lake = make_lake(work / "lake", args.docs, args.seed, args.fact_every, args.files, load_tokenizer("smollm2-135m"))
+    lake["generate_s"] = round(time.perf_counter() - t0, 2)
+    model = LatencyModel(time_scale=args.time_scale, chars_per_token=lake["chars_per_token"])
+    print(f"lake: {args.docs} docs, {lake['tokens_total']} tokens (max {lake['tokens_max']}) in {lake['generate_s']} s",
+          flush=True)
+    if args.chain_others:
+        chain_only(args, work, lake, model, agent)
+        return
+    results = run_modes(args, work, model, agent)
+    write_results(args, lake, results, model, agent)
 
 
 if __name__ == "__main__":

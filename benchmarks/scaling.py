@@ -46,7 +46,8 @@ def long_niah(target_tokens: int, seed: int = 7) -> dict:
     return niah_row(0, target_tokens, depth=0.5, seed=seed)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="'tiny' (random 2-layer Llama) or a registered model")
     parser.add_argument("--lengths", default="8192,32768,131072,262144")
@@ -56,7 +57,11 @@ def main() -> None:
     parser.add_argument("--append", action="store_true", help="add runs to an existing --out file")
     parser.add_argument("--out", default="runs/bench/scaling.json")
     add_threads_option(parser)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
 
     from memagent.agent import check_config, read_document
     from memagent.config import preset

@@ -41,6 +41,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import (DecodeForwards, add_threads_option, loadavg, machine, print_table, set_threads,
                                write_json)
@@ -190,7 +191,8 @@ def mode_summary(result, wrapper: Lockstep, base=None) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="smollm2-135m")
@@ -203,37 +205,28 @@ def main() -> None:
     ap.add_argument("--cost", action="store_true", help="also measure the forward cost table (B × t)")
     ap.add_argument("--no-read", action="store_true", help="only the cost table")
     add_threads_option(ap)
-    args = ap.parse_args()
-    threads = set_threads(args.threads)
+    return ap.parse_args()
 
-    from memagent.agent import read_document
-    from memagent.config import preset
-    from memagent.data.demo import niah_row
-    from memagent.data.hotpotqa import count_tokens
-    from memagent.engines import EngineConfig
-    from memagent.engines.hf import TransformersEngine
 
-    engine = TransformersEngine.from_config(EngineConfig(model=args.model, dtype=args.dtype), name=args.model)
-    out: dict = {"settings": {**vars(args), "threads": threads}, "machine": machine(), "loadavg_start": loadavg()}
-    if args.cost:  # the engine's attention, then transformers' sdpa (which copies the cache per forward)
-        out["forward_cost"] = forward_cost(engine)
-        out["forward_cost_sdpa"] = forward_cost(engine, attention="sdpa")
-        write_json(args.out, out)
-    if args.no_read:
-        return
-    config = preset(args.preset)
-    row = niah_row(0, args.tokens, depth=0.6, seed=23, count=functools.partial(count_tokens, engine.tokenizer))
+def lockstep_engines(engine: Any, modes: list[str], forwards: DrafterCounts) -> dict[str, Lockstep]:
+    """Per mode a copy of ``engine`` with the mode's speculation, wrapped so that all modes read in lockstep."""
     import copy
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     lock = asyncio.Lock()
-    forwards = DrafterCounts()  # every read's decode forwards; each wrapper keeps its own
     wrapped = {}
     for mode in modes:
         e = copy.copy(engine)  # the model is shared; each mode its own cost model and acceptance priors
         e.speculation, e.cost, e.acceptance = spec_for(mode, engine.speculation), type(engine.cost)(), {}
         wrapped[mode] = Lockstep(e, lock, mode, forwards)
-    headline = "both" if "both" in modes else next((m for m in modes if m != "none"), modes[0])
+    return wrapped
+
+
+def read_in_lockstep(args: argparse.Namespace, out: dict, modes: list[str], wrapped: dict[str, Lockstep],
+                     headline: str, row: dict, config: Any, forwards: DrafterCounts) -> tuple[dict, list[dict], float]:
+    """Every mode reads the document; after each headline step the figures so far go to --out.
+    Returns the results by mode, the headline read's per-step figures and the wall seconds."""
+    from memagent.agent import read_document
+
     results: dict = {}
     per_step: list[dict] = []
 
@@ -256,7 +249,11 @@ def main() -> None:
     t0 = time.perf_counter()
     with forwards:
         asyncio.run(read_all())
-    wall = time.perf_counter() - t0
+    return results, per_step, time.perf_counter() - t0
+
+
+def mode_summaries(modes: list[str], results: dict, wrapped: dict[str, Lockstep]) -> dict:
+    """Each mode's figures, against the ``none`` read's when there is one."""
     summaries: dict = {}
     base = None
     if "none" in modes:
@@ -264,6 +261,12 @@ def main() -> None:
     for m in modes:
         if m != "none":
             summaries[m] = mode_summary(results[m], wrapped[m], base)
+    return summaries
+
+
+def write_results(args: argparse.Namespace, out: dict, config: Any, row: dict, headline: str, results: dict,
+                  summaries: dict, per_step: list[dict], wall: float) -> None:
+    """Write --out (the headline mode's figures on top) and print the modes' table."""
     head = summaries[headline]
     for s, c in zip(per_step, results[headline].completions or []):
         s["decode_steps"] = c.decode_steps
@@ -280,13 +283,43 @@ def main() -> None:
     })
     out.pop("partial", None)
     write_json(args.out, out)
-    print_table(["mode", "s / chunk", "speedup", "identical", "tok/fwd (memory)", "fwd/unchanged (median)", "acceptance"], [
+    print_table(["mode", "s / chunk", "speedup", "identical", "tok/fwd (memory)", "fwd/unchanged (median)",
+                 "acceptance"], [
         [m, s["seconds_per_chunk"], s.get("speedup"), s.get("identical_steps"), s["memory_tokens_per_forward"],
          statistics.median(s["unchanged_forwards"]) if s["unchanged_forwards"] else None, s["acceptance"]]
         for m, s in summaries.items()])
     print(json.dumps({k: out[k] for k in ("headline", "speedup", "identical_steps", "steps", "acceptance",
                                            "memory_tokens_per_forward")}, indent=1))
     Path(args.out).touch()
+
+
+def main() -> None:
+    args = parse_args()
+    threads = set_threads(args.threads)
+
+    from memagent.config import preset
+    from memagent.data.demo import niah_row
+    from memagent.data.hotpotqa import count_tokens
+    from memagent.engines import EngineConfig
+    from memagent.engines.hf import TransformersEngine
+
+    engine = TransformersEngine.from_config(EngineConfig(model=args.model, dtype=args.dtype), name=args.model)
+    out: dict = {"settings": {**vars(args), "threads": threads}, "machine": machine(), "loadavg_start": loadavg()}
+    if args.cost:  # the engine's attention, then transformers' sdpa (which copies the cache per forward)
+        out["forward_cost"] = forward_cost(engine)
+        out["forward_cost_sdpa"] = forward_cost(engine, attention="sdpa")
+        write_json(args.out, out)
+    if args.no_read:
+        return
+    config = preset(args.preset)
+    row = niah_row(0, args.tokens, depth=0.6, seed=23, count=functools.partial(count_tokens, engine.tokenizer))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    forwards = DrafterCounts()  # every read's decode forwards; each wrapper keeps its own
+    wrapped = lockstep_engines(engine, modes, forwards)
+    headline = "both" if "both" in modes else next((m for m in modes if m != "none"), modes[0])
+    results, per_step, wall = read_in_lockstep(args, out, modes, wrapped, headline, row, config, forwards)
+    summaries = mode_summaries(modes, results, wrapped)
+    write_results(args, out, config, row, headline, results, summaries, per_step, wall)
 
 
 if __name__ == "__main__":

@@ -47,9 +47,9 @@ def niah(n: int, *, sentences: int, seed: int) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
-    from benchmarks.common import add_threads_option, set_threads
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    from benchmarks.common import add_threads_option
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -76,8 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     add_threads_option(p)
     p.add_argument("--run-dir", type=Path, help="training run directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_curve.json"))
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    from benchmarks.common import set_threads
+
+    args = parse_args(argv)
     set_threads(args.threads)
     from memagent.config import AgentConfig
     from memagent.rl.config import TrainConfig

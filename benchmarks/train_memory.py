@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "a": {"length": 2048, "samples": 8, "preset": "small",
@@ -66,31 +66,21 @@ def tree_rss(proc: Any) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def child(spec_path: Path) -> None:
-    import psutil
+def sample_peaks(me: Any, phase: dict[str, Any], peaks: dict[str, int], stop: threading.Event,
+                 dump: Callable[[bool], None]) -> None:
+    """Until ``stop``: the current phase's RSS peak every 10 ms, and the results dumped every 20 s."""
+    last = time.perf_counter()
+    while not stop.is_set():
+        key = f"{phase['step']}:{phase['name']}"
+        peaks[key] = max(peaks.get(key, 0), me.memory_info().rss)
+        if time.perf_counter() - last > 20:  # a run stopped early still reports its phases
+            dump(False)
+            last = time.perf_counter()
+        time.sleep(0.01)
 
-    from benchmarks.common import set_threads
-    from memagent.config import preset
-    from memagent.rl import trainer
-    from memagent.rl.config import TrainConfig
 
-    spec = json.loads(spec_path.read_text())
-    set_threads(spec.get("threads"))
-    me = psutil.Process()
-    phase = {"name": "setup", "step": -1}  # imports, data, restore: outside the wrapped phases
-    peaks: dict[str, int] = {}
-    stop = threading.Event()
-
-    def sample() -> None:
-        last = time.perf_counter()
-        while not stop.is_set():
-            key = f"{phase['step']}:{phase['name']}"
-            peaks[key] = max(peaks.get(key, 0), me.memory_info().rss)
-            if time.perf_counter() - last > 20:  # a run stopped early still reports its phases
-                dump(False)
-                last = time.perf_counter()
-            time.sleep(0.01)
-
+def wrap_phases(trainer: Any, phase: dict[str, Any], peaks: dict[str, int], me: Any) -> None:
+    """Wrap each of ``PHASES`` in ``trainer``: it names the current phase and records its RSS at the end."""
     def wrap(name: str) -> None:
         fn = getattr(trainer, name)
 
@@ -109,6 +99,46 @@ def child(spec_path: Path) -> None:
     for name in PHASES:
         wrap(name)
 
+
+def count_rollout_steps(trainer: Any, phase: dict[str, Any]) -> None:
+    """Make ``trainer``'s rollout set the current step (the phases after it count to that step)."""
+    first = trainer.rollout
+
+    def rollout(run: Any, stream: Any, step: int, reward_fn: Any) -> Any:
+        phase["step"] = step
+        return first(run, stream, step, reward_fn)
+
+    trainer.rollout = rollout
+
+
+def allocate_optimizer_upfront(trainer: Any) -> None:
+    """Make ``trainer``'s run builder allocate AdamW's moments as soon as the run is built."""
+    build = trainer.build_run
+
+    def build_run(*args: Any, **kw: Any) -> Any:
+        run = build(*args, **kw)
+        allocate_optimizer_state(run.engine.optimizer)
+        return run
+
+    trainer.build_run = build_run
+
+
+def child(spec_path: Path) -> None:
+    import psutil
+
+    from benchmarks.common import set_threads
+    from memagent.config import preset
+    from memagent.rl import trainer
+    from memagent.rl.config import TrainConfig
+
+    spec = json.loads(spec_path.read_text())
+    set_threads(spec.get("threads"))
+    me = psutil.Process()
+    phase = {"name": "setup", "step": -1}  # imports, data, restore: outside the wrapped phases
+    peaks: dict[str, int] = {}
+    stop = threading.Event()
+    wrap_phases(trainer, phase, peaks, me)
+
     config = TrainConfig(**spec["train"])
     agent = preset(spec["preset"]).with_overrides(**spec["agent"])
 
@@ -126,23 +156,10 @@ def child(spec_path: Path) -> None:
         records.append(rec)
         dump(False)
 
-    first = trainer.rollout
-
-    def rollout(run: Any, stream: Any, step: int, reward_fn: Any) -> Any:
-        phase["step"] = step
-        return first(run, stream, step, reward_fn)
-
-    trainer.rollout = rollout
+    count_rollout_steps(trainer, phase)
     if spec.get("optimizer_state_upfront"):
-        build = trainer.build_run
-
-        def build_run(*args: Any, **kw: Any) -> Any:
-            run = build(*args, **kw)
-            allocate_optimizer_state(run.engine.optimizer)
-            return run
-
-        trainer.build_run = build_run
-    threading.Thread(target=sample, daemon=True).start()
+        allocate_optimizer_upfront(trainer)
+    threading.Thread(target=sample_peaks, args=(me, phase, peaks, stop, dump), daemon=True).start()
     if spec.get("probe_rows"):
         probe_update(spec, config, agent, phase, on_step)
     else:

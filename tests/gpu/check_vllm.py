@@ -99,7 +99,8 @@ def print_table(runs: list[dict]) -> None:
         print(" | ".join(f"{r[c]!s:>14}" for c in cols))
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=64)
     ap.add_argument("--subset", type=int, default=16, help="documents read sequentially and with transformers")
@@ -107,7 +108,56 @@ def main() -> int:
     ap.add_argument("--preset", default="small", help="agent budgets (tiny for a CPU smoke run)")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="document lengths in tokens")
     ap.add_argument("--no-pytest", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def read_with_vllm(engine: Any, args: argparse.Namespace, agent: Any,
+                   report: dict[str, Any]) -> tuple[list[dict], list[Result], list[Result], list[dict]]:
+    """vLLM reads every document concurrently, then the subset one at a time; its engine is shut down after.
+    Returns the documents, both reads' results and their run summaries."""
+    rows = make_docs(engine.tokenizer, args.docs, tuple(int(n) for n in args.lengths.split(",")))
+    subset = rows[: args.subset]
+    try:
+        asyncio.run(read_concurrently(engine, rows[:2], agent))  # warm-up (compiles, fills caches)
+        concurrent, t_conc = timed(asyncio.run, read_concurrently(engine, rows, agent))
+        report["vllm_max_in_flight"] = engine.max_in_flight
+        sequential, t_seq = timed(asyncio.run, read_sequentially(engine, subset, agent))
+    finally:
+        engine.shutdown()
+    runs = [run_summary("vllm concurrent", rows, concurrent, t_conc),
+            run_summary("vllm sequential", subset, sequential, t_seq)]
+    return rows, concurrent, sequential, runs
+
+
+def shape_failures(args: argparse.Namespace, report: dict[str, Any], rows: list[dict], concurrent: list[Result],
+                   sequential: list[Result], hf_results: list[Result], agent: Any) -> list[str]:
+    """What fails the check: trace shapes unlike transformers' or the sequential reads', budgets, no concurrency."""
+    subset = rows[: args.subset]
+    failures: list[str] = []
+    mismatched = [row["id"] for row, a, b in zip(subset, concurrent, hf_results) if shape(a) != shape(b)]
+    if mismatched:
+        failures.append(f"trace shape differs from transformers for {mismatched}")
+    if [shape(r) for r in sequential] != [shape(r) for r in concurrent[: len(subset)]]:
+        failures.append("sequential and concurrent vLLM reads differ in shape")
+    over = [row["id"] for row, r in zip(rows, concurrent) if not budgets_respected(r, agent)]
+    if over:
+        failures.append(f"token budgets exceeded in {over}")
+    if report["vllm_max_in_flight"] < min(args.docs, 8):
+        failures.append(f"only {report['vllm_max_in_flight']} requests were ever in flight: no concurrency")
+    return failures
+
+
+def write_report(report: dict[str, Any]) -> None:
+    """Write ``$OUT/check_vllm.json`` when ``OUT`` is set."""
+    if os.environ.get("OUT"):
+        out = Path(os.environ["OUT"]) / "check_vllm.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {out}")
+
+
+def main() -> int:
+    args = parse_args()
 
     import torch
     import vllm
@@ -131,18 +181,8 @@ def main() -> int:
                        max_model_len=4096,
                        **({"gpu_memory_utilization": args.gpu_memory_utilization} if device == "cuda" else {}))
     engine, report["vllm_load_s"] = timed(make_engine, cfg)
-    rows = make_docs(engine.tokenizer, args.docs, tuple(int(n) for n in args.lengths.split(",")))
+    rows, concurrent, sequential, runs = read_with_vllm(engine, args, agent, report)
     subset = rows[: args.subset]
-    failures: list[str] = []
-    try:
-        asyncio.run(read_concurrently(engine, rows[:2], agent))  # warm-up (compiles, fills caches)
-        concurrent, t_conc = timed(asyncio.run, read_concurrently(engine, rows, agent))
-        report["vllm_max_in_flight"] = engine.max_in_flight
-        sequential, t_seq = timed(asyncio.run, read_sequentially(engine, subset, agent))
-    finally:
-        engine.shutdown()
-    runs = [run_summary("vllm concurrent", rows, concurrent, t_conc),
-            run_summary("vllm sequential", subset, sequential, t_seq)]
 
     hf, report["hf_load_s"] = timed(lambda: TransformersEngine.from_config(
         EngineConfig(model=str(model_dir), device=device, max_batch_size=args.subset), name="smollm2-135m"))
@@ -151,17 +191,7 @@ def main() -> int:
     runs.append(run_summary("hf concurrent", subset, hf_results, t_hf))
     del hf
 
-    # -- the checks -------------------------------------------------------------------------
-    mismatched = [row["id"] for row, a, b in zip(subset, concurrent, hf_results) if shape(a) != shape(b)]
-    if mismatched:
-        failures.append(f"trace shape differs from transformers for {mismatched}")
-    if [shape(r) for r in sequential] != [shape(r) for r in concurrent[: len(subset)]]:
-        failures.append("sequential and concurrent vLLM reads differ in shape")
-    over = [row["id"] for row, r in zip(rows, concurrent) if not budgets_respected(r, agent)]
-    if over:
-        failures.append(f"token budgets exceeded in {over}")
-    if report["vllm_max_in_flight"] < min(args.docs, 8):
-        failures.append(f"only {report['vllm_max_in_flight']} requests were ever in flight: no concurrency")
+    failures = shape_failures(args, report, rows, concurrent, sequential, hf_results, agent)
     report["same_prediction_as_hf"] = round(
         sum(a.prediction == b.prediction for a, b in zip(concurrent, hf_results)) / len(subset), 3)
     report["chunks_per_doc"] = sorted({r.n_chunks for r in concurrent})
@@ -179,11 +209,7 @@ def main() -> int:
             failures.append("tests/gpu/test_vllm_engine.py failed")
     report["failures"] = failures
     print("\nFAIL:\n  " + "\n  ".join(failures) if failures else "\nOK: all checks passed")
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "check_vllm.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2, default=str))
-        print(f"wrote {out}")
+    write_report(report)
     return 1 if failures else 0
 
 
