@@ -1,7 +1,7 @@
 """Retention, capture and accuracy of a memory of K heads, K in {1, 2, 4} at equal memory_tokens.
 
     python -m benchmarks.retention --out benchmarks/results/retention.json \\
-        [--lengths 16384 32768] [--n 50] [--model-lengths 16384] [--model-n 4] [--writers keep_all newest smollm2]
+        [--lengths 16384 32768] [--n 50] [--model-lengths 16384] [--model-n 4] [--model-batch 16] [--writers keep_all newest smollm2]
 
 Documents: RULER ``niah_multivalue`` (four needles of one key, each at its own depth) sized in the
 packaged model's tokenizer, the haystack the packaged SQuAD sample's paragraphs (no download).
@@ -167,6 +167,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--model-lengths", type=int, nargs="*", default=[16384])
     p.add_argument("--model-n", type=int, default=4)
+    p.add_argument("--model-batch", type=int, default=16, help="the engine's max_batch_size for the model's reads")
     p.add_argument("--writers", nargs="+", default=["keep_all", "newest", "smollm2"],
                    choices=["keep_all", "newest", "smollm2"])
     a = p.parse_args()
@@ -190,7 +191,7 @@ def main() -> None:
     for mode in scripted:
         run_writer(mode, lambda mode=mode: ScriptedWriter(tok, mode), docs, a.heads, base, out, a.out)
     if "smollm2" in a.writers and a.model_lengths:
-        engine = TransformersEngine.from_config(EngineConfig(model=str(model_dir)), name="smollm2-135m")
+        engine = TransformersEngine.from_config(EngineConfig(model=str(model_dir), max_batch_size=a.model_batch), name="smollm2-135m")
         out["torch_threads"] = torch.get_num_threads()
         model_docs = {n: (docs[n] if n in docs else documents(tok, n, a.model_n))[: a.model_n] for n in a.model_lengths}
         run_writer("smollm2", lambda: engine, model_docs, a.heads, base, out, a.out)
