@@ -22,6 +22,8 @@ import json
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
+from memagent.json_walk import JsonPath, json_pointer, walk_json
+
 MAX_STRING_CHARS = 200  # a free-text value longer than this is a loop, not an extraction
 MAX_ARRAY_ITEMS = 20
 MAX_MAGNITUDE = 10**15  # numbers: at most 16 integer digits ...
@@ -64,30 +66,26 @@ def _bound(node: Any) -> None:
             _bound(sub)
 
 
-def pointer_token(key: Any) -> str:
-    """``key`` as one JSON-pointer reference token (``~`` -> ``~0``, ``/`` -> ``~1``)."""
-    return str(key).replace("~", "~0").replace("/", "~1")
-
-
 def _resources(schema: Any) -> tuple[dict[str, str], list[tuple[dict, str, str]]]:
     """The schema's resources (``$id`` and ``$anchor`` URIs -> JSON pointer) and its ``$ref`` s
-    (the node, its base URI, its location), walking iteratively."""
+    (the node, its base URI, its location)."""
     ids: dict[str, str] = {}
     refs: list[tuple[dict, str, str]] = []
-    stack = [(schema, "", "")]
-    while stack:
-        node, base, at = stack.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get("$id"), str):
-                base = urldefrag(urljoin(base, node["$id"]))[0]
-                ids[base] = at
-            if isinstance(node.get("$anchor"), str):
-                ids[f"{base}#{node['$anchor']}"] = at
-            if isinstance(node.get("$ref"), str):
-                refs.append((node, base, at))
-            stack.extend((v, base, f"{at}/{pointer_token(k)}") for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((v, base, f"{at}/{i}") for i, v in enumerate(node))
+    bases: dict[JsonPath, str] = {(): ""}  # a container's base URI, inherited from its parent's
+    for path, node in walk_json(schema):
+        if not isinstance(node, (dict, list)):
+            continue
+        base = bases[path] = bases[path[:-1]] if path else ""
+        if isinstance(node, list):
+            continue
+        at = json_pointer(path)
+        if isinstance(node.get("$id"), str):
+            base = bases[path] = urldefrag(urljoin(base, node["$id"]))[0]
+            ids[base] = at
+        if isinstance(node.get("$anchor"), str):
+            ids[f"{base}#{node['$anchor']}"] = at
+        if isinstance(node.get("$ref"), str):
+            refs.append((node, base, at))
     return ids, refs
 
 
@@ -118,15 +116,10 @@ def resolve_refs(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _drop_ids(schema: Any) -> None:
-    stack = [schema]
-    while stack:
-        node = stack.pop()
+    for _, node in walk_json(schema):
         if isinstance(node, dict):
             node.pop("$id", None)
             node.pop("$anchor", None)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
 
 
 def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:

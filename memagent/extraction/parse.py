@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from memagent.extraction.kinds import KINDS, SCALAR_KINDS, FieldKind, kind_of
+from memagent.json_walk import walk_json
 
 MAX_SCHEMA_CHARS = 256 * 1024
 MAX_DEPTH = 32
@@ -146,17 +147,13 @@ def show(value: Any, limit: int = 80) -> str:
 
 def check_size(data: Any) -> None:
     """Refuse data nested deeper than :data:`MAX_DEPTH` or larger than :data:`MAX_SCHEMA_CHARS` (no recursion)."""
-    stack, chars = [(data, 1)], 0
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
+    chars = 0
+    for path, node in walk_json(data):
+        if len(path) + 1 > MAX_DEPTH:
             raise ValueError(f"the schema is nested more than {MAX_DEPTH} levels deep; a schema has at most "
                              f"{MAX_DEPTH} (records hold objects {MAX_OBJECT_DEPTH} levels deep)")
         if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
             chars += sum(len(str(k)) + 4 for k in node)
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
         chars += len(node) + 2 if isinstance(node, str) else 2
         if chars > MAX_SCHEMA_CHARS:
             raise ValueError(f"the schema is larger than {MAX_SCHEMA_CHARS // 1024} KiB of JSON; every field goes "

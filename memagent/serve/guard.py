@@ -10,13 +10,13 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memagent.engines.json_schema import pointer_token, resolve_refs
+from memagent.engines.json_schema import resolve_refs
+from memagent.json_walk import dotted, json_pointer, walk_json
 from memagent.serve.protocol import APIError
 
 OPEN_PATHS = frozenset({"/health"})  # answered without a key
@@ -135,29 +135,18 @@ async def send_error(send: Send, error: APIError, headers: dict[bytes, bytes] | 
     await send({"type": "http.response.body", "body": body})
 
 
-def _walk(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """Every (path, value) of a JSON value, iteratively (a deeply nested one cannot overflow the stack)."""
-    stack = [(path, value)]
-    while stack:
-        path, value = stack.pop()
-        yield path, value
-        if isinstance(value, dict):
-            for k, v in value.items():
-                yield f"{path}.{k}", k  # keys are text too
-                stack.append((f"{path}.{k}", v))
-        elif isinstance(value, list):
-            stack.extend((f"{path}.{i}", v) for i, v in enumerate(value))
-
-
 def check_unicode(body: dict[str, Any]) -> None:
     """400 for text that is not valid Unicode: JSON's ``\\ud800`` escape (or raw surrogate bytes,
     which Python's JSON decoder lets through) is a lone surrogate that no tokenizer can encode."""
-    for path, value in _walk(body, "body"):
-        if isinstance(value, str) and not value.isascii():
+    for path, node in walk_json(body):
+        keys = [((*path, k), k) for k in node] if isinstance(node, dict) else []  # keys are text too
+        for at, value in [(path, node), *keys]:
+            if not isinstance(value, str) or value.isascii():
+                continue
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as exc:
-                where = path.removeprefix("body.")
+                where = dotted(at)[1:]
                 raise APIError(400, f"{where}: not valid Unicode text: a lone surrogate (\\u{ord(value[exc.start]):04x})"
                                f" at character {exc.start}; send UTF-8 text", param=where.split(".")[0],
                                code="invalid_unicode") from None
@@ -188,19 +177,12 @@ def _local_refs(schema: Any, where: str, param: str) -> list[tuple[str, str]]:
     """(where each local ``$ref`` stands, the pointer it names), as JSON pointers with ``~0``/``~1``
     kept escaped; 400 for nesting deeper than MAX_SCHEMA_DEPTH."""
     refs: list[tuple[str, str]] = []
-    stack = [("", schema, 0)]
-    while stack:
-        at, node, depth = stack.pop()
-        if depth > MAX_SCHEMA_DEPTH:
+    for path, node in walk_json(schema):
+        if len(path) > MAX_SCHEMA_DEPTH:
             raise APIError(400, f"{where}: nested deeper than {MAX_SCHEMA_DEPTH} levels", param=param,
                            code="invalid_schema")
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                refs.append((at, unquote(ref[1:])))
-            stack.extend((f"{at}/{pointer_token(k)}", v, depth + 1) for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((f"{at}/{i}", v, depth + 1) for i, v in enumerate(node))
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
+            refs.append((json_pointer(path), unquote(node["$ref"][1:])))
     return refs
 
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memagent.json_walk import dotted, walk_json
 from memagent.serve.guard import check_schema
 from memagent.serve.protocol import APIError, ChatMessage, ChatRequest, NamedToolChoice, Tool
 from memagent.serve.tool_calls import CALL_CLOSE, CALL_OPEN, CallStream
@@ -101,16 +102,11 @@ def _parameters(tool: Tool, i: int, special_tokens: Sequence[str]) -> dict[str, 
     params = tool.function.parameters or {"type": "object", "properties": {}}
     params = check_schema(params, f"tools.{i}.function.parameters", param="tools")
     params.setdefault("type", "object")
-    stack: list[tuple[Any, str]] = [(params, "")]
-    while stack:
-        node, at = stack.pop()
+    for path, node in walk_json(params):
         if isinstance(node, dict):
-            _refuse_special(node, f"tools.{i}.function.parameters{at}", tool.function.name, special_tokens)
+            _refuse_special(node, dotted(path, f"tools.{i}.function.parameters"), tool.function.name, special_tokens)
             if isinstance(node.get("$ref"), str):
                 node["$ref"] = f"#/$defs/tool{i}" + node["$ref"][1:]
-            stack.extend((v, f"{at}.{k}") for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((v, f"{at}.{j}") for j, v in enumerate(node))
     return params
 
 
