@@ -22,6 +22,7 @@ from pathlib import Path
 from benchmarks.common import machine, print_table, write_json
 from memagent.engines.base import Completion, SamplingParams
 from memagent.serve import chat
+from memagent.serve.events import ContentDelta
 from memagent.serve.protocol import ChatRequest
 
 PROSE = "The memory holds every value the document states, ünïcödé and 漢字 included; the answer reads it. "
@@ -68,8 +69,8 @@ def stream_cpu(tokenizer, n: int, stop: tuple[str, ...]) -> dict:
 
     async def consume() -> tuple[float, int]:
         t0, pieces = time.thread_time(), 0
-        async for kind, _ in model.events(req, prepared):
-            pieces += kind == "content"
+        async for event in model.events(req, prepared):
+            pieces += isinstance(event, ContentDelta)
         return time.thread_time() - t0, pieces
 
     cpu, pieces = asyncio.run(consume())

@@ -236,6 +236,7 @@ async def _run_chats(chats: list, store: Store, prefix: str, cfg: BatchRunConfig
                      done: _Counter) -> None:
     """Each chat line not answered yet: one completion through the served chat path, committed as it ends."""
     from memagent.serve.chat import EngineModel
+    from memagent.serve.events import Done
 
     model, gate = EngineModel(engine, cfg.max_tokens), asyncio.Semaphore(cfg.chat_concurrency)
     name = cfg.engine_model or engine.name
@@ -246,9 +247,9 @@ async def _run_chats(chats: list, store: Store, prefix: str, cfg: BatchRunConfig
             try:
                 prepared = await model.prepare(req)
                 reply = None
-                async for kind, value in model.events(req, prepared):
-                    if kind == "reply":
-                        reply = value
+                async for event in model.events(req, prepared):
+                    if isinstance(event, Done):
+                        reply = event.reply
                 body = completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs)
                 body["id"] = "chatcmpl-" + request_id(cid)[10:]
                 line = output_line(cid, body)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memagent.serve.protocol import APIError, ChatRequest
+from memagent.serve.events import ContentDelta
 from memagent.serve.tool_calls import CALL_OPEN, CallStream
 from memagent.serve.tools import MAX_PARALLEL_CALLS, plan
 
@@ -42,10 +43,11 @@ def feed_all(stream: CallStream, reply: str, cuts: list[int], finish: str) -> tu
 def rebuilt(events: list) -> tuple[str, dict[int, dict]]:
     """The content and the calls a client rebuilds from the streamed events."""
     content, built = "", {}
-    for kind, value in events:
-        if kind == "content":
-            content += value
+    for event in events:
+        if isinstance(event, ContentDelta):
+            content += event.text
         else:
+            value = event.entry
             call = built.setdefault(value["index"], {"name": None, "arguments": ""})
             call["name"] = value["function"].get("name", call["name"])
             call["arguments"] += value["function"]["arguments"]

@@ -17,7 +17,8 @@ from starlette.exceptions import HTTPException
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.serve import messages, responses
-from memagent.serve.chat import EngineModel, Event, Reply, ServedModel
+from memagent.serve.chat import EngineModel, Reply, ServedModel
+from memagent.serve.events import Done, Event
 from memagent.serve.guard import AccessLogRedactor, Guard
 from memagent.serve.handling import load_body
 from memagent.serve.handling import unknown_model as _unknown_model
@@ -90,9 +91,9 @@ def parse_body(raw: bytes) -> ChatRequest:
 
 
 async def _collect(events: AsyncIterator[Event]) -> Reply:
-    async for kind, value in events:
-        if kind == "reply":
-            return value
+    async for event in events:
+        if isinstance(event, Done):
+            return event.reply
     raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
 
 
@@ -183,7 +184,7 @@ def _routes(app: FastAPI, engine: Engine, models: dict[str, ServedModel], reason
         prepared = await model.prepare(req)
         if req.stream:
             include = bool(req.stream_options and req.stream_options.include_usage)
-            # Tool calls stream live (("tool_call", delta) events, which sse writes).
+            # Tool calls stream live (ToolCallDelta events, which sse writes).
             events = model.events(req, prepared, tool_deltas=True)
             return StreamingResponse(sse(events, name, include, reasoning_field), media_type="text/event-stream")
         reply = await _unless_disconnected(request, _collect(model.events(req, prepared)))

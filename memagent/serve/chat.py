@@ -1,8 +1,7 @@
 """The served engine as a chat model: a request -> the engine's messages and decoding -> a :class:`Reply`.
 
 Both served models (this one and :mod:`memagent.serve.memagent_model`) produce the same events,
-so the app answers them alike, whole or streamed: ``("reasoning", text)`` and ``("content", text)``
-(pieces as they are decoded) any number of times, then one ``("reply", Reply)``.
+so the app answers them alike, whole or streamed (:mod:`memagent.serve.events`).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from memagent.engines.detokenize import IncrementalText
 from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
 from memagent.engines.stop import final_text
 from memagent.serve import tools
+from memagent.serve.events import ContentDelta, Done, Event, ToolCallDelta
 from memagent.serve.guard import check_schema
 from memagent.serve.protocol import APIError, ChatRequest, usage
 
@@ -37,9 +37,6 @@ _VALUE = {"anyOf": [
     {"type": "array", "items": {"$ref": "#/$defs/value"}, "maxItems": MAX_ARRAY_ITEMS},
     {"type": "object", **_MEMBERS}]}
 JSON_OBJECT_SCHEMA = {"type": "object", **_MEMBERS, "$defs": {"value": _VALUE}}
-
-Event = tuple[str, Any]  # ("reasoning", str), ("content", str) or ("reply", Reply)
-
 
 @dataclass
 class Reply:
@@ -133,8 +130,8 @@ class ServedModel(Protocol):
         """What the request settles to (its run), passed back to :meth:`events`."""
 
     def events(self, req: ChatRequest, prepared: Any, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
-        """("reasoning", text), ("content", text) and, with ``tool_deltas``, ("tool_call", entry) as they are
-        decoded, then one ("reply", :class:`Reply`)."""
+        """Reasoning and content deltas and, with ``tool_deltas``, tool-call deltas as they are decoded,
+        then one :class:`Done` (:mod:`memagent.serve.events`)."""
 
 
 class Prepared(NamedTuple):
@@ -206,11 +203,11 @@ class EngineModel:
         return asyncio.ensure_future(self.engine.chat(prepared.messages, prepared.params, **kw))
 
     async def events(self, req: ChatRequest, prepared: Prepared, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
-        """("content", text) as the engine decodes (when it can stream), then ("reply", Reply). The
+        """Content deltas as the engine decodes (when it can stream), then :class:`Done`. The
         engine ends the reply at a stop string; until then the text that could still begin one waits
         (:func:`final_text`), so what streams is the reply's prefix. With tools, the calls are read
         out of the text as it grows (:class:`tools.CallStream`); ``tool_deltas``: also yield each
-        call's OpenAI delta entries as ("tool_call", entry) (a consumer that writes them live)."""
+        call's OpenAI delta entries as :class:`ToolCallDelta` s (a consumer that writes them live)."""
         messages, params, plan, _ = prepared
         reader = plan.reader() if plan is not None else None
         tokens: asyncio.Queue[list[int] | None] = asyncio.Queue()
@@ -219,7 +216,7 @@ class EngineModel:
         call = self._decode(prepared, (lambda ids: loop.call_soon_threadsafe(tokens.put_nowait, list(ids)))
                             if live else None)
         call.add_done_callback(lambda _: tokens.put_nowait(None))
-        shown = (lambda kind: kind == "content" or tool_deltas)
+        shown = (lambda event: tool_deltas or not isinstance(event, ToolCallDelta))
         try:
             decoded = IncrementalText(lambda ids: self.engine.tokenizer.decode(ids, skip_special_tokens=True))
             sent = ""
@@ -229,10 +226,10 @@ class EngineModel:
                 text = final_text(decoded.text, params.stop)
                 if reader is not None:
                     for event in reader.feed(text):
-                        if shown(event[0]):
+                        if shown(event):
                             yield event
                 elif len(text) > len(sent) and text.startswith(sent):
-                    yield "content", text[len(sent):]
+                    yield ContentDelta(text[len(sent):])
                     sent = text
             try:
                 c = call.result()
@@ -241,13 +238,13 @@ class EngineModel:
             reply = Reply(c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens, logprobs=self._logprobs(c))
             if reader is not None:
                 for event in self._read_calls(reply, reader, plan):
-                    if shown(event[0]):
+                    if shown(event):
                         yield event
             asked = tuple(s for s in params.stop if plan is None or s not in plan.stops())  # not the call's end
             if c.finish_reason == "stop" and asked and c.token_ids:
                 reply.stop_sequence = matched_stop(self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=True),
                                                    c.text, asked)
-            yield "reply", reply
+            yield Done(reply)
         finally:
             call.cancel()  # a disconnect (the generator closed) abandons the decode
 

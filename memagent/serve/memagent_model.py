@@ -29,7 +29,8 @@ from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.extraction.schema import schema_from
 from memagent.prompts import extract_answer, final_answer_messages
-from memagent.serve.chat import EngineModel, Event, Reply, check_max_tokens, first_line
+from memagent.serve.chat import EngineModel, Reply, check_max_tokens, first_line
+from memagent.serve.events import Done, Event, ReasoningDelta
 from memagent.serve.guard import check_schema
 from memagent.serve.protocol import APIError, ChatMessage, ChatRequest
 
@@ -125,8 +126,8 @@ class MemAgentModel:
                                       "max_completion_tokens": None})
 
     async def events(self, req: ChatRequest, run: Run, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
-        """("reasoning", note) per memory update as it is written, then the answer's events (content and,
-        with ``tool_deltas``, ("tool_call", entry) as they are decoded), then ("reply", Reply)."""
+        """A :class:`ReasoningDelta` per memory update as it is written, then the answer's events (content
+        and, with ``tool_deltas``, tool-call deltas as they are decoded), then :class:`Done`."""
         notes: list[str] = []
         updates: asyncio.Queue[str] = asyncio.Queue()
 
@@ -142,7 +143,7 @@ class MemAgentModel:
         read = asyncio.ensure_future(chain)
         try:
             async for note in _as_written(read, updates):
-                yield "reasoning", note
+                yield ReasoningDelta(note)
             try:
                 done = read.result()
             except (InputError, ValueError) as exc:
@@ -150,14 +151,14 @@ class MemAgentModel:
         finally:
             read.cancel()  # a disconnect (the generator closed) stops the chain
         if isinstance(done, Result):
-            yield "reply", _reply(done, run.config, "".join(notes))
+            yield Done(_reply(done, run.config, "".join(notes)))
             return
         answer_req = self._answer_request(req, done.question, done.memory, run.config)
         t0 = time.perf_counter()
         prepared = await self.answerer.prepare(answer_req)
-        async for kind, value in self.answerer.events(answer_req, prepared, tool_deltas=tool_deltas):
-            yield (kind, value) if kind != "reply" else ("reply", _answered(done, value, run.config, "".join(notes),
-                                                                          time.perf_counter() - t0))
+        async for event in self.answerer.events(answer_req, prepared, tool_deltas=tool_deltas):
+            yield event if not isinstance(event, Done) else \
+                Done(_answered(done, event.reply, run.config, "".join(notes), time.perf_counter() - t0))
 
 
 async def _as_written(read: asyncio.Future, updates: asyncio.Queue[str]) -> AsyncIterator[str]:

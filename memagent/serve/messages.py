@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memagent.serve import tools as chat_tools
 from memagent.serve.handling import load_body, unknown_model, unless_disconnected
-from memagent.serve.chat import EngineModel, Event, Reply, ServedModel, first_line
+from memagent.serve.chat import EngineModel, Reply, ServedModel, first_line
+from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta
 from memagent.serve.guard import anthropic_body
 from memagent.serve.protocol import APIError, ChatRequest, JSONBytes
 from memagent.serve.responses import collect, validated
@@ -215,16 +216,17 @@ async def stream_message(model: str, events: AsyncIterator[Event]) -> AsyncItera
     yield _sse("ping")
     blocks = _Blocks()
     try:
-        async for kind, value in events:
-            if kind == "reasoning":
+        async for event in events:
+            if isinstance(event, ReasoningDelta):
                 if blocks.open != "thinking":
                     for chunk in blocks.start({"type": "thinking", "thinking": "", "signature": ""}):
                         yield chunk
-                yield blocks.delta({"type": "thinking_delta", "thinking": value})
-            elif kind == "content":
-                for chunk in _text(blocks, value):
+                yield blocks.delta({"type": "thinking_delta", "thinking": event.text})
+            elif isinstance(event, ContentDelta):
+                for chunk in _text(blocks, event.text):
                     yield chunk
-            else:
+            elif isinstance(event, Done):
+                value = event.reply
                 for chunk in _finish(blocks, value):
                     yield chunk
                 stop = {"stop_reason": _stop_reason(value), "stop_sequence": value.stop_sequence}

@@ -27,7 +27,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memagent.serve.handling import load_body, unknown_model, unless_disconnected, validation_message
-from memagent.serve.chat import Event, Reply, ServedModel
+from memagent.serve.chat import Reply, ServedModel
+from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta
 from memagent.serve.protocol import APIError, ChatRequest
 
 log = logging.getLogger(__name__)
@@ -249,15 +250,15 @@ class ResponseWriter:
         yield self._event("response.in_progress", response=self.body("in_progress"))
         state = _Open()
         try:
-            async for kind, value in events:
-                if kind == "reasoning":
-                    for chunk in self._reasoning(state, value):
+            async for event in events:
+                if isinstance(event, ReasoningDelta):
+                    for chunk in self._reasoning(state, event.text):
                         yield chunk
-                elif kind == "content":
-                    for chunk in self._text(state, value):
+                elif isinstance(event, ContentDelta):
+                    for chunk in self._text(state, event.text):
                         yield chunk
-                else:
-                    for chunk in self._finish(state, value):
+                elif isinstance(event, Done):
+                    for chunk in self._finish(state, event.reply):
                         yield chunk
         except APIError as exc:
             yield self._event("error", code=exc.code, message=exc.message, param=exc.param)
@@ -367,11 +368,11 @@ def _call_item(call: dict[str, Any], arguments: str, status: str) -> dict[str, A
 async def collect(events: AsyncIterator[Event]) -> tuple[list[str], Reply]:
     """The run's reasoning texts and its reply (the events a whole response is written from)."""
     reasoning: list[str] = []
-    async for kind, value in events:
-        if kind == "reasoning":
-            reasoning.append(value)
-        elif kind == "reply":
-            return reasoning, value
+    async for event in events:
+        if isinstance(event, ReasoningDelta):
+            reasoning.append(event.text)
+        elif isinstance(event, Done):
+            return reasoning, event.reply
     raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
 
 

@@ -3,7 +3,7 @@
 The first chunk carries the role; reasoning events (the memagent model's memory updates) follow
 under one delta field (``reasoning_content`` by default, ``serve --reasoning-field``); then the
 content (pieces as the engine decodes them, then whatever the final reply adds), and the tool
-calls as OpenAI sends them, live as they are decoded (``("tool_call", entry)`` events: the id, type
+calls as OpenAI sends them, live as they are decoded (:class:`ToolCallDelta` events: the id, type
 and name first, then the arguments in pieces; whatever was not streamed live follows from the
 reply, in pieces); then a chunk with ``finish_reason``; with ``stream_options.include_usage`` a last
 chunk with empty ``choices`` and the usage; then ``data: [DONE]``. An error once the stream has
@@ -19,7 +19,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from memagent.serve.chat import Event, Reply
+from memagent.serve.chat import Reply
+from memagent.serve.events import ContentDelta, Event, ReasoningDelta, ToolCallDelta
 from memagent.serve.protocol import APIError, chunk, completion_id
 
 log = logging.getLogger(__name__)
@@ -68,19 +69,20 @@ async def sse(events: AsyncIterator[Event], model: str, include_usage: bool,
     streamed = ""
     sent_args: dict[int, str] = {}  # tool calls sent live: index -> arguments so far
     try:
-        async for kind, value in events:
-            if kind == "reasoning":
-                yield _sse(chunk(cid, model, created, {reasoning_field: value}))
+        async for event in events:
+            if isinstance(event, ReasoningDelta):
+                yield _sse(chunk(cid, model, created, {reasoning_field: event.text}))
                 continue
-            if kind == "content":
-                streamed += value
-                yield _sse(chunk(cid, model, created, {"content": value}))
+            if isinstance(event, ContentDelta):
+                streamed += event.text
+                yield _sse(chunk(cid, model, created, {"content": event.text}))
                 continue
-            if kind == "tool_call":
-                index = value["index"]
-                sent_args[index] = sent_args.get(index, "") + value["function"].get("arguments", "")
-                yield _sse(chunk(cid, model, created, {"tool_calls": [value]}))
+            if isinstance(event, ToolCallDelta):
+                index = event.entry["index"]
+                sent_args[index] = sent_args.get(index, "") + event.entry["function"].get("arguments", "")
+                yield _sse(chunk(cid, model, created, {"tool_calls": [event.entry]}))
                 continue
+            value = event.reply
             for delta in reply_deltas(value, streamed, sent_args):
                 yield _sse(chunk(cid, model, created, delta))
             last = chunk(cid, model, created, {}, value.finish_reason)

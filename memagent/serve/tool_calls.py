@@ -1,8 +1,8 @@
 """Tool calls read out of a reply as it is decoded (vLLM's tool-call parser, run incrementally).
 
 :class:`CallStream` is fed the reply's text so far (each time a longer prefix of it) and answers
-what a stream sends next: ``("content", text)`` for text outside calls, and ``("tool_call", delta)``
-with OpenAI's tool-call delta entries: ``{"index", "id", "type", "function": {"name", "arguments": ""}}``
+what a stream sends next: a ``ContentDelta`` for text outside calls, and ``ToolCallDelta`` s
+(:mod:`memagent.serve.events`) with OpenAI's tool-call delta entries: ``{"index", "id", "type", "function": {"name", "arguments": ""}}``
 once a call's name is known, then ``{"index", "function": {"arguments": piece}}`` as its arguments
 are decoded. :meth:`CallStream.finish` closes the reply: a call cut by ``max_tokens`` keeps its
 partial ``arguments``; nothing of the calls' wrapping (``<tool_call>``, the ``{"name": ...}`` object,
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memagent.engines.stop import held_back
+from memagent.serve.events import ContentDelta, Event, ToolCallDelta
 from memagent.serve.protocol import call_id
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -33,8 +34,6 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
 _NAMED = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')  # a cut call whose name is whole
 _BETWEEN = re.compile(r"[\s\[\],}]*")  # required: what stands between the array's call objects
-
-Event = tuple[str, Any]
 
 
 class _ValueEnd:
@@ -229,13 +228,13 @@ class CallStream:
     def _open(self, name: str) -> None:
         call = _Call(call_id(), name)
         self.calls.append(call)
-        self._events.append(("tool_call", {"index": len(self.calls) - 1, "id": call.id, "type": "function",
-                                           "function": {"name": name, "arguments": ""}}))
+        self._events.append(ToolCallDelta({"index": len(self.calls) - 1, "id": call.id, "type": "function",
+                                            "function": {"name": name, "arguments": ""}}))
 
     def _args(self, piece: str) -> None:
         if piece:
             self.calls[-1].arguments += piece
-            self._events.append(("tool_call", {"index": len(self.calls) - 1, "function": {"arguments": piece}}))
+            self._events.append(ToolCallDelta({"index": len(self.calls) - 1, "function": {"arguments": piece}}))
 
     def _say(self, text: str) -> None:
         if self._enough():  # one call asked for: what follows it is not the reply
@@ -245,4 +244,4 @@ class CallStream:
         self._pending_space = text[len(said):]
         if said:
             self.content.append(said)
-            self._events.append(("content", said))
+            self._events.append(ContentDelta(said))
