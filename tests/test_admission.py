@@ -238,11 +238,13 @@ def test_longest_first_and_a_reserved_actor(ray_local, tiny_llama_dir, tmp_path)
     assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows) and all(r["error"] is None for r in out)
     spans = call_spans(log)
     long_start, long_end = spans.pop(rows[0]["question"])
-    # A short document that started while it read had no other short one beside it (the
-    # reservation: 2 in flight), though the gate holds 4.
-    started_during = [(t0, t1) for t0, t1 in spans.values() if long_start < t0 < long_end]
-    assert len(started_during) >= 5, (long_start, long_end, sorted(spans.values()))
-    for t0, _ in started_during:
+    # A short document admitted while it read had no other short one beside it (the reservation: 2 in
+    # flight), though the gate holds 4. The log shows engine calls, not admissions: up to 3 shorts
+    # admitted just before the long one (while it was tokenized) can make their first call after its
+    # first; every later short waited for those to end, so from the 4th on none overlaps another.
+    started_during = sorted((t0, t1) for t0, t1 in spans.values() if long_start < t0 < long_end)
+    assert len(started_during) >= 8, (long_start, long_end, sorted(spans.values()))
+    for t0, _ in started_during[3:]:
         beside = [(a, b) for a, b in spans.values() if a < t0 < b]
         assert not beside, (t0, beside)
     assert summary.peak_in_flight <= 4
