@@ -37,7 +37,7 @@ from ray.data.datasource import FilenameProvider
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from memagent.error_kinds import InfrastructureFailure
-from pipelines import checkpoints, fingerprint, lease, resources, storage
+from pipelines import checkpoints, fingerprint, lease, resources, storage, storage_errors
 from pipelines.admission import AdmissionPlan, OccupancyLedger
 from pipelines.batch_config import BatchQAConfig
 from pipelines.driver import ActorSnapshots, run_phases, summarise
@@ -162,14 +162,14 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
     stopped = failed = None
     try:
         # Each committed row's chain checkpoints go as its file lands (and all at the end).
-        with storage.quiet_write_failures(cfg.output), checkpoints.Sweeper(cfg.output, cfg.s3):
+        with storage_errors.quiet_write_failures(cfg.output), checkpoints.Sweeper(cfg.output, cfg.s3):
             ds.write_parquet(out_path, filesystem=out_fs, min_rows_per_file=rows_per_file,
                              filename_provider=LeasedFilenames(cfg.output, cfg.s3, run.run_id))
     except Exception as exc:
         failed = lease_lost(exc)  # another run took the output: stop writing now
         stopped = breaker_message(exc) if failed is None else None
         if failed is None and stopped is None:  # a full disk, a permission, quota or S3 error: one line
-            failed = storage.write_failure(exc, cfg.output, storage.s3_endpoint(cfg.s3))
+            failed = storage_errors.write_failure(exc, cfg.output, storage_errors.s3_endpoint(cfg.s3))
         if failed is None and stopped is None:  # a corrupt page in an input file: its file and row group
             failed = unreadable_input(cfg, plan.files, exc)
         if stopped is None and failed is None:
@@ -238,7 +238,7 @@ def ensure_ray(cfg: BatchQAConfig) -> bool:
 
 def lease_lost(exc: BaseException) -> lease.LeaseLost | None:
     """The writer's :class:`pipelines.lease.LeaseLost` inside the exception Ray Data raised, if any."""
-    for e in storage.error_chain(exc):
+    for e in storage_errors.error_chain(exc):
         # Ray's task error wraps the writer's line in its own: take the line itself.
         match = re.search(r"output \S+: while this run wrote, its lease was taken over by [^\n]*", str(e))
         if match:

@@ -47,7 +47,7 @@ import pyarrow.fs as pafs
 
 from memagent.agent import ChainState
 from memagent.checkpoint import BadSegment, Segment, new_segment, resume_path, parse_segment, replay
-from pipelines import storage
+from pipelines import commit_rules, storage, storage_errors
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def remove_logs(output: str, s3: S3Options | None, ids: Iterable[str]) -> int:
     """Remove the logs of ``ids`` (rows committed as done); how many there were."""
     fs, path = storage.filesystem(output, s3)
     root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
-    with storage.output_errors(output, s3):
+    with storage_errors.output_errors(output, s3):
         present = {f.base_name for f in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
                    if f.type == pafs.FileType.Directory}
         if not present:
@@ -253,7 +253,7 @@ def remove_stray(output: str, s3: S3Options | None, keep_ids: Iterable[str]) -> 
     root = f"{path.rstrip('/')}/{PROGRESS_DIR}"
     keep = {log_key(i) for i in keep_ids}
     gone: set[str] = set()
-    with storage.output_errors(output, s3):
+    with storage_errors.output_errors(output, s3):
         for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True)):
             key = info.path[len(root) + 1:].split("/", 1)[0]
             if info.type == pafs.FileType.File and (key not in keep or info.base_name.startswith(".")):
@@ -272,7 +272,7 @@ def remove_stray(output: str, s3: S3Options | None, keep_ids: Iterable[str]) -> 
 
 def committed_ids(fs: pafs.FileSystem, file: str) -> list[str]:
     """Ids of a written output file's rows that are done (not infrastructure errors); [] while it is written."""
-    return storage.committed_rows(fs, file, ["id"]).column("id").to_pylist()
+    return commit_rules.committed_rows(fs, file, ["id"]).column("id").to_pylist()
 
 
 class Sweeper:
@@ -281,7 +281,7 @@ class Sweeper:
     def __init__(self, output: str, s3: S3Options | None, every_s: float = 30.0):
         self.output, self.s3, self.every_s = output, s3, every_s
         self.fs, self.path = storage.filesystem(output, s3)
-        with storage.output_errors(output, s3):  # files before this run: swept by the plan
+        with storage_errors.output_errors(output, s3):  # files before this run: swept by the plan
             self.seen = set(storage.output_files(self.fs, self.path))
         self.removed = 0
         self._stop = threading.Event()
@@ -306,7 +306,7 @@ class Sweeper:
 
     def sweep(self) -> None:
         ids: list[str] = []
-        with storage.output_errors(self.output, self.s3):
+        with storage_errors.output_errors(self.output, self.s3):
             for file in storage.output_files(self.fs, self.path):  # one level: the writer's files
                 if file in self.seen:
                     continue

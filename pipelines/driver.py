@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from memagent.agent import check_config
 from memagent.engines.budget import token_budget
 from memagent.result_schema import N_RECORDS_PREFIX
-from pipelines import checkpoints, lease, records_output, storage
+from pipelines import checkpoints, commit_rules, lease, records_output, storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
 from pipelines.input_plan import InputPlan, plan_input, take_out_redo_rows
 from pipelines.summary import EVIDENCE_COLUMNS, RECORD_COUNT_COLUMNS, BatchSummary
@@ -81,8 +81,8 @@ def remove_stray_logs(cfg: BatchQAConfig) -> None:
     """The run ended: only the logs of rows a rerun redoes (``infra:`` errors) stay under ``_progress``."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     try:
-        with storage.output_errors(cfg.output, cfg.s3):
-            _, retry = storage.committed_and_retry_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
+        with storage_errors.output_errors(cfg.output, cfg.s3):
+            _, retry = commit_rules.committed_and_retry_ids(out_fs, storage.complete_parquet_files(out_fs, out_path))
             checkpoints.remove_stray(cfg.output, cfg.s3, retry.to_pylist())
     except OSError as exc:  # every row is written: a sweep that fails is the next run's, not this run's failure
         log.warning("output %s: checkpoint logs not swept (%s); the next run sweeps them", cfg.output, exc)
@@ -94,7 +94,7 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
     has_answers = "answers" in plan.output_schema.names
     counts = [c for c in plan.output_schema.names
               if c.startswith(N_RECORDS_PREFIX) or c in RECORD_COUNT_COLUMNS.values() or c in EVIDENCE_COLUMNS]
-    with storage.output_errors(cfg.output, cfg.s3):
+    with storage_errors.output_errors(cfg.output, cfg.s3):
         table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
                                      ["id", "error", "score", "context_tokens", "resumed_at_chunk",
                                       "checkpoint_ignored", *(["answers"] if has_answers else []), *counts])

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from memagent.batch import result_schema
 from memagent.result_schema import JOB_SCHEMA
-from pipelines import fingerprint, storage
+from pipelines import commit_rules, fingerprint, input_schemas, storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
 
 log = logging.getLogger(__name__)
@@ -62,13 +62,13 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
     lacking one is named), the files' schemas unified (columns of every file kept, nulls where a
     file lacks an optional one; compatible types widened; incompatible types name the column and
     both files), no column named like an output column, ids strings, non-null, not blank, unique."""
-    endpoint = storage.s3_endpoint(cfg.s3)
+    endpoint = storage_errors.s3_endpoint(cfg.s3)
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
-    with storage.io_errors("input", cfg.input, endpoint):
+    with storage_errors.io_errors("input", cfg.input, endpoint):
         files = storage.parquet_files(in_fs, in_path)
         if not files:
             raise ValueError(f"input {cfg.input}: no Parquet files found")
-        schemas = storage.read_schemas(in_fs, files, cfg.input)
+        schemas = input_schemas.read_schemas(in_fs, files, cfg.input)
     # With an extraction schema the field list is the question: a question column is not needed.
     required = [*REQUIRED_COLUMNS, *(["question"] if cfg.question is None and cfg.agent.extraction is None else [])]
     for file, file_schema in schemas:
@@ -77,7 +77,7 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
             named = [c if c != "question" else "question (or a job-level --question)" for c in missing]
             where = f"input {cfg.input}" if len(files) == 1 else f"input file {file}"
             raise ValueError(f"{where}: missing column(s) {', '.join(named)}; have {', '.join(file_schema.names)}")
-    schema = storage.unify_schemas(schemas, cfg.input)
+    schema = input_schemas.unify_schemas(schemas, cfg.input)
     if "question" in schema.names and cfg.question is not None:
         raise ValueError("input has a question column and a job-level question was given: drop one of them")
     if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
@@ -86,7 +86,7 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
     clash = [c for c in [*result_schema(cfg.agent).names, *JOB_SCHEMA.names] if c in schema.names]
     if clash:
         raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
-    with storage.io_errors("input", cfg.input, endpoint):
+    with storage_errors.io_errors("input", cfg.input, endpoint):
         ids = storage.read_column(in_fs, files, "id")
     if ids.null_count:
         raise ValueError(f"input column id has {ids.null_count} null value(s); every row needs an id")
@@ -106,7 +106,7 @@ def check_output(cfg: BatchQAConfig) -> list[str]:
     deleted), holding only batch outputs; returns its complete Parquet files."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)
-    with storage.output_errors(cfg.output, cfg.s3):
+    with storage_errors.output_errors(cfg.output, cfg.s3):
         return storage.complete_parquet_files(out_fs, out_path)
 
 
@@ -114,9 +114,9 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
     """The ids already answered (skipped) and those in the output to redo (infrastructure errors,
     and with ``redo_changed`` rows whose input changed); refuses a changed input otherwise."""
     out_fs, _ = storage.filesystem(cfg.output, cfg.s3)
-    with storage.output_errors(cfg.output, cfg.s3):
+    with storage_errors.output_errors(cfg.output, cfg.s3):
         # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
-        done, retry = storage.committed_and_retry_ids(out_fs, done_files)
+        done, retry = commit_rules.committed_and_retry_ids(out_fs, done_files)
         dup = storage.duplicates(pa.chunked_array([done, retry.cast(pa.string())], pa.string()))
         if dup:  # not trusting the lease alone: two writers, or a store ignoring conditional writes
             raise ValueError(f"output {cfg.output} holds duplicate ids, e.g. {', '.join(sorted(dup))}; repair it with: "
@@ -149,8 +149,8 @@ def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:
     if not len(plan.redo_ids):
         return
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
-    with storage.output_errors(cfg.output, cfg.s3):
-        n = storage.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
+    with storage_errors.output_errors(cfg.output, cfg.s3):
+        n = commit_rules.remove_rows(out_fs, out_path, storage.complete_parquet_files(out_fs, out_path), plan.redo_ids)
     log.warning("%d row(s) in %s failed on the infrastructure in an earlier run: redoing them", n, cfg.output)
 
 
@@ -161,7 +161,7 @@ def unreadable_input(cfg: BatchQAConfig, files: list[str], exc: BaseException) -
     input twice): a corrupt data page elsewhere fails Ray Data's read task instead. Only then are
     row groups read one by one, the file the read named first (all the planned files if none).
     """
-    chain = storage.error_chain(exc)
+    chain = storage_errors.error_chain(exc)
     if not any(isinstance(e, (OSError, pa.ArrowException)) for e in chain):
         return None
     text = "\n".join(str(e) for e in chain)

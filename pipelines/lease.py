@@ -66,7 +66,7 @@ FORCE_UNLOCK_HELP = ("The run id of a run on another host that still seems to ho
 class OutputBusy(OSError):
     """Another run holds the output's lease (the CLI prints it as one line, exit 2)."""
 
-    _memagent_checked = True  # already one line naming the output (storage.io_errors passes it on)
+    _memagent_checked = True  # already one line naming the output (storage_errors.io_errors passes it on)
 
 
 class LeaseLost(OutputBusy):
@@ -328,7 +328,7 @@ def acquire(output: str, s3: S3Options | None = None, *, force: str | None = Non
     holder on another host to take the lease from although it looks alive."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from pipelines.storage import output_errors
+    from pipelines.storage_errors import output_errors
 
     with output_errors(output, s3):
         try:

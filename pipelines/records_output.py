@@ -42,7 +42,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from memagent.result_schema import RECORDS_PREFIX
-from pipelines import storage
+from pipelines import commit_rules, storage, storage_errors
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def _row_records(fs: pafs.FileSystem, file: str, record_type: str) -> pa.Table |
         if column not in names:
             return pa.table({})
         table = pf.read(columns=["id", "error", column])
-    table = table.filter(storage.committed_mask(table.column("error")))
+    table = table.filter(commit_rules.committed_mask(table.column("error")))
     return flatten(table.column("id"), table.column(column), record_type)
 
 
@@ -206,7 +206,7 @@ def export_records(output: str, s3: S3Options | None, record_types: Iterable[str
     root = f"{path.rstrip('/')}/{RECORDS_DIR}"
     written = 0
     try:
-        with storage.output_errors(output, s3):
+        with storage_errors.output_errors(output, s3):
             documents = _documents(fs, path)
             for record_type in record_types:
                 written += _export_type(fs, path, type_dir(root, record_type), record_type, documents,

@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines import lease, records_output, storage
+from pipelines import commit_rules, lease, records_output, storage, storage_errors
 from pipelines.storage import S3Options
 
 log = logging.getLogger(__name__)
@@ -83,12 +83,12 @@ def repair_output(cfg: RepairConfig) -> RepairSummary:
     """Remove duplicate ids from ``cfg.output`` (see the module doc)."""
     fs, path = storage.filesystem(cfg.output, cfg.s3)
     summary = RepairSummary(cfg.output)
-    with storage.output_errors(cfg.output, cfg.s3):
+    with storage_errors.output_errors(cfg.output, cfg.s3):
         if fs.get_file_info(path).type != pafs.FileType.Directory and not storage.is_s3(cfg.output):
             raise ValueError(f"output {cfg.output}: no such directory")
         with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock):
             files = storage.complete_parquet_files(fs, path)
-            storage.committed_and_retry_ids(fs, files)  # refuses a directory that is not a batch output
+            commit_rules.committed_and_retry_ids(fs, files)  # refuses a directory that is not a batch output
             record_types = records_output.record_types_in(fs, files)
             infos = fs.get_file_info(files)
             parts, newness, sizes = [], [], []

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from memagent.engines import EngineConfig
-from pipelines import storage
+from pipelines import storage, storage_errors
 from pipelines.batch_qa import BatchQAConfig, plan_input
 from pipelines.job import JobConfig
 from tests.pipeline_helpers import FAST_AGENT, good_rows, read_output, write_rows
@@ -295,11 +295,11 @@ def test_write_failures_mapped_to_one_line(uri, error, expected):
             super().__init__("ray::Write() failed\nTraceback ...")
             self.cause = cause
 
-    mapped = storage.write_failure(TaskError(error), uri, "http://h:1")
+    mapped = storage_errors.write_failure(TaskError(error), uri, "http://h:1")
     if expected is None:
         assert mapped is None
     else:
-        assert str(mapped).startswith(expected) and str(mapped).endswith(storage.RERUN_ADVICE), str(mapped)
+        assert str(mapped).startswith(expected) and str(mapped).endswith(storage_errors.RERUN_ADVICE), str(mapped)
 
 
 def test_ray_data_console_tracebacks_of_a_write_failure_are_hidden():
@@ -311,7 +311,7 @@ def test_ray_data_console_tracebacks_of_a_write_failure_are_hidden():
     logger.propagate = False
     logger.addHandler(logging.StreamHandler(stream))
     try:
-        with storage.quiet_write_failures("/data/out", logger=logger.name):
+        with storage_errors.quiet_write_failures("/data/out", logger=logger.name):
             logger.error("unrelated failure")
             try:
                 raise OSError(28, "No space left on device")
