@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.serve import messages, responses
-from memagent.serve.chat import EngineModel, Reply, ServedModel
-from memagent.serve.events import Done, Event
+from memagent.serve.chat import EngineModel, ServedModel
+from memagent.serve.events import Done, Event, Reply
 from memagent.serve.guard import AccessLogRedactor, Guard
 from memagent.serve.handling import load_body
 from memagent.serve.handling import unknown_model as _unknown_model

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from memagent.engines.base import Completion, Engine, SamplingParams
@@ -17,9 +16,9 @@ from memagent.engines.detokenize import IncrementalText
 from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
 from memagent.engines.stop import final_text
 from memagent.serve import tools
-from memagent.serve.events import ContentDelta, Done, Event, ToolCallDelta
+from memagent.serve.events import ContentDelta, Done, Event, Reply, ToolCallDelta
 from memagent.serve.guard import check_schema
-from memagent.serve.protocol import APIError, ChatRequest, usage
+from memagent.serve.protocol import APIError, ChatRequest
 
 LARGE_PROMPT_CHARS = 256 * 1024  # prompts longer than this are tokenised one at a time
 
@@ -37,31 +36,6 @@ _VALUE = {"anyOf": [
     {"type": "array", "items": {"$ref": "#/$defs/value"}, "maxItems": MAX_ARRAY_ITEMS},
     {"type": "object", **_MEMBERS}]}
 JSON_OBJECT_SCHEMA = {"type": "object", **_MEMBERS, "$defs": {"value": _VALUE}}
-
-@dataclass
-class Reply:
-    """One answer, before it is written as a completion or as chunks."""
-
-    content: str | None
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    tool_calls: list[dict[str, Any]] | None = None
-    logprobs: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # top-level extension fields (the memagent trace)
-    reasoning: str | None = None  # the memagent model's memory updates
-    stop_sequence: str | None = None  # the stop string that ended it (Anthropic's stop_sequence), when one did
-
-    def message(self, reasoning_field: str = "reasoning_content") -> dict[str, Any]:
-        """The completion's message; the reasoning (memory updates) under ``reasoning_field`` only."""
-        message = {"role": "assistant", "content": self.content, "tool_calls": self.tool_calls}
-        if self.reasoning is not None:
-            message[reasoning_field] = self.reasoning
-        return message
-
-    def usage(self) -> dict[str, int]:
-        return usage(self.prompt_tokens, self.completion_tokens)
-
 
 def response_schema(req: ChatRequest) -> str | None:
     """The constrained-decoding schema of ``response_format`` (JSON text, None for text); 400 for

@@ -29,8 +29,8 @@ from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.extraction.schema import schema_from
 from memagent.prompts import extract_answer, final_answer_messages
-from memagent.serve.chat import EngineModel, Reply, check_max_tokens, first_line
-from memagent.serve.events import Done, Event, ReasoningDelta
+from memagent.serve.chat import EngineModel, check_max_tokens, first_line
+from memagent.serve.events import Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import check_schema
 from memagent.serve.protocol import APIError, ChatMessage, ChatRequest
 

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memagent.serve import tools as chat_tools
 from memagent.serve.handling import load_body, unknown_model, unless_disconnected
-from memagent.serve.chat import EngineModel, Reply, ServedModel, first_line
-from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta
+from memagent.serve.chat import EngineModel, ServedModel, first_line
+from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import anthropic_body
 from memagent.serve.protocol import APIError, ChatRequest, JSONBytes
 from memagent.serve.responses import collect, validated

@@ -27,8 +27,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memagent.serve.handling import load_body, unknown_model, unless_disconnected, validation_message
-from memagent.serve.chat import Reply, ServedModel
-from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta
+from memagent.serve.chat import ServedModel
+from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
 from memagent.serve.protocol import APIError, ChatRequest
 
 log = logging.getLogger(__name__)

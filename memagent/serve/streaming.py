@@ -19,8 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from memagent.serve.chat import Reply
-from memagent.serve.events import ContentDelta, Event, ReasoningDelta, ToolCallDelta
+from memagent.serve.events import ContentDelta, Event, ReasoningDelta, Reply, ToolCallDelta
 from memagent.serve.protocol import APIError, chunk, completion_id
 
 log = logging.getLogger(__name__)
