@@ -138,12 +138,13 @@ def test_a_fault_at_every_store_call_site_is_healed_by_reruns(where, docs, input
 def test_random_fault_sequences_are_healed_by_reruns(where, docs, input_dir, tokenizer, baseline):
     """A machine lost at a checkpoint write of run 1 and up to 3 more faults at any store calls of the runs leave
     every id written once, one chain per trace, the records once, nothing left behind, and at most one checkpoint
-    interval re-read per fault (200 sequences: 150 on local disk, 50 on S3, where each costs a second)."""
+    interval re-read per fault (60 sequences: 45 on local disk, 15 on S3, where each costs a second; the same
+    derandomized draws on every machine, so a failure replays)."""
     new_output, s3 = where
     clean, calls = baseline
     keys = sorted(calls)
 
-    @settings(max_examples=150 if s3 is None else 50, deadline=None, suppress_health_check=list(HealthCheck),
+    @settings(max_examples=45 if s3 is None else 15, deadline=None, suppress_health_check=list(HealthCheck),
               derandomize=True)
     @given(data=st.data())
     def sequence(data):
