@@ -9,7 +9,7 @@ engine hands them over.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from memagent.engines.detokenize import IncrementalText
@@ -81,11 +81,12 @@ WORDS = ["memory", "the", "Überweisung", "résumé", "façade", "naïve", "漢�
 
 @SETTINGS
 @given(st.lists(st.sampled_from(WORDS), max_size=200), SIZES)
+@example(["résumé", "memory", "مرحبا", "한국어", "한국어", "漢字", "東京都"], [3, 4, 2, 4])  # every step ended mid-character
 def test_prose_in_many_scripts_decodes_windows_of_a_few_tokens(tokenizer, words, sizes):
     """Prose of words in many scripts (emoji with joiners, CJK, Hangul, Arabic, numbers) streamed in steps of up
     to 4 tokens decodes windows bounded by the longest word (byte-level BPE may merge bytes across the
-    characters of a word, so a word may end a character only at its end), never by the reply's length; and
-    the deltas join into its decode."""
+    characters of a word, so a word may end a character only at its end), never by the reply's length, even
+    when every step ends inside a character; and the deltas join into its decode."""
     ids = tokenizer(" ".join(words), add_special_tokens=False)["input_ids"]
     inc, _, windows = _stream(tokenizer, ids, sizes)
     word = max((len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) for w in WORDS))
