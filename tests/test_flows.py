@@ -6,6 +6,7 @@ Run: .venv/bin/pytest tests/test_flows.py   (the harness starts once for the mod
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.dataset as pads
 import pytest
@@ -15,6 +16,7 @@ from flows.batch_qa import batch_qa
 from flows.evaluate import evaluate_memagent
 from flows.stages import MANIFEST
 from flows.train import train_memagent
+from pipelines.train_job import LAUNCHES, read_metrics
 from memagent.data.samples import HOTPOTQA_DEV
 from tests.flows_helpers import TINY_AGENT, artifacts_of, fail_once, task_runs_of, tiny_engine
 
@@ -155,12 +157,16 @@ def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama
                       "train": "skipped (done earlier)", "evaluate": "completed"}
     assert "items=2" in next(r["summary"] for r in table if r["stage"] == "evaluate")
 
-    # A changed training parameter redoes training only.
+    # A changed training parameter redoes training only; here on two Ray Train workers (a local Ray the
+    # train task starts and stops), each rank's rollouts counted in the one metrics record per step.
     state = train_memagent(**{**params, "training": {**params["training"], "lr": 2e-3}},
-                           evaluation={"enabled": False}, return_state=True)
+                           train_job={"workers": 2}, evaluation={"enabled": False}, return_state=True)
     again = state.result()
     assert [again[s]["skipped"] for s in ("synthesize", "filter", "train")] == [True, True, False]
     assert again["train"]["dir"] != first["train"]["dir"]
+    records = read_metrics(again["train"]["dir"])
+    assert [(r["world_size"], r["trajectories"]) for r in records] == [(2, 4)]
+    assert json.loads((Path(again["train"]["dir"]) / LAUNCHES).read_text().splitlines()[0])["workers"] == 2
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Training through Ray Train (``pipelines/train_job.py``): 2 workers vs 1, fail-over, the flow, a 2-node cluster."""
+"""Training through Ray Train (``pipelines/train_job.py``): 2 workers on a 2-node cluster vs 1 process, fail-over
+(the flow on two workers: tests/test_flows.py)."""
 
 from __future__ import annotations
 
@@ -74,7 +75,6 @@ def test_metrics_past_the_checkpoint_are_dropped_before_a_resume(tmp_path: Path)
 
 def test_train_flow_takes_the_train_job():
     from flows.train import train_memagent
-    from memagent.data.samples import HOTPOTQA_DEV
 
     params = train_memagent.validate_parameters({"train_job": {"workers": 2, "ray_address": "127.0.0.1:6379"}})
     assert params["train_job"] == TrainJob(workers=2, ray_address="127.0.0.1:6379")
@@ -127,30 +127,6 @@ def test_a_killed_worker_fails_over_to_the_last_checkpoint(tiny_llama_dir: Path,
     assert [r["step"] for r in records] == [0, 1, 2]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3  # no step counted twice
     assert_loadable(out / "checkpoints" / "step_000003" / "hf")
-
-
-@pytest.mark.slow
-def test_train_flow_with_two_workers(tiny_llama_dir: Path, tmp_path: Path, local_ray):
-    from prefect.testing.utilities import prefect_test_harness
-
-    from flows.train import train_memagent
-    from memagent.data.samples import HOTPOTQA_DEV
-    from tests.flows_helpers import TINY_AGENT
-
-    with prefect_test_harness(server_startup_timeout=120):
-        result = train_memagent(
-            workdir=str(tmp_path / "work"), model=str(tiny_llama_dir),
-            synth={"source": str(HOTPOTQA_DEV), "samples": 2, "tokens": [256]},
-            filtering=None, agent=TINY_AGENT, train_job={"workers": 2},
-            training={"steps": 2, "batch_size": 2, "group_size": 2, "warmup_steps": 0, "save_every": 1,
-                      "micro_batch_tokens": 1024, "lr": 1e-3},
-            evaluation={"enabled": False})
-    train = result["train"]
-    assert train["summary"]["steps"] == 2
-    records = read_metrics(train["dir"])
-    assert [(r["world_size"], r["trajectories"]) for r in records] == [(2, 4), (2, 4)]
-    assert launches(Path(train["dir"]))[0]["workers"] == 2
-    assert_loadable(Path(train["outputs"]["checkpoint"]))
 
 
 @pytest.mark.slow
