@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_ctrl_c_stops_within_seconds_with_a_resume_hint(tiny_llama_dir, tmp_path):
-    rows = good_rows(40, tokens=400)
+    rows = good_rows(20, tokens=400)  # ten batches: Ctrl-C lands while most are still to read
     write_rows(tmp_path / "in" / "a.parquet", rows)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "memagent_cli", "batch", "--input", str(tmp_path / "in"), "--output", str(out),
