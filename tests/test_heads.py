@@ -182,3 +182,28 @@ def test_the_labels_count_in_the_window_check(tiny_engine):
             continue
     with pytest.raises(ValueError, match="budgets do not fit"):
         check_config(tiny_engine, big.with_overrides(chunk_tokens=chunk, memory_heads=8))
+
+
+@pytest.mark.slow
+def test_speculation_on_the_packaged_model_leaves_a_heads_read_unchanged(smollm2_dir):
+    """With two heads, the packaged model's greedy read is the same memory by memory with copy-aware drafting
+    as without it (drafts come from the prompt, whose carried heads the rewritten head copies), and drafts are
+    accepted: speculation applies to the head being rewritten."""
+    from memagent.engines import EngineConfig
+    from memagent.engines.hf import TransformersEngine
+
+    row = niah_row(1, 450, depth=0.4, seed=7)
+    cfg = AgentConfig(chunk_tokens=128, memory_tokens=64, memory_heads=2, answer_tokens=8, query_tokens=64)
+    reads = {}
+    for speculate in (False, True):
+        engine = TransformersEngine.from_config(EngineConfig(model=str(smollm2_dir), dtype="fp32",
+                                                             speculate=speculate))
+        try:
+            reads[speculate] = asyncio.run(read_document(engine, row["question"], row["context"], cfg))
+        finally:
+            asyncio.run(engine.close())
+    plain, drafted = reads[False], reads[True]
+    memories = [s.memory for s in plain.steps if s.kind == "memory"]
+    assert len(memories) >= 3 and [s.memory for s in drafted.steps if s.kind == "memory"] == memories
+    assert drafted.response == plain.response
+    assert sum(s.accepted_tokens for s in drafted.steps) > 0 and sum(s.draft_tokens for s in plain.steps) == 0
