@@ -239,14 +239,14 @@ def test_an_actor_and_a_write_task_killed_after_their_files_landed(job, served, 
                                           ["output", "open_output_stream", m, "kill_after"]], driver_dies=False)
 
 
+# -- the driver --------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("fault", ["kill_after", "kill_before"])
 def test_driver_killed_in_its_records_export(job, served, oracle, fault):
     """A driver SIGKILLed around the write of the records dataset's file (every row committed) leaves the
     dataset unwritten or written: the rerun (nothing to read) exports it, the fault-free records once."""
     kill_then_rerun(job, served, oracle, [["records", "open_output_stream", 0, fault]], driver_dies=True)
-
-
-# -- the driver --------------------------------------------------------------------------------
 
 
 def test_driver_killed_after_creating_the_lease(job, served, oracle):

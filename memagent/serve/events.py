@@ -3,8 +3,8 @@
 Pieces as they are decoded, any number of times: :class:`ReasoningDelta` (the memagent model's memory
 updates), :class:`ContentDelta` (the reply's text) and, when the consumer asked for them,
 :class:`ToolCallDelta` (a tool call's OpenAI delta entry); then exactly one :class:`Done` with the
-whole :class:`Reply`. Every surface (Chat Completions, Responses, Messages; whole
-or streamed) is written from these events, so the surfaces cannot disagree about a reply.
+whole :class:`Reply`. Every surface (Chat Completions, Responses, Messages; whole or streamed) is
+written from these events, so the surfaces cannot disagree about a reply.
 """
 
 from __future__ import annotations
