@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from memagent.agent import read_document
@@ -80,6 +80,10 @@ def check_span(doc: Ledger, payer: str, date: str, path: str, start: int | None,
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=SPECS, seed=st.integers(0, 2**16), chunk_tokens=st.sampled_from([48, 96, 256, 1024]),
        invent=st.booleans())
+# A correction reverted in a sentence the chunk owns, its values also those of the cut sentence the chunk
+# starts in (the call before's): grounded there first, it was taken for the call before's record.
+@example(spec=LedgerSpec(prose=0, table_rows=0, bullets=0, cjk=3, aliases=2, by_role=1, conflicts=2, near_misses=0,
+                         filler=0, long_lines=False), seed=4335, chunk_tokens=48, invent=False)
 def test_perfect_model_records_come_out_exactly_once(tokenizer, spec, seed, chunk_tokens, invent):
     """Every record a perfect model reads comes out exactly once with spans in its own sentence, and no
     invented record survives require_grounding."""

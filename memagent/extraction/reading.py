@@ -348,8 +348,25 @@ def _emit(read: ChunkRead, name: str, piece: Piece, reply: RecordsReply, out: Ch
         # all of them must lie in the finished sentence: one value that also occurs there (a bank, a
         # date) does not make a later sentence's record the call before's.
         here = [s.start for s in spans.values() if s is not None and s.where == "window"]
-        if not here or max(here) >= piece.owned_from:
+        if here and max(here) < piece.owned_from:
+            spans = _restated(read, name, piece, values, spans, trail)
+        if spans is not None:
             out.emitted.append(Emitted(name, Mention(read.step, values, _plain_spans(spans))))
+
+
+def _restated(read: ChunkRead, name: str, piece: Piece, values: dict[str, Any], spans: Mapping[str, Span | None],
+              trail: MemoryTrail) -> Mapping[str, Span | None] | None:
+    """A record grounded only in the finished sentence: its spans where the piece's own part states every one
+    of those values again (the same record restated, e.g. a correction reverted: a later statement, so it
+    counts), else None (the call before read it)."""
+    call = read.call
+    owned = ground_chunk(call.schema.record_type(name), [values], read.context, (piece.owned_from, piece.end),
+                         trail=trail)
+    again = owned.spans[0]
+    stated = [p for p, s in spans.items() if s is not None and s.where == "window"]
+    if all(again.get(p) is not None and again[p].where == "window" for p in stated):
+        return again
+    return None
 
 
 def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int, str] | None]:
