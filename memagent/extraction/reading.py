@@ -23,7 +23,7 @@ passage does not stop a model that writes records the passage does not state).
 A sentence cut by a boundary (a chunk's end, or a split point) is read whole, once
 (:func:`records_reach`): the earlier call reads on to the end of that sentence (at most
 :data:`TAIL_CHARS`), and the later call drops a record whose values grounded in its window all lie
-in that finished sentence (the earlier call owned it).
+in that finished sentence (the earlier call owned it), unless its own part states each of them again.
 
 Each record is grounded where it was read (:func:`~memagent.extraction.record_grounding.ground_chunk`: the
 piece's window, or through the memory for an alias) and kept as a
