@@ -35,6 +35,13 @@ def write_rows(path: Path, rows: list[dict], schema: pa.Schema | None = None) ->
     return path
 
 
+def launches(out: str | Path) -> list[dict]:
+    """The launch records of a training run's output directory (pipelines.train_job.LAUNCHES), in order."""
+    from pipelines.train_job import LAUNCHES
+
+    return [json.loads(x) for x in (Path(out) / LAUNCHES).read_text().splitlines()]
+
+
 def read_output(path: str | Path, filesystem=None) -> list[dict]:
     ds = pads.dataset(str(path), format="parquet", filesystem=filesystem, exclude_invalid_files=False,
                       ignore_prefixes=["_", "."])

@@ -6,7 +6,6 @@ Run: .venv/bin/pytest tests/test_flows.py   (the harness starts once for the mod
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow.dataset as pads
 import pytest
@@ -16,9 +15,10 @@ from flows.batch_qa import batch_qa
 from flows.evaluate import evaluate_memagent
 from flows.stages import MANIFEST
 from flows.train import train_memagent
-from pipelines.train_job import LAUNCHES, read_metrics
+from pipelines.train_job import read_metrics
 from memagent.data.samples import HOTPOTQA_DEV
 from tests.flows_helpers import TINY_AGENT, artifacts_of, fail_once, task_runs_of, tiny_engine
+from tests.pipeline_helpers import launches
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -166,7 +166,7 @@ def test_train_flow_retries_a_stage_and_a_rerun_skips_finished_stages(tiny_llama
     assert again["train"]["dir"] != first["train"]["dir"]
     records = read_metrics(again["train"]["dir"])
     assert [(r["world_size"], r["trajectories"]) for r in records] == [(2, 4)]
-    assert json.loads((Path(again["train"]["dir"]) / LAUNCHES).read_text().splitlines()[0])["workers"] == 2
+    assert launches(again["train"]["dir"])[0]["workers"] == 2
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ import pytest
 
 from memagent.config import preset
 from memagent.rl.config import TrainConfig
-from pipelines.train_job import LAUNCHES, TrainJob, check_resume_world, read_metrics, run_training, trim_metrics
-from tests.pipeline_helpers import KillInRollout
+from pipelines.train_job import TrainJob, check_resume_world, read_metrics, run_training, trim_metrics
+from tests.pipeline_helpers import KillInRollout, launches
 from test_rl_rollout import niah
 
 AGENT = preset("tiny").with_overrides(chunk_tokens=64, memory_tokens=16, answer_tokens=8)
@@ -29,10 +29,6 @@ def fake_checkpoint(out: Path, step: int, cursors: list[int]) -> None:
     tag.mkdir(parents=True)
     torch.save({"module": {}, "step": step, "cursors": cursors}, tag / "mp_rank_00_model_states.pt")
     (out / "checkpoints" / "latest").write_text(tag.name)
-
-
-def launches(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / LAUNCHES).read_text().splitlines()]
 
 
 # -- fast: configuration, resume checks, metric bookkeeping ------------------------------------
