@@ -25,9 +25,10 @@ browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) || true
 
 # Two workers, whole files each (module fixtures stay shared): the slow tests spend about a third
-# of their time waiting on Ray, Prefect and servers, so a 2-core machine runs two at once.
+# of their time waiting on Ray, Prefect and servers, so a 2-core machine runs two at once. Files run
+# longest first (tests/scheduling.py), so both workers finish together.
 test: install browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"

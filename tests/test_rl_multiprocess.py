@@ -34,6 +34,8 @@ def test_rank_metrics_merge_into_the_step_of_the_whole_run():
 
 @pytest.mark.slow
 def test_two_process_training_run(tiny_llama_dir: Path, tmp_path: Path):
+    """Two ranks train one run: one metrics record per step counting both ranks' rollouts, disjoint questions,
+    a checkpoint; DeepSpeed's shared-memory all-reduce (inference only) is never built."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in niah(8)))
     (tmp_path / "cfg.json").write_text(json.dumps({"warmup_steps": 0, "micro_batch_tokens": 1024, "save_every": 2}))
@@ -52,4 +54,5 @@ def test_two_process_training_run(tiny_llama_dir: Path, tmp_path: Path):
         assert len(s["example_ids"]) == 4 and len(set(s["example_ids"])) == 4  # ranks read disjoint questions
     assert (out / "checkpoints" / "step_000002" / "hf" / "model.safetensors").is_file()
     assert run.stdout.count("done: metrics in") == 1  # rank 0 reports
+    assert "shm_comm" not in run.stdout + run.stderr  # DeepSpeed prints "...shm_comm_op built" when it loads it
 

@@ -31,10 +31,26 @@ def setup_distributed() -> tuple[int, int]:
 
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    else:
+        skip_shared_memory_all_reduce()
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo",
                                    auto_mpi_discovery=False)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def skip_shared_memory_all_reduce() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce.
+
+    DeepSpeed builds that C++ op (about 45 s of CPU on a cold extension cache, and a compiler on the
+    machine) whenever it sets up its communication backend, yet only tensor-parallel inference calls
+    it (``inference_all_reduce``); training reduces through gloo either way. Marked incompatible, the
+    op is never built and the backend falls back to the process group.
+    """
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 
 
 def _single() -> bool:
