@@ -18,12 +18,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Every Ray the suite starts (in process, or by a command it runs) inherits these: Ray Data reads parquet
-# footers with one actor instead of up to 32, and Ray starts no idle workers ahead of demand. Each of those
-# is a Python process of about a second of CPU, per job; the suite runs some hundred jobs on two cores.
+# Every Ray the suite starts (in process, or by a command it runs) inherits this: Ray Data reads parquet
+# footers with one actor instead of up to 32 (each a Python process, ~1 s of CPU, per job; the suite runs
+# some hundred jobs on two cores). Ray's idle workers stay prestarted: without them a worker may still be
+# importing when a test's Ctrl-C reaches the process group, and prints the KeyboardInterrupt it got.
 os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
-os.environ.setdefault("RAY_enable_worker_prestart", "0")
-os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 import pipelines  # noqa: E402,F401 - a local Ray binds 127.0.0.1 (set before ray is imported)
 
 pytest_plugins = ["tests.scheduling"]
