@@ -58,6 +58,7 @@ class _Recorder:
         if hasattr(session.config, "workerinput") or not self.seconds:
             return  # an xdist worker: the controller writes
         merged = {**load_durations(), **{f: round(s, 1) for f, s in self.seconds.items()}}  # a subset updates its files
+        merged = {f: s for f, s in merged.items() if (session.config.rootpath / f).is_file()}  # removed files go
         DURATIONS.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
 
 

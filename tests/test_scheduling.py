@@ -15,7 +15,8 @@ def test_files_run_longest_first_and_unknown_files_before_all():
 
 
 def test_the_committed_durations_name_files_that_exist():
-    """Every file in tests/file_durations.json exists and has a non-negative figure (a renamed file is dropped)."""
+    """Every file in tests/file_durations.json exists and has a non-negative figure (--write-file-durations drops
+    a removed or renamed file)."""
     durations = load_durations()
     assert durations and durations == json.loads(DURATIONS.read_text())
     root = DURATIONS.parent.parent

@@ -255,34 +255,31 @@ def answers(client: openai.OpenAI, batch) -> dict[str, object]:
 
 def test_server_killed_mid_batch_resumes(tiny_llama_dir, tmp_path):
     """A server SIGKILLed mid-batch and restarted finishes the batch with each custom_id once and the answers
-    of a run never killed (greedy decoding)."""
+    of a batch of the same requests never killed (greedy decoding; run next on the restarted server)."""
     cfg = run_config(tiny_llama_dir)
     data = jsonl_bytes(request_lines(n_docs=2, n_chats=3, tokens=600))
-
-    def run(root: Path, kill: bool) -> tuple[dict, dict]:
+    root = tmp_path / "state"
+    proc, client = start_server(root, cfg, tiny_llama_dir)
+    try:
+        f = client.files.create(file=("r.jsonl", io.BytesIO(data)), purpose="batch")
+        killed = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.time() + 180  # kill once a document has checkpointed, i.e. mid-read
+        while not list(root.glob("batches/*/job_output/_progress/*/*")) and time.time() < deadline:
+            time.sleep(0.1)
+        assert client.batches.retrieve(killed.id).status == "in_progress"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         proc, client = start_server(root, cfg, tiny_llama_dir)
-        try:
-            f = client.files.create(file=("r.jsonl", io.BytesIO(data)), purpose="batch")
-            batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                          completion_window="24h")
-            if kill:  # once a document has checkpointed, i.e. mid-read
-                deadline = time.time() + 180
-                while not list(root.glob("batches/*/job_output/_progress/*/*")) and time.time() < deadline:
-                    time.sleep(0.1)
-                assert client.batches.retrieve(batch.id).status == "in_progress"
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                proc, client = start_server(root, cfg, tiny_llama_dir)
-            done = wait_done(client, batch.id)
-            assert done.status == "completed"
-            return answers(client, done), done.request_counts.model_dump()
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-    killed, counts = run(tmp_path / "killed", kill=True)
-    clean, clean_counts = run(tmp_path / "clean", kill=False)
-    assert killed == clean and counts == clean_counts and len(clean) == 5
+        killed = wait_done(client, killed.id)
+        assert killed.status == "completed"
+        clean = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        clean = wait_done(client, clean.id)
+        assert clean.status == "completed"
+        assert answers(client, killed) == answers(client, clean) and len(answers(client, clean)) == 5
+        assert killed.request_counts.model_dump() == clean.request_counts.model_dump()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_run_batch_cli_resumes(tiny_llama_dir, tmp_path):
