@@ -25,7 +25,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
 import pipelines  # noqa: E402,F401 - a local Ray binds 127.0.0.1 (set before ray is imported)
 
-pytest_plugins = ["tests.scheduling"]
+pytest_plugins = ["tests.scheduling"]  # files run longest first under make test
+
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:

@@ -7,8 +7,8 @@ their measured duration, longest first, is the classic longest-processing-time s
 left at the end are the short ones, and both workers finish together.
 
 The durations live in tests/file_durations.json (seconds per file, from a ``make test`` run);
-``pytest ... --write-file-durations`` updates the files it ran. A file not listed there runs first, so a new long
-file never lands at the end; a stale figure costs time, never a result.
+``pytest ... --write-file-durations`` updates the files it ran. A file not listed there runs first,
+so a new long file never lands at the end; a stale figure costs time, never a result.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ class _Recorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput") or not self.seconds:
             return  # an xdist worker: the controller writes
-        merged = {**load_durations(), **{f: round(s, 1) for f, s in self.seconds.items()}}  # a subset updates its files
-        merged = {f: s for f, s in merged.items() if (session.config.rootpath / f).is_file()}  # removed files go
+        # A subset run updates its files; a removed or renamed file's figure goes.
+        merged = {**load_durations(), **{f: round(s, 1) for f, s in self.seconds.items()}}
+        merged = {f: s for f, s in merged.items() if (session.config.rootpath / f).is_file()}
         DURATIONS.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
 
 
