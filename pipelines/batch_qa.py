@@ -120,6 +120,8 @@ def _dataset(cfg: BatchQAConfig, plan: InputPlan, run: _Run, build_engine: Engin
     # the unified schema of all of them; columns come from the files, not from directory names.
     ds = ray.data.read_parquet(plan.files, filesystem=in_fs, schema=plan.schema, file_extensions=None,
                                partitioning=None)
+    if plan.carried:  # input columns named like output columns keep their values under CARRIED_PREFIX
+        ds = ds.rename_columns(plan.carried)
     if len(plan.done_ids):
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
                             batch_size=None, num_cpus=0.25)

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memagent.batch import result_schema
-from memagent.result_schema import JOB_SCHEMA
+from memagent.result_schema import CARRIED_PREFIX, JOB_SCHEMA
 from pipelines import commit_rules, fingerprint, input_schemas, storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
 
@@ -34,6 +34,8 @@ class InputPlan:
     output_schema: pa.Schema
     redo_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # in the output, to redo
     files: list[str] = field(default_factory=list)  # the input files checked: exactly what the job reads
+    # Input columns named like output columns -> the names they are carried under (CARRIED_PREFIX)
+    carried: dict[str, str] = field(default_factory=dict)
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
@@ -45,7 +47,8 @@ def plan_input(cfg: BatchQAConfig) -> InputPlan:
     done, redo = resume_state(cfg, source, done_files)
     skipped = int(pc.sum(pc.is_in(source.ids, value_set=done)).as_py() or 0) if len(done) else 0
     return InputPlan(schema=source.schema, total_rows=len(source.ids), done_ids=done, skipped=skipped,
-                     output_schema=output_schema(cfg, source.schema), redo_ids=redo, files=source.files)
+                     output_schema=output_schema(cfg, source.schema, source.carried), redo_ids=redo,
+                     files=source.files, carried=source.carried)
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,15 @@ class CheckedInput:
     files: list[str]
     schema: pa.Schema  # every file's columns, unified
     ids: pa.ChunkedArray
+    carried: dict[str, str] = field(default_factory=dict)  # input columns renamed in the output (carried_names)
 
 
 def check_input(cfg: BatchQAConfig) -> CheckedInput:
     """Every file readable (a corrupt one is named), the required columns in *every* file (a file
     lacking one is named), the files' schemas unified (columns of every file kept, nulls where a
     file lacks an optional one; compatible types widened; incompatible types name the column and
-    both files), no column named like an output column, ids strings, non-null, not blank, unique."""
+    both files), ids strings, non-null, not blank, unique. A column named like an output column is
+    carried under :data:`CARRIED_PREFIX` (:func:`carried_names`)."""
     endpoint = storage_errors.s3_endpoint(cfg.s3)
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
     with storage_errors.io_errors("input", cfg.input, endpoint):
@@ -82,10 +87,7 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
         raise ValueError("input has a question column and a job-level question was given: drop one of them")
     if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
         raise ValueError(f"input column id must be strings, got {schema.field('id').type}; cast the ids to strings")
-    # With a schema the results include its field columns, extraction and field_evidence.
-    clash = [c for c in [*result_schema(cfg.agent).names, *JOB_SCHEMA.names] if c in schema.names]
-    if clash:
-        raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
+    carried = carried_names(schema, [*result_schema(cfg.agent).names, *JOB_SCHEMA.names])
     with storage_errors.io_errors("input", cfg.input, endpoint):
         ids = storage.read_column(in_fs, files, "id")
     if ids.null_count:
@@ -98,7 +100,20 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
     dup = storage.duplicates(ids)
     if dup:
         raise ValueError(f"input column id has duplicates, e.g. {', '.join(dup)}; ids must be unique")
-    return CheckedInput(files, schema, ids)
+    return CheckedInput(files, schema, ids, carried)
+
+
+def carried_names(schema: pa.Schema, output_names: list[str]) -> dict[str, str]:
+    """Input columns named like an output column -> ``CARRIED_PREFIX + name``, the name the output
+    carries them under (a generator's ``context_tokens`` becomes ``input_context_tokens``); refused
+    only when that name is taken by another input column too."""
+    carried = {c: CARRIED_PREFIX + c for c in output_names if c in schema.names}
+    taken = [new for new in carried.values() if new in schema.names or new in output_names]
+    if taken:
+        old = next(c for c, new in carried.items() if new == taken[0])
+        raise ValueError(f"input column {old!r} is named like an output column and is carried as {taken[0]!r}, "
+                         f"but the input has a column {taken[0]!r} too; rename one of them")
+    return carried
 
 
 def check_output(cfg: BatchQAConfig) -> list[str]:
@@ -138,10 +153,12 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
     return done, retry
 
 
-def output_schema(cfg: BatchQAConfig, schema: pa.Schema) -> pa.Schema:
-    """The input's columns, then the result columns it lacks, then the job's own."""
-    results = [f for f in result_schema(cfg.agent) if f.name not in schema.names]
-    return pa.schema([*schema, *results, *JOB_SCHEMA])
+def output_schema(cfg: BatchQAConfig, schema: pa.Schema, carried: dict[str, str] | None = None) -> pa.Schema:
+    """The input's columns (those named like an output column under their ``carried`` names), then the
+    result columns, then the job's own."""
+    carried = carried or {}
+    inputs = [f.with_name(carried.get(f.name, f.name)) for f in schema]
+    return pa.schema([*inputs, *result_schema(cfg.agent), *JOB_SCHEMA])
 
 
 def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:
