@@ -1,4 +1,4 @@
-"""The plan phase of a batch job: validate the input and the output before any work, find done ids.
+"""The plan phase of a batch job: validate the input and the output before any work, find committed ids.
 
 Nothing here starts Ray or loads a model: a bad input or output is refused in seconds, naming
 the file, column or row.
@@ -29,7 +29,7 @@ class InputPlan:
 
     schema: pa.Schema
     total_rows: int
-    done_ids: pa.Array
+    committed_ids: pa.Array  # ids already committed to the output: skipped
     skipped: int  # input ids already in the output
     output_schema: pa.Schema
     redo_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # in the output, to redo
@@ -39,14 +39,14 @@ class InputPlan:
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
-    """Validate input and output before any work; find done ids. Phases: input, output, resume."""
+    """Validate input and output before any work; find committed ids. Phases: input, output, resume."""
     storage.check_not_nested(cfg.input, storage.filesystem(cfg.input, cfg.s3)[1], cfg.output,
                              storage.filesystem(cfg.output, cfg.s3)[1])
     source = check_input(cfg)
     done_files = check_output(cfg)
     done, redo = resume_state(cfg, source, done_files)
     skipped = int(pc.sum(pc.is_in(source.ids, value_set=done)).as_py() or 0) if len(done) else 0
-    return InputPlan(schema=source.schema, total_rows=len(source.ids), done_ids=done, skipped=skipped,
+    return InputPlan(schema=source.schema, total_rows=len(source.ids), committed_ids=done, skipped=skipped,
                      output_schema=output_schema(cfg, source.schema, source.carried), redo_ids=redo,
                      files=source.files, carried=source.carried)
 
