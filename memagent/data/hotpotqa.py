@@ -115,35 +115,45 @@ def parse_hotpotqa(data: Any, source: str = "<records>") -> list[HotpotRecord]:
         if rid in seen:
             raise ValueError(f"{where}: duplicate _id")
         seen.add(rid)
-        context = rec.get("context")
-        if not isinstance(context, list) or not context:
-            raise ValueError(f"{where}: field 'context' is missing or empty (need [[title, [sentences]], ...])")
-        docs: dict[str, str] = {}
-        for j, para in enumerate(context):
-            ok = (
-                isinstance(para, (list, tuple)) and len(para) == 2 and isinstance(para[0], str)
-                and isinstance(para[1], list) and all(isinstance(s, str) for s in para[1])
-            )
-            if not ok:
-                raise ValueError(f"{where}: context[{j}] is not [title, [sentence, ...]]")
-            if not "".join(para[1]).strip():
-                raise ValueError(f"{where}: context[{j}] ({para[0]!r}) has no text")
-            docs.setdefault(para[0], doc_text(para[0], para[1]))
-        facts = rec.get("supporting_facts") or []
-        if not isinstance(facts, list):
-            raise ValueError(f"{where}: field 'supporting_facts' is not a list")
-        gold: list[str] = []
-        for fact in facts:
-            if not (isinstance(fact, (list, tuple)) and fact and isinstance(fact[0], str)):
-                raise ValueError(f"{where}: supporting fact {fact!r} is not [title, sentence_index]")
-            if fact[0] not in docs:
-                raise ValueError(f"{where}: supporting fact title {fact[0]!r} is not in its context")
-            if fact[0] not in gold:
-                gold.append(fact[0])
+        docs = _documents(rec.get("context"), where)
+        gold = _gold_titles(rec.get("supporting_facts") or [], docs, where)
         records.append(
             HotpotRecord(rid, rec["question"].strip(), rec["answer"].strip(), tuple(docs.values()), tuple(gold or docs))
         )
     return records
+
+
+def _documents(context: Any, where: str) -> dict[str, str]:
+    """A record's ``context`` as documents by title (the first paragraph of a title kept)."""
+    if not isinstance(context, list) or not context:
+        raise ValueError(f"{where}: field 'context' is missing or empty (need [[title, [sentences]], ...])")
+    docs: dict[str, str] = {}
+    for j, para in enumerate(context):
+        ok = (
+            isinstance(para, (list, tuple)) and len(para) == 2 and isinstance(para[0], str)
+            and isinstance(para[1], list) and all(isinstance(s, str) for s in para[1])
+        )
+        if not ok:
+            raise ValueError(f"{where}: context[{j}] is not [title, [sentence, ...]]")
+        if not "".join(para[1]).strip():
+            raise ValueError(f"{where}: context[{j}] ({para[0]!r}) has no text")
+        docs.setdefault(para[0], doc_text(para[0], para[1]))
+    return docs
+
+
+def _gold_titles(facts: Any, docs: dict[str, str], where: str) -> list[str]:
+    """The titles of a record's ``supporting_facts``, in order, once each; every one must be a document."""
+    if not isinstance(facts, list):
+        raise ValueError(f"{where}: field 'supporting_facts' is not a list")
+    gold: list[str] = []
+    for fact in facts:
+        if not (isinstance(fact, (list, tuple)) and fact and isinstance(fact[0], str)):
+            raise ValueError(f"{where}: supporting fact {fact!r} is not [title, sentence_index]")
+        if fact[0] not in docs:
+            raise ValueError(f"{where}: supporting fact title {fact[0]!r} is not in its context")
+        if fact[0] not in gold:
+            gold.append(fact[0])
+    return gold
 
 
 def load_hotpotqa(path: str) -> list[HotpotRecord]:
