@@ -102,13 +102,17 @@ def train(
             write_jsonl(out / "metrics.jsonl", record)
         if on_step:
             on_step(record)
-        done = step + 1
-        if done % config.save_every == 0 or done == config.steps:
-            save_checkpoint(run.engine, run.rollout_engine.tokenizer, run.ckpt_dir, done,
-                            all_gather_ints(stream.cursor), zero_stage=run.zero_stage,
-                            keep=config.keep_checkpoints, rank=rank)
+        save_if_due(run, stream, step + 1)
     close(run)
     return records
+
+
+def save_if_due(run: Run, stream: DataStream, done: int) -> None:
+    """7. A checkpoint after every ``save_every`` steps and after the last one (the data cursor of every rank)."""
+    config = run.config
+    if done % config.save_every == 0 or done == config.steps:
+        save_checkpoint(run.engine, run.rollout_engine.tokenizer, run.ckpt_dir, done, all_gather_ints(stream.cursor),
+                        zero_stage=run.zero_stage, keep=config.keep_checkpoints, rank=run.rank)
 
 
 def train_step(run: Run, stream: DataStream, step: int, config: TrainConfig, reward_fn: RewardFn) -> dict[str, Any]:
