@@ -236,21 +236,17 @@ async def _run_chats(chats: list, store: Store, prefix: str, cfg: BatchRunConfig
                      done: _Counter) -> None:
     """Each chat line not answered yet: one completion through the served chat path, committed as it ends."""
     from memagent.serve.chat import EngineModel
-    from memagent.serve.events import Done
+    from memagent.serve.handling import answer
+    from memagent.serve.streaming import ChatWriter
 
-    model, gate = EngineModel(engine, cfg.max_tokens), asyncio.Semaphore(cfg.chat_concurrency)
     name = cfg.engine_model or engine.name
+    models, gate = {name: EngineModel(engine, cfg.max_tokens)}, asyncio.Semaphore(cfg.chat_concurrency)
 
     async def one(cid: str, n: int, req: ChatRequest) -> None:
         key = _chat_key(prefix, cid)
         async with gate:
-            try:
-                prepared = await model.prepare(req)
-                reply = None
-                async for event in model.events(req, prepared):
-                    if isinstance(event, Done):
-                        reply = event.reply
-                body = completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs)
+            try:  # the chat route's own handling and writer
+                body = ChatWriter().whole(name, (await answer(req.model_copy(update={"model": name}), models, name))[1])
                 body["id"] = "chatcmpl-" + request_id(cid)[10:]
                 line = output_line(cid, body)
             except APIError as exc:
