@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from memagent.serve.protocol import APIError
-from pipelines.openai_batch import ENDPOINT, BatchRunConfig, Store, jsonl, now, run_requests
+from pipelines.openai_batch import ENDPOINT, BatchRunConfig, Store, duplicate_ids, jsonl, now, run_requests
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,9 @@ class BatchService:
             return
         data = self.content(batch["input_file_id"])
         if batch["status"] == "validating":
+            if duplicates := duplicate_ids(data):  # the batch fails validation, as OpenAI's does
+                self._update(batch_id, status="failed", failed_at=now(), errors={"object": "list", "data": duplicates})
+                return
             batch = self._update(batch_id, status="in_progress", in_progress_at=now())
 
         def progress(done: int, total: int) -> None:

@@ -174,7 +174,8 @@ def test_one_message_holding_the_document_is_read_as_the_document(url):
         body["messages"][0]["content"] = DOC  # no blank line: no question to take
         r = c.post(CHAT, json=body)
     error = error_of(r)
-    assert r.status_code == 400 and error["code"] == "question_too_long" and "before the last user message" in error["message"]
+    assert r.status_code == 400 and error["code"] == "question_too_long"
+    assert "before the last user message" in error["message"]
 
 
 def test_one_message_rule():

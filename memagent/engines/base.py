@@ -155,8 +155,8 @@ class Engine(abc.ABC):
         if hit is not None:
             path, text, token = hit
             raise ValueError(f"{dotted(path, where)}: the literal {text!r} holds the special token {token!r}, which "
-                             f"this engine ({type(self).__name__}) cannot keep out of a constrained reply (it would end "
-                             "the reply unparsed); leave the token out of the schema's literals")
+                             f"this engine ({type(self).__name__}) cannot keep out of a constrained reply (it "
+                             "would end the reply unparsed); leave the token out of the schema's literals")
 
     def check_window(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse a request whose prompt plus reply cannot fit the context window."""

@@ -6,8 +6,8 @@ question; :func:`memagent.agent.read_document` reads it chunk by chunk over the 
 user message holds both (:func:`one_message`): with ``response_format`` json_schema it is all document
 (LangExtract's shape: the schema is the question); otherwise, when it is longer than ``query_tokens``,
 its last paragraph (the text after its last blank line) is the question and the rest the document. A
-question still over ``query_tokens`` is a 400 that says where the document goes. ``usage`` counts every token the
-chain read and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
+question still over ``query_tokens`` is a 400 that says where the document goes. ``usage`` counts every
+token the chain read and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
 update is a reasoning delta before the answer. The final answer is the engine's model's, asked with
 the client's tools, stop strings, seed, logprobs and ``json_object`` over the memory (so it streams,
 calls tools and stops as the engine's model does). With ``response_format`` json_schema the
