@@ -3,7 +3,7 @@ translation onto the one chat run.
 
 A request becomes a :class:`~memagent.serve.protocol.ChatRequest` (``system`` and the messages'
 text, ``tool_use`` and ``tool_result`` blocks become chat messages, ``tools``/``tool_choice`` the
-chat's function tools, ``stop_sequences`` its ``stop``) and runs through the served model's
+chat's function tools, ``stop_sequences`` its ``stop``, ``output_config.format`` its ``response_format``) and runs through the served model's
 ``prepare``/``events`` as a chat completion does: the same decode, limits and error wording, every
 error in Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``). Server tools
 (``web_search_…``, ``bash_…``, ``text_editor_…``: the client's own) are skipped, as on
@@ -52,6 +52,21 @@ class CountTokensRequest(BaseModel):
     tool_choice: dict[str, Any] | None = None
 
 
+class OutputFormat(BaseModel):
+    """``output_config.format``: Anthropic's structured output (what ``messages.parse(output_format=…)`` sends)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    format: OutputFormat | None = None
+
+
 class MessagesRequest(CountTokensRequest):
     """The subset of a Messages request this server serves (``top_k``, ``metadata``, ``thinking`` ignored)."""
 
@@ -60,6 +75,7 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
+    output_config: OutputConfig | None = None
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -140,6 +156,9 @@ def to_chat(req: CountTokensRequest) -> ChatRequest:
     if isinstance(req, MessagesRequest):
         body |= {"max_tokens": req.max_tokens, "stop": req.stop_sequences, "stream": req.stream}
         body |= {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
+        fmt = req.output_config.format if req.output_config else None
+        if fmt is not None:  # the reply's text block is JSON under the schema's grammar
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
     return validated(ChatRequest, body)
 
 
@@ -295,8 +314,9 @@ class MessageWriter:
 
     def __init__(self, req: CountTokensRequest):
         custom = [i for i, t in enumerate(req.tools or []) if t.get("type") in (None, "custom")]  # as _tools keeps
-        self.fields = {"stop": "stop_sequences"} | {f"tools.{k}.function.parameters": f"tools.{i}.input_schema"
-                                                    for k, i in enumerate(custom)}
+        self.fields = {"stop": "stop_sequences", "response_format.json_schema.schema": "output_config.format.schema",
+                       "response_format": "output_config.format"}
+        self.fields |= {f"tools.{k}.function.parameters": f"tools.{i}.input_schema" for k, i in enumerate(custom)}
 
     def whole(self, model: str, answer: Answer) -> dict[str, Any]:
         return message_body(model, answer.reasoning, answer.reply)
