@@ -81,3 +81,21 @@ def test_a_memagent_lines_fields_the_job_does_not_take_are_error_lines():
     for cid, field in (("warm", "temperature"), ("cap", "max_tokens"), ("json", "response_format"),
                        ("stops", "stop")):
         assert errors[cid]["code"] == "unsupported_in_batch" and f"body.{field}:" in errors[cid]["message"]
+
+
+def test_run_batch_refuses_a_repeated_custom_id_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    """`memagent run-batch` on a file repeating a custom_id exits 2 naming the line, and writes nothing."""
+    from memagent_cli.main import main
+
+    def no_engine(*a, **k):
+        raise AssertionError("an engine was built")
+
+    monkeypatch.setattr("memagent.engines.make_engine", no_engine)
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"messages": [{"role": "user", "content": "hi"}]}})
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(f"{line}\n{line}\n")
+    assert main(["run-batch", "-i", str(requests), "-o", str(tmp_path / "out.jsonl"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "line 2: custom_id 'a' is already the custom_id of line 1" in err
+    assert not (tmp_path / "out.jsonl").exists()
