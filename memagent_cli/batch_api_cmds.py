@@ -22,12 +22,16 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from pipelines import storage
-    from pipelines.openai_batch import Store, jsonl, run_requests
+    from pipelines.openai_batch import Store, duplicate_ids, jsonl, run_requests
 
     cfg = batch_run_config(args, engine_model=args.served_model)
     in_fs, in_path = storage.filesystem(args.input, cfg.s3)
     with in_fs.open_input_stream(in_path) as f:
         data = f.read()
+    if duplicates := duplicate_ids(data):  # the file fails validation, as OpenAI's Batch API fails it
+        for error in duplicates:
+            print(f"error: {args.input}: {error['message']}", file=sys.stderr)
+        return 2
     # State beside the output: a rerun with the same -o skips answered lines and resumes documents.
     work = Store(args.output.rstrip("/") + ".work", cfg.s3)
     bar = tqdm(total=None, unit="line", desc="run-batch", disable=args.quiet or None, file=sys.stderr)

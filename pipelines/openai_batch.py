@@ -4,13 +4,14 @@ A request file (JSONL of ``custom_id``, ``method``, ``url``, ``body``) becomes, 
 
     requests.jsonl ─► parse ─┬─► memagent model's rows ─► job_input/ ─► run_batch_qa ─► job_output/
                              ├─► the engine's model's lines ─► one chat completion each ─► chat/<key>.json
-                             └─► bad lines (not JSON, unknown url, refused body, duplicate id) ─► error lines
+                             └─► bad lines (not JSON, unknown url, refused body) ─► error lines
     then the output and error lines, in OpenAI's line format.
 
 Every piece of state is a file under the prefix (local or s3://), written whole or not at all
 (:func:`pipelines.storage.atomic_put`): a rerun on the same prefix skips chat lines already answered, and
 the batch job (:func:`pipelines.batch_qa.run_batch_qa`) skips its written rows and resumes unfinished
-documents from their chain checkpoints; so each ``custom_id`` lands exactly once in output ∪ error.
+documents from their chain checkpoints; so each ``custom_id`` lands exactly once in output ∪ error. A file
+whose lines repeat a ``custom_id`` fails validation before any of this (:func:`duplicate_ids`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ def output_line(custom_id: str, body: dict, status: int = 200) -> dict:
             "response": {"status_code": status, "request_id": request_id(custom_id)[10:], "body": body}, "error": None}
 
 
+def duplicate_ids(data: bytes) -> list[dict]:
+    """OpenAI's validation errors (``code``, ``message``, ``param``, ``line``) of each line whose ``custom_id``
+    an earlier line holds: such a file fails validation as a whole, as OpenAI's Batch API fails it."""
+    seen: dict[str, int] = {}
+    errors = []
+    for n, raw in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        try:
+            cid = json.loads(raw).get("custom_id") if raw.strip() else None
+        except (ValueError, AttributeError):
+            continue  # not a JSON object: its own error line
+        if not isinstance(cid, str):
+            continue
+        if cid in seen:
+            errors.append({"code": "duplicate_custom_id", "param": "custom_id", "line": n,
+                           "message": f"line {n}: custom_id {cid!r} is already the custom_id of line {seen[cid]}; "
+                           "each request of a batch needs its own"})
+        else:
+            seen[cid] = n
+    return errors
+
+
 def parse_requests(data: bytes, cfg: BatchRunConfig, engine_name: str) -> Parsed:
     """Sort the lines of ``data``; a bad line becomes an error line naming its number and field."""
     from memagent.serve.memagent_model import split_conversation
@@ -114,6 +136,7 @@ def parse_requests(data: bytes, cfg: BatchRunConfig, engine_name: str) -> Parsed
             if req.stream:
                 raise APIError(400, "body.stream: a batch line cannot stream", param="stream")
             if model == cfg.memagent_model:
+                _memagent_fields(req, cfg)
                 document, question = split_conversation(req)
                 parsed.rows.append({"id": cid, "question": question, "context": document, "line": n})
             elif model == engine_model:
@@ -129,6 +152,21 @@ def parse_requests(data: bytes, cfg: BatchRunConfig, engine_name: str) -> Parsed
             msg = exc.payload()["error"]["message"]
             parsed.errors.append(error_line(cid, exc.payload()["error"].get("code") or "invalid_request", msg, n))
     return parsed
+
+
+# What a memagent line may send: the batch job reads it with the run's agent config, so a field it would not
+# honour is refused (a 400 naming it), never dropped; temperature and top_p only as the config has them.
+MEMAGENT_LINE_FIELDS = frozenset({"model", "messages", "stream", "n"})
+
+
+def _memagent_fields(req: ChatRequest, cfg: BatchRunConfig) -> None:
+    for name in sorted(req.model_fields_set - MEMAGENT_LINE_FIELDS):
+        if name in ("temperature", "top_p") and getattr(req, name) == getattr(cfg.agent, name):
+            continue
+        said = f" (this batch reads with {name}={getattr(cfg.agent, name)})" if name in ("temperature", "top_p") else ""
+        raise APIError(400, f"body.{name}: a `{cfg.memagent_model}` line is read by the batch job, which does not "
+                       f"take {name}{said}; leave it out, or send the request to /v1/chat/completions",
+                       param=name, code="unsupported_in_batch")
 
 
 def _line_problem(line: Any, cid: Any, seen: set[str]) -> tuple[str, str] | None:
@@ -236,21 +274,17 @@ async def _run_chats(chats: list, store: Store, prefix: str, cfg: BatchRunConfig
                      done: _Counter) -> None:
     """Each chat line not answered yet: one completion through the served chat path, committed as it ends."""
     from memagent.serve.chat import EngineModel
-    from memagent.serve.events import Done
+    from memagent.serve.handling import answer
+    from memagent.serve.streaming import ChatWriter
 
-    model, gate = EngineModel(engine, cfg.max_tokens), asyncio.Semaphore(cfg.chat_concurrency)
     name = cfg.engine_model or engine.name
+    models, gate = {name: EngineModel(engine, cfg.max_tokens)}, asyncio.Semaphore(cfg.chat_concurrency)
 
     async def one(cid: str, n: int, req: ChatRequest) -> None:
         key = _chat_key(prefix, cid)
         async with gate:
-            try:
-                prepared = await model.prepare(req)
-                reply = None
-                async for event in model.events(req, prepared):
-                    if isinstance(event, Done):
-                        reply = event.reply
-                body = completion_body(name, reply.message(), reply.finish_reason, reply.usage(), reply.logprobs)
+            try:  # the chat route's own handling and writer
+                body = ChatWriter().whole(name, (await answer(req.model_copy(update={"model": name}), models, name))[1])
                 body["id"] = "chatcmpl-" + request_id(cid)[10:]
                 line = output_line(cid, body)
             except APIError as exc:

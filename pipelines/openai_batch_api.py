@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from memagent.serve.protocol import APIError
-from pipelines.openai_batch import ENDPOINT, BatchRunConfig, Store, jsonl, now, run_requests
+from pipelines.openai_batch import ENDPOINT, BatchRunConfig, Store, duplicate_ids, jsonl, now, run_requests
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class BatchService:
         return batch
 
     def batch(self, batch_id: str) -> dict:
-        raw = self.store.get(f"batches/{_safe(batch_id)}/batch.json")
+        raw = self.store.get(f"batches/{_safe(batch_id, 'batch_id')}/batch.json")
         if raw is None:
             raise APIError(404, f"No such Batch object: {batch_id}", param="batch_id", code="batch_not_found")
         return json.loads(raw)
@@ -159,6 +159,9 @@ class BatchService:
             return
         data = self.content(batch["input_file_id"])
         if batch["status"] == "validating":
+            if duplicates := duplicate_ids(data):  # the batch fails validation, as OpenAI's does
+                self._update(batch_id, status="failed", failed_at=now(), errors={"object": "list", "data": duplicates})
+                return
             batch = self._update(batch_id, status="in_progress", in_progress_at=now())
 
         def progress(done: int, total: int) -> None:
@@ -185,9 +188,13 @@ class BatchService:
         return meta["id"]
 
 
-def _safe(name: str) -> str:
-    """An id as a path segment: no separators or dots (a path-traversing id is simply not found)."""
-    return "".join(c for c in name if c.isalnum() or c in "-_")
+def _safe(name: str, param: str = "file_id") -> str:
+    """An id as a path segment; a 400 for one holding anything but ASCII letters, digits, ``-`` and ``_``
+    (stripped instead, two ids would name one file, and a path-traversing id another's)."""
+    if not name or not all(c.isascii() and (c.isalnum() or c in "-_") for c in name):
+        raise APIError(400, f"{param}: {name[:100]!r} is not an id of this server (ids hold only ASCII letters, "
+                       "digits, - and _)", param=param, code="invalid_id")
+    return name
 
 
 def batch_router(service: BatchService) -> APIRouter:

@@ -219,6 +219,17 @@ def test_json_schema_is_sent_as_response_format(tokenizer):
     assert "response_format" not in engine._request_body(HELLO, SamplingParams(max_tokens=4))
 
 
+def test_seed_is_sent_and_a_special_token_literal_refused(tokenizer):
+    """A request's seed goes upstream; a schema literal holding a special token is a ValueError naming its path
+    (the upstream's grammar could decode it as the token)."""
+    engine = OpenAIEngine("http://127.0.0.1:9/v1", "m", tokenizer, 512)
+    assert engine._request_body(HELLO, SamplingParams(max_tokens=4, seed=5))["seed"] == 5
+    assert "seed" not in engine._request_body(HELLO, SamplingParams(max_tokens=4))
+    schema = {**EXTRACT, "properties": {**EXTRACT["properties"], "currency": {"const": "<|endoftext|>"}}}
+    with pytest.raises(ValueError, match=r"json_schema\.properties\.currency\.const: .*special token"):
+        engine._request_body(HELLO, SamplingParams(max_tokens=4, json_schema=json.dumps(schema)))
+
+
 def test_json_schema_constrains_the_reply_through_memagent_serve(server_url, tokenizer, tiny_engine):
     import jsonschema
 

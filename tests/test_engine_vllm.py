@@ -293,6 +293,23 @@ def test_json_schema_reaches_vllm_as_structured_outputs(fake_engine):
     assert "structured_outputs" not in plain
 
 
+def test_a_seed_reaches_vllm_per_request(fake_engine):
+    """A request's seed is vLLM's per-request seed; an unseeded request sends none."""
+    asyncio.run(fake_engine.chat(msgs("q"), SamplingParams(max_tokens=2, temperature=0.8, seed=11)))
+    asyncio.run(fake_engine.chat(msgs("q"), SamplingParams(max_tokens=2, temperature=0.8)))
+    seeded, unseeded = fake_engine._llm.sampling
+    assert seeded["seed"] == 11 and "seed" not in unseeded
+
+
+def test_a_special_token_literal_is_refused_naming_its_path(fake_engine):
+    """vLLM's grammar cannot keep special tokens out of a literal: such a schema is a ValueError naming its
+    JSON path, before anything reaches vLLM."""
+    schema = json.dumps({"type": "object", "properties": {"a": {"enum": ["ok", "x<|im_end|>"]}}})
+    with pytest.raises(ValueError, match=r"json_schema\.properties\.a\.enum\.1: .*'<\|im_end\|>'"):
+        asyncio.run(fake_engine.chat(msgs("q"), SamplingParams(max_tokens=5, json_schema=schema)))
+    assert fake_engine._llm.sampling == []
+
+
 def test_priority_is_passed_when_vllm_schedules_by_it(tiny_llama_dir):
     engine = FakeEngine({"model": str(tiny_llama_dir), "scheduling_policy": "priority"}, name="fake")
     try:

@@ -162,6 +162,36 @@ def test_memagent_input_errors(url):
             assert r.status_code == 400 and error_of(r)["param"] == param, r.text
 
 
+def test_one_message_holding_the_document_is_read_as_the_document(url):
+    """A lone user message longer than query_tokens is read as document and question (split at its last blank
+    line); one that cannot be split is a 400 saying where the document goes, never the context-length error."""
+    body = {"model": "memagent", "max_tokens": 4,
+            "messages": [{"role": "user", "content": f"{DOC}\n\nWhat is the key of box 5?"}]}
+    with httpx.Client(base_url=url, timeout=120) as c:
+        r = c.post(CHAT, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["memagent"]["n_chunks"] > 1  # the document was read, chunk by chunk
+        body["messages"][0]["content"] = DOC  # no blank line: no question to take
+        r = c.post(CHAT, json=body)
+    error = error_of(r)
+    assert r.status_code == 400 and error["code"] == "question_too_long"
+    assert "before the last user message" in error["message"]
+
+
+def test_one_message_rule():
+    """A question within query_tokens is kept; a longer lone message splits at its last blank line when the
+    question after it fits; anything else is a 400."""
+    from memagent.serve.memagent_model import one_message
+    from memagent.serve.protocol import APIError
+
+    words = lambda text: len(text.split())  # noqa: E731 - a token counter the test can reason about
+    assert one_message("", "a b c", words, 3) == ("", "a b c")
+    assert one_message("", "d o c u\n\nx\n\nq q", words, 3) == ("d o c u\n\nx", "q q")
+    for document, question in (("", "a b c d"), ("doc", "a b c d"), ("", "a\n\nb c d e")):
+        with pytest.raises(APIError, match="question_too_long|query_tokens=3"):
+            one_message(document, question, words, 3)
+
+
 def test_disconnect_stops_the_chain(url, engine):
     """A client that goes away after the first memory update leaves the chain's later calls unmade."""
     from memagent.chunking import chunk_document

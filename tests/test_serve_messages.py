@@ -83,6 +83,23 @@ def test_tools_give_tool_use_blocks_whose_input_validates(client):
     assert m.content[0].type == "text" and m.stop_reason in ("end_turn", "max_tokens")
 
 
+def test_output_config_format_is_honoured(client):
+    """messages.parse(output_format=Model) (output_config.format) gets a text block that parses as the model, whole
+    and streamed; before, the field was dropped and prose came back."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        population: int
+
+    m = client.messages.parse(model="tiny-llama", max_tokens=200, output_format=City,
+                              messages=[{"role": "user", "content": "A city, as JSON."}])
+    assert isinstance(m.parsed_output, City) and m.stop_reason == "end_turn"
+    with client.messages.stream(model="tiny-llama", max_tokens=200, output_format=City,
+                                messages=[{"role": "user", "content": "A city, as JSON."}]) as s:
+        City.model_validate_json(s.get_final_message().content[0].text)
+
+
 def test_stream_follows_anthropics_event_sequence(client, url):
     """Streamed, events come as message_start, ping, content blocks, message_delta, message_stop; the text deltas
     spell the final message's text and a streamed tool_use's input validates."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -125,14 +126,37 @@ class Engine(abc.ABC):
     # Whether ``chat``/``chat_ids`` take ``on_tokens``, called with each decode step's kept tokens as they
     # are decoded (the server streams from it; an engine without it sends its reply when it ends).
     streams_tokens: bool = False
+    # Whether the engine's grammar keeps special tokens and added vocabulary out of a constrained reply
+    # (hf: memagent.engines.grammar masks them); an engine that cannot refuses a schema whose literals
+    # hold one (:meth:`check_literals`), since the literal could be decoded as the token and end the reply.
+    masks_special_tokens: bool = False
 
     @abc.abstractmethod
-    async def chat(self, messages: Messages, params: SamplingParams) -> Completion:
-        """Generate the assistant reply to ``messages``. Safe to call from many coroutines at once."""
+    async def chat(self, messages: Messages, params: SamplingParams, *,
+                   on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
+        """Generate the assistant reply to ``messages``. Safe to call from many coroutines at once.
+        ``on_tokens``: called (from any thread) with each decode step's kept token ids as they are
+        decoded, by engines with ``streams_tokens`` (callers pass it to no other engine)."""
 
-    async def chat_ids(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def chat_ids(self, prompt_ids: list[int], params: SamplingParams, *,
+                       on_tokens: Callable[[list[int]], None] | None = None) -> Completion:
         """The reply to a prompt already encoded (:meth:`encode_chat`); engines with ``takes_prompt_ids``."""
         raise NotImplementedError(f"{type(self).__name__} takes messages, not prompt token ids")
+
+    def check_literals(self, schema: Any, where: str = "json_schema") -> None:
+        """ValueError naming the literal's path (``where`` + its path in ``schema``) when this engine's grammar
+        could decode a literal of ``schema`` as a special token (engines without ``masks_special_tokens``)."""
+        if self.masks_special_tokens:
+            return
+        from memagent.engines.special_literals import special_literal, special_texts
+        from memagent.json_walk import dotted
+
+        hit = special_literal(schema, special_texts(self.tokenizer))
+        if hit is not None:
+            path, text, token = hit
+            raise ValueError(f"{dotted(path, where)}: the literal {text!r} holds the special token {token!r}, which "
+                             f"this engine ({type(self).__name__}) cannot keep out of a constrained reply (it "
+                             "would end the reply unparsed); leave the token out of the schema's literals")
 
     def check_window(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse a request whose prompt plus reply cannot fit the context window."""

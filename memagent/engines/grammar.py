@@ -14,6 +14,14 @@ for a new reply is a ``deep_copy`` of a cached, warmed one. Works with llguidanc
 pins ``<1.8``) as with 1.9. Schemas reach it with every ``$ref`` a local pointer
 (:func:`~memagent.engines.json_schema.resolve_refs`: references through an ``$id`` resolved).
 
+**Special tokens never spell a literal.** Where the grammar forces a literal (an ``enum`` or ``const``
+value, a property name, a pattern's fixed text) llguidance's mask offers the literal's canonical
+tokenization, which for text such as ``<|im_end|>`` is the special token itself: decoded, it would end
+the reply (EOS) or vanish from it (skipped in the text). So the tokenizer's special tokens and added
+vocabulary are masked everywhere but the end of a complete value (EOS), and where the mask offered only
+such a token, the plain-text tokens that begin its text are offered instead (the grammar accepts them:
+the literal is bytes, whichever tokens spell it).
+
 Caches: the llguidance tokenizer per (tokenizer, vocabulary size), the compiled matcher per
 (schema text, tokenizer); both are small and bounded.
 """
@@ -56,6 +64,7 @@ class _LRU:
 
 _TOKENIZERS = _LRU(8)
 _MATCHERS = _LRU(_MAX_CACHED)
+_SPELLINGS = _LRU(8)
 
 
 def _tokenizer_vocab(tokenizer: Any) -> int:
@@ -63,6 +72,27 @@ def _tokenizer_vocab(tokenizer: Any) -> int:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     n = backend.get_vocab_size(with_added_tokens=True) if backend is not None else 0
     return max(n, len(tokenizer))
+
+
+def added_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of the tokenizer's special tokens and added vocabulary (``<|im_end|>``, ``<tool_call>``, ...)."""
+    ids = set(getattr(tokenizer, "added_tokens_decoder", {}) or {}) | set(getattr(tokenizer, "all_special_ids", []))
+    return sorted(i for i in ids if isinstance(i, int) and i >= 0)
+
+
+class _TextSpellings:
+    """For each special or added token: the plain tokens that begin its text (``<``, ``<|``, ...)."""
+
+    def __init__(self, tokenizer: Any, ll_tok: Any, n: int):
+        self.ids = torch.tensor([i for i in added_token_ids(tokenizer) if i < n], dtype=torch.long)
+        special = set(self.ids.tolist())
+        self.starts: dict[int, list[int]] = {}
+        for i in self.ids.tolist():
+            text = tokenizer.convert_ids_to_tokens(i)
+            text = tokenizer.convert_tokens_to_string([text]) if isinstance(text, str) else ""
+            firsts = {ll_tok.greedy_tokenize(text[:k])[0] for k in range(1, len(text) + 1)
+                      if len(ll_tok.greedy_tokenize(text[:k])) == 1}
+            self.starts[i] = sorted(t for t in firsts if t not in special and t < n)
 
 
 def _ll_tokenizer(tokenizer: Any) -> tuple[Any, int]:
@@ -79,6 +109,11 @@ def _ll_tokenizer(tokenizer: Any) -> tuple[Any, int]:
     # id(): tokenizers are not hashable by content; the entry keeps the object alive, so the id
     # cannot be reused by another tokenizer while cached.
     return _TOKENIZERS.get_or_make((id(tokenizer), n), lambda: (tokenizer, make()))[1], n
+
+
+def _spellings(tokenizer: Any) -> _TextSpellings:
+    ll_tok, n = _ll_tokenizer(tokenizer)
+    return _SPELLINGS.get_or_make((id(tokenizer), n), lambda: (tokenizer, _TextSpellings(tokenizer, ll_tok, n)))[1]
 
 
 def _template_matcher(schema_json: str, tokenizer: Any) -> Any:
@@ -107,18 +142,33 @@ class JsonSchemaConstraint:
     (embedding padding) are always masked.
     """
 
-    def __init__(self, matcher: Any, tokenizer_vocab: int, vocab_size: int, eos_token_id: int):
+    def __init__(self, matcher: Any, tokenizer_vocab: int, vocab_size: int, eos_token_id: int,
+                 spellings: _TextSpellings):
         self._m = matcher
         self._n = tokenizer_vocab
         self.vocab_size = vocab_size
         self._eos = eos_token_id
         self._bits = torch.zeros((self._n + 31) // 32, dtype=torch.int32)
+        self._spellings = spellings
 
     def allowed(self) -> torch.Tensor:
-        """Bool ``[tokenizer vocab]``: the tokens the grammar allows next."""
+        """Bool ``[tokenizer vocab]``: the tokens the grammar allows next, never a special or added token
+        but EOS at the end of a complete value (the module's docstring says why)."""
         self._m.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
         bits = np.unpackbits(self._bits.numpy().view(np.uint8), bitorder="little")[: self._n]
-        return torch.from_numpy(bits.view(np.bool_))
+        allowed = torch.from_numpy(bits.view(np.bool_))
+        specials = self._spellings.ids
+        offered = specials[allowed[specials]].tolist()
+        if not offered:
+            return allowed
+        allowed[specials] = False
+        for token in offered:
+            if token == self._eos and self._m.is_accepting():
+                allowed[token] = True  # the end of the value
+                continue
+            for start in self._spellings.starts.get(token, []):  # the literal's text in plain tokens
+                allowed[start] = allowed[start] or self._m.validate_tokens([start]) == 1
+        return allowed
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.shape[-1] != self.vocab_size:
@@ -132,6 +182,8 @@ class JsonSchemaConstraint:
     def accept(self, token: int) -> bool:
         token = int(token)
         if not 0 <= token < self._n or self._m.is_error():
+            return False
+        if token != self._eos and token in self._spellings.starts:  # special: never inside a value
             return False
         if token == self._eos:  # validate_tokens never counts EOS; it ends a complete value only
             if not self._m.is_accepting():
@@ -154,4 +206,4 @@ def make_constraint(schema_json: str, tokenizer: Any, vocab_size: int) -> TokenC
     """
     template = _template_matcher(schema_json, tokenizer)
     _, n = _ll_tokenizer(tokenizer)
-    return JsonSchemaConstraint(template.deep_copy(), n, vocab_size, tokenizer.eos_token_id)
+    return JsonSchemaConstraint(template.deep_copy(), n, vocab_size, tokenizer.eos_token_id, _spellings(tokenizer))

@@ -188,6 +188,7 @@ class TransformersEngine(Engine):
     # -- public API -------------------------------------------------------------------------
 
     takes_prompt_ids = True
+    masks_special_tokens = True  # memagent.engines.grammar keeps them out of constrained replies
 
     @property
     def streams_tokens(self) -> bool:  # type: ignore[override]  # a sliding-window model decodes in one call

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import os
 import random
@@ -190,7 +191,10 @@ class OpenAIEngine(Engine):
             body["logprobs"] = True
         if self.send_priority:
             body["priority"] = params.priority
-        if params.json_schema is not None:
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.json_schema is not None:  # the upstream's grammar may decode a literal as a special token
+            self.check_literals(json.loads(params.json_schema))
             body["response_format"] = response_format(params.json_schema)
         if params.stop:  # the server ends the decode there (OpenAI: at most 4 strings)
             body["stop"] = list(params.stop)

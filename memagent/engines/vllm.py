@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -150,8 +151,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     ``logprobs=0`` asks for the sampled token's log-prob only (no top-k alternatives).
     Greedy requests (temperature 0) get top_p 1 so vLLM does not warn about an unused top_p.
     A ``json_schema`` becomes ``structured_outputs`` (the keywords of vLLM's
-    ``StructuredOutputsParams``) holding the schema every engine constrains to. ``stop`` and
-    ``stop_token_ids`` are passed as they are.
+    ``StructuredOutputsParams``) holding the schema every engine constrains to. ``stop``,
+    ``stop_token_ids`` and ``seed`` (vLLM's per-request seed) are passed as they are.
     """
     kw: dict[str, Any] = {
         "max_tokens": params.max_tokens,
@@ -167,6 +168,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         kw["stop"] = list(params.stop)
     if params.stop_token_ids:
         kw["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        kw["seed"] = params.seed
     return kw
 
 
@@ -330,6 +333,8 @@ class VLLMEngine(Engine):
             raise RuntimeError("VLLMEngine is shut down")
         if params.json_schema is not None and self.engine_args.get("speculative_config"):
             raise ValueError(SPECULATION_WITH_SCHEMA)
+        if params.json_schema is not None:  # vLLM's grammar may decode a literal as a special token
+            self.check_literals(json.loads(params.json_schema))
         self.check_window(len(prompt_ids), params.max_tokens)
         # Cancelling the caller cancels the engine-loop task, and vLLM aborts the request.
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(

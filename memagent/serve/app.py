@@ -10,22 +10,20 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.serve import messages, responses
 from memagent.serve.chat import EngineModel, ServedModel
-from memagent.serve.events import Done, Event, Reply
 from memagent.serve.guard import AccessLogRedactor, Guard
-from memagent.serve.handling import load_body
+from memagent.serve.handling import handle, load_body, validated
 from memagent.serve.handling import unknown_model as _unknown_model
-from memagent.serve.handling import unless_disconnected as _unless_disconnected
-from memagent.serve.handling import validation_message as _validation_message
-from memagent.serve.protocol import APIError, ChatRequest, completion_body
-from memagent.serve.streaming import sse
+from memagent.serve.protocol import APIError, ChatRequest
+from memagent.serve.streaming import ChatWriter
 
 log = logging.getLogger(__name__)
 
@@ -80,27 +78,18 @@ class ServeConfig(BaseModel):
                 "the model; set --auth-key-env or listen on 127.0.0.1")
 
 
-def parse_body(raw: bytes) -> ChatRequest:
-    """The request, or a 400 naming what is wrong with the body (not UTF-8, not JSON, too deep, a field)."""
-    body = load_body(raw)
-    try:
-        return ChatRequest.model_validate(body)
-    except ValidationError as exc:
-        message, param = _validation_message(exc)
-        raise APIError(400, message, param=param) from None
-
-
-async def _collect(events: AsyncIterator[Event]) -> Reply:
-    async for event in events:
-        if isinstance(event, Done):
-            return event.reply
-    raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
-
-
 def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # A route's query or path parameter that FastAPI parses (?limit=abc): a 400 in OpenAI's shape, not a 422.
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body", "form")]
+        where = ".".join(loc) or "request"
+        return APIError(400, f"{where}: {first.get('msg', 'invalid value')}", param=loc[0] if loc else None).response()
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
@@ -176,20 +165,9 @@ def _routes(app: FastAPI, engine: Engine, models: dict[str, ServedModel], reason
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        req = parse_body(await request.body())
-        name = req.model or engine.name
-        if name not in models:
-            raise _unknown_model(name, models)
-        model = models[name]
-        prepared = await model.prepare(req)
-        if req.stream:
-            include = bool(req.stream_options and req.stream_options.include_usage)
-            # Tool calls stream live (ToolCallDelta events, which sse writes).
-            events = model.events(req, prepared, tool_deltas=True)
-            return StreamingResponse(sse(events, name, include, reasoning_field), media_type="text/event-stream")
-        reply = await _unless_disconnected(request, _collect(model.events(req, prepared)))
-        return completion_body(name, reply.message(reasoning_field), reply.finish_reason, reply.usage(),
-                               reply.logprobs, **reply.extra)
+        req = validated(ChatRequest, load_body(await request.body()))
+        include = bool(req.stream_options and req.stream_options.include_usage)
+        return await handle(request, lambda: req, models, engine.name, ChatWriter(reasoning_field, include))
 
     # The Responses and Messages surfaces: translations onto the same models' runs.
     responses.add_routes(app, engine.name, models)

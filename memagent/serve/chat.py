@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any, NamedTuple, Protocol
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.engines.detokenize import IncrementalText
 from memagent.engines.json_schema import MAX_ARRAY_ITEMS, MAX_MAGNITUDE, MAX_STRING_CHARS, NUMBER_STEP
+from memagent.engines.special_literals import special_texts
 from memagent.engines.stop import final_text
 from memagent.serve import tools
 from memagent.serve.events import ContentDelta, Done, Event, Reply, ToolCallDelta
-from memagent.serve.guard import check_schema
+from memagent.serve.guard import check_schema, refuse_special_literals
 from memagent.serve.protocol import APIError, ChatRequest
 
+T = TypeVar("T")
 LARGE_PROMPT_CHARS = 256 * 1024  # prompts longer than this are tokenised one at a time
 
 # OpenAI's JSON mode as a schema: any JSON object, its keys and values bounded like render_schema's
@@ -37,15 +40,18 @@ _VALUE = {"anyOf": [
     {"type": "object", **_MEMBERS}]}
 JSON_OBJECT_SCHEMA = {"type": "object", **_MEMBERS, "$defs": {"value": _VALUE}}
 
-def response_schema(req: ChatRequest) -> str | None:
+def response_schema(req: ChatRequest, special_tokens: list[str]) -> str | None:
     """The constrained-decoding schema of ``response_format`` (JSON text, None for text); 400 for
-    what the engines cannot do."""
+    what the engines cannot do (a literal holding one of ``special_tokens``: :func:`refuse_special_literals`)."""
     rf = req.response_format
     if rf and rf.type == "json_schema":
         if not rf.json_schema:
             raise APIError(400, "response_format of type json_schema needs json_schema: {name, schema}",
                            param="response_format")
-        return json.dumps(check_schema(rf.json_schema.schema_, "response_format.json_schema.schema"))
+        where = "response_format.json_schema.schema"
+        schema = check_schema(rf.json_schema.schema_, where)
+        refuse_special_literals(schema, special_tokens, where, "response_format")
+        return json.dumps(schema)
     if rf and rf.type == "json_object":
         return json.dumps(JSON_OBJECT_SCHEMA)
     return None
@@ -96,25 +102,35 @@ def first_line(text: str, limit: int = 500) -> str:
     return line if len(line) <= limit else line[:limit] + " …"
 
 
-class ServedModel(Protocol):
-    """What every route asks of a served model (:class:`EngineModel`, or the memory agent over it): settle a
-    request (an :class:`APIError` for what it cannot serve, before any decoding) and answer it as events."""
+class Settled(Protocol):
+    """A request a served model has settled (its decoding fixed, every refusal already raised)."""
 
-    async def prepare(self, req: ChatRequest) -> Any:
-        """What the request settles to (its run), passed back to :meth:`events`."""
-
-    def events(self, req: ChatRequest, prepared: Any, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+    def events(self, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
         """Reasoning and content deltas and, with ``tool_deltas``, tool-call deltas as they are decoded,
         then one :class:`Done` (:mod:`memagent.serve.events`)."""
 
 
-class Prepared(NamedTuple):
-    """What :meth:`EngineModel.prepare` settled for one request, for :meth:`EngineModel.events`."""
+class ServedModel(Protocol):
+    """What every route asks of a served model (:class:`EngineModel`, or the memory agent over it): settle a
+    request (an :class:`APIError` for what it cannot serve, before any decoding), then answer it as events."""
 
+    async def prepare(self, req: ChatRequest) -> Settled:
+        """The request settled (:class:`Settled`), whose events answer it."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :meth:`EngineModel.prepare` settled for one request (a :class:`Settled`)."""
+
+    model: EngineModel
+    req: ChatRequest
     messages: list[dict[str, str]]
     params: SamplingParams
     plan: tools.ToolPlan | None
     prompt_ids: list[int] | None = None  # encoded once, off the event loop (engines that take ids)
+
+    def events(self, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+        return self.model.events(self, tool_deltas=tool_deltas)
 
 
 class EngineModel:
@@ -124,7 +140,7 @@ class EngineModel:
         self.engine, self.max_tokens = engine, max_tokens
         self._one_large_prompt = asyncio.Semaphore(1)
 
-    async def _in_thread(self, messages: list[dict[str, str]], work: Any) -> Any:
+    async def _in_thread(self, messages: list[dict[str, str]], work: Callable[[list[dict[str, str]]], T]) -> T:
         """``work(messages)`` in a worker thread (a multi-MB prompt takes seconds to tokenise, and the
         event loop serves every stream meanwhile); large prompts one at a time, so that many of them
         hold one core, not every core the event loop needs too."""
@@ -146,14 +162,15 @@ class EngineModel:
         return await self.count(messages), None
 
     def special_tokens(self) -> list[str]:
-        """The tokenizer's special-token texts (a grammar must never force one into a reply)."""
-        tok = self.engine.tokenizer
-        return [t for t in getattr(tok, "all_special_tokens", []) if isinstance(t, str)]
+        """The special-token texts a schema's literals may not hold: the tokenizer's special tokens and added
+        vocabulary, unless the engine's grammar keeps them out of a reply (``masks_special_tokens``)."""
+        return [] if self.engine.masks_special_tokens else special_texts(self.engine.tokenizer)
 
     async def prepare(self, req: ChatRequest) -> Prepared:
         """The engine's messages and decoding for ``req``; APIError for what cannot be served."""
-        schema = response_schema(req)
-        plan = tools.plan(req, self.special_tokens())
+        specials = self.special_tokens()
+        schema = response_schema(req, specials)
+        plan = tools.plan(req, specials)
         if plan is not None:
             schema = json.dumps(plan.schema) if plan.schema is not None else None
         messages = tools.render_messages(req.messages, plan)
@@ -168,21 +185,21 @@ class EngineModel:
         stops = req.stops() if plan is None or plan.mode == "auto" else []
         stops += plan.stops() if plan is not None else []
         params = sampling(req, prompt_tokens, self.engine.context_window, self.max_tokens, schema, stops)
-        return Prepared(messages, params, plan, prompt_ids)
+        return Prepared(self, req, messages, params, plan, prompt_ids)
 
-    def _decode(self, prepared: Prepared, on_tokens: Any) -> asyncio.Future:
-        kw = {"on_tokens": on_tokens} if on_tokens is not None else {}
+    def _decode(self, prepared: Prepared, on_tokens: Callable[[list[int]], None] | None) -> asyncio.Future[Completion]:
+        kw = {"on_tokens": on_tokens} if on_tokens is not None else {}  # only engines that stream are passed it
         if prepared.prompt_ids is not None:
             return asyncio.ensure_future(self.engine.chat_ids(prepared.prompt_ids, prepared.params, **kw))
         return asyncio.ensure_future(self.engine.chat(prepared.messages, prepared.params, **kw))
 
-    async def events(self, req: ChatRequest, prepared: Prepared, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+    async def events(self, prepared: Prepared, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
         """Content deltas as the engine decodes (when it can stream), then :class:`Done`. The
         engine ends the reply at a stop string; until then the text that could still begin one waits
         (:func:`final_text`), so what streams is the reply's prefix. With tools, the calls are read
         out of the text as it grows (:class:`tools.CallStream`); ``tool_deltas``: also yield each
         call's OpenAI delta entries as :class:`ToolCallDelta` s (a consumer that writes them live)."""
-        messages, params, plan, _ = prepared
+        req, params, plan = prepared.req, prepared.params, prepared.plan
         reader = plan.reader() if plan is not None else None
         tokens: asyncio.Queue[list[int] | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ from urllib.parse import quote, unquote
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memagent.engines.json_schema import resolve_refs
+from memagent.engines.special_literals import special_literal
 from memagent.json_walk import dotted, json_pointer, walk_json
 from memagent.serve.protocol import APIError
 
@@ -171,6 +172,17 @@ def check_schema(schema: Any, where: str, param: str = "response_format") -> dic
         raise APIError(400, f"{where}: recursive $ref ({shown}) is not supported: constrained decoding needs a "
                        "schema of finite depth", param=param, code="invalid_schema")
     return schema
+
+
+def refuse_special_literals(schema: Any, specials: list[str], where: str, param: str) -> None:
+    """400 naming the literal's path when a literal of ``schema`` holds one of ``specials`` (the special
+    tokens of an engine whose grammar could decode it as the token: :meth:`Engine.check_literals`)."""
+    hit = special_literal(schema, specials)
+    if hit is not None:
+        path, text, token = hit
+        raise APIError(400, f"{dotted(path, where)}: the literal {text!r} holds the model's special token {token!r}, "
+                       "which this engine cannot keep out of a constrained reply (decoded, it would end the reply "
+                       "unparsed); leave the token out of the schema's literals", param=param, code="invalid_schema")
 
 
 def _local_refs(schema: Any, where: str, param: str) -> list[tuple[str, str]]:

@@ -1,20 +1,119 @@
-"""What every route does with a request, whichever API it speaks (chat, Responses, Messages):
-read the body, name a bad field, find the model, and stop the work when the client goes away."""
+"""What every route does with a request, whichever API it speaks (chat, Responses, Messages, a batch
+line): read the body, name a bad field, find the model, settle the request, and answer it whole or
+streamed, stopping the work when the client goes away.
+
+A surface is a translation of its request into a :class:`ChatRequest` and a :class:`Writer` (the
+reply whole, the reply as events); :func:`handle` does the rest, so the surfaces cannot disagree
+about a model, a limit or an error. An error about a chat field names the surface's own field
+(``Writer.fields``: ``response_format.json_schema.schema`` is ``text.format.schema`` on Responses).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
-from pydantic import ValidationError
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ValidationError
 
+from memagent.serve.chat import ServedModel, Settled
+from memagent.serve.events import Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import check_unicode
-from memagent.serve.protocol import APIError
+from memagent.serve.protocol import APIError, ChatRequest
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
+PIECE_CHARS = 16  # text and arguments that arrive whole are streamed in pieces of about this many characters
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+def pieces(text: str) -> list[str]:
+    """``text`` in pieces of PIECE_CHARS characters (none for no text)."""
+    return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
+
+
+@dataclass
+class Answer:
+    """A whole run: its memory updates (the memagent model's reasoning) and its reply."""
+
+    reasoning: list[str]
+    reply: Reply
+
+
+class Writer(Protocol):
+    """How one surface writes a run: whole, or as its event stream."""
+
+    fields: Mapping[str, str]  # a chat field's path -> this surface's name for it, in error messages
+    tool_deltas: bool  # whether the stream writes tool calls live (ToolCallDelta events)
+
+    def whole(self, model: str, answer: Answer) -> Any:
+        """The response body of a whole run."""
+
+    def stream(self, model: str, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+        """The run's server-sent events (an error once begun is an event of the surface's own shape)."""
+
+
+def validated(model: type[BodyT], body: dict[str, Any]) -> BodyT:
+    """``body`` as ``model``, or a 400 naming the field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise APIError(400, message, param=param) from None
+
+
+def renamed(exc: APIError, fields: Mapping[str, str]) -> APIError:
+    """``exc`` naming the surface's field where its message begins with a chat field's path (longest first)."""
+    for chat_path in sorted(fields, key=len, reverse=True):
+        if exc.message == chat_path or exc.message.startswith((chat_path + ":", chat_path + ".", chat_path + " ")):
+            theirs = fields[chat_path]
+            return APIError(exc.status, theirs + exc.message[len(chat_path):], type=exc.type,
+                            param=theirs.split(".")[0], code=exc.code)
+    return exc
+
+
+async def settle(chat: ChatRequest, models: Mapping[str, ServedModel], default_model: str) -> tuple[str, Settled]:
+    """(the model's name, the request settled by it); a 404 for an unknown model, a 400 for what the
+    model cannot serve, before any decoding."""
+    name = chat.model or default_model
+    if name not in models:
+        raise unknown_model(name, models)
+    return name, await models[name].prepare(chat)
+
+
+async def collect(events: AsyncIterator[Event]) -> Answer:
+    """The run's memory updates and its reply (what a whole response is written from)."""
+    reasoning: list[str] = []
+    async for event in events:
+        if isinstance(event, ReasoningDelta):
+            reasoning.append(event.text)
+        elif isinstance(event, Done):
+            return Answer(reasoning, event.reply)
+    raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
+
+
+async def answer(chat: ChatRequest, models: Mapping[str, ServedModel], default_model: str) -> tuple[str, Answer]:
+    """(the model's name, its whole answer) of one request not sent by a client (a batch line)."""
+    name, settled = await settle(chat, models, default_model)
+    return name, await collect(settled.events())
+
+
+async def handle(request: Request, translate: Callable[[], ChatRequest], models: Mapping[str, ServedModel],
+                 default_model: str, writer: Writer) -> Any:
+    """The response to one route's request: ``translate`` gives it as a chat request, ``writer`` writes the
+    run; errors about chat fields name the writer's own (:attr:`Writer.fields`)."""
+    try:
+        chat = translate()
+        name, settled = await settle(chat, models, default_model)
+    except APIError as exc:
+        raise renamed(exc, writer.fields) from None
+    if chat.stream:
+        return StreamingResponse(writer.stream(name, settled.events(tool_deltas=writer.tool_deltas)),
+                                 media_type="text/event-stream")
+    return writer.whole(name, await unless_disconnected(request, collect(settled.events())))
 
 
 def validation_message(exc: ValidationError) -> tuple[str, str | None]:
@@ -62,5 +161,6 @@ async def unless_disconnected(request: Request, work: Any) -> Any:
 
 
 def unknown_model(name: str, models: Mapping[str, object]) -> APIError:
+    """The 404 of a model this server does not serve, naming those it does."""
     return APIError(404, f"The model `{name}` does not exist; this server serves "
                     f"{', '.join(f'`{m}`' for m in models)}.", param="model", code="model_not_found")

@@ -2,8 +2,12 @@
 
 The conversation before the last user message is the document, the last user message the
 question; :func:`memagent.agent.read_document` reads it chunk by chunk over the served engine
-(concurrent requests' calls batch together as batch rows do). ``usage`` counts every token the
-chain read and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
+(concurrent requests' calls batch together as batch rows do). When nothing comes before it, the last
+user message holds both (:func:`one_message`): with ``response_format`` json_schema it is all document
+(LangExtract's shape: the schema is the question); otherwise, when it is longer than ``query_tokens``,
+its last paragraph (the text after its last blank line) is the question and the rest the document. A
+question still over ``query_tokens`` is a 400 that says where the document goes. ``usage`` counts every
+token the chain read and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
 update is a reasoning delta before the answer. The final answer is the engine's model's, asked with
 the client's tools, stop strings, seed, logprobs and ``json_object`` over the memory (so it streams,
 calls tools and stops as the engine's model does). With ``response_format`` json_schema the
@@ -18,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import asdict
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -31,7 +35,7 @@ from memagent.extraction.schema import schema_from
 from memagent.prompts import extract_answer, final_answer_messages
 from memagent.serve.chat import EngineModel, check_max_tokens, first_line
 from memagent.serve.events import Done, Event, ReasoningDelta, Reply
-from memagent.serve.guard import check_schema
+from memagent.serve.guard import check_schema, refuse_special_literals
 from memagent.serve.protocol import APIError, ChatMessage, ChatRequest
 
 
@@ -47,17 +51,40 @@ def split_conversation(req: ChatRequest) -> tuple[str, str]:
     return document, req.messages[last].text()
 
 
+def one_message(document: str, question: str, tokens: Callable[[str], int], query_tokens: int) -> tuple[str, str]:
+    """(document, question) of a conversation whose question may hold the document too (the module's rule);
+    a question over ``query_tokens`` that the rule cannot split is a 400 saying where the document goes."""
+    n = tokens(question)
+    if n <= query_tokens:
+        return document, question
+    if not document.strip():
+        head, _, tail = question.strip().rpartition("\n\n")
+        if head.strip() and tail.strip() and tokens(tail) <= query_tokens:
+            return head, tail
+    raise APIError(400, f"messages: the question (the last user message) is {n} tokens, over this model's "
+                   f"query_tokens={query_tokens}. The memagent model reads the messages before the last user message "
+                   "as the document, any length: send the document there and only the question last (or, in one "
+                   "message, the document, a blank line, then the question)", param="messages",
+                   code="question_too_long")
+
+
 def memory_note(step: Step) -> str:
     """One memory update as the client reads it (each a reasoning delta; the whole reasoning is their join)."""
     return f"[memory after chunk {step.chunk_index + 1}]\n{step.memory}\n"
 
 
-class Run(NamedTuple):
-    """What :meth:`MemAgentModel.prepare` settled for one request."""
+@dataclass(frozen=True)
+class Run:
+    """What :meth:`MemAgentModel.prepare` settled for one request (a :class:`~memagent.serve.chat.Settled`)."""
 
+    model: MemAgentModel
+    req: ChatRequest
     question: str | None  # None: an extraction (the schema's fields are the question)
     document: str
     config: AgentConfig
+
+    def events(self, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+        return self.model.events(self, tool_deltas=tool_deltas)
 
 
 class MemAgentModel:
@@ -80,14 +107,16 @@ class MemAgentModel:
         config = self.config.model_copy(update={"temperature": req.temperature, "top_p": req.top_p})
         rf = req.response_format
         if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-            return await self._prepare_extraction(req, document, config)
+            return await self._prepare_extraction(req, document or question, config)
+        document, question = await asyncio.to_thread(one_message, document, question, self._tokens,
+                                                      config.query_tokens)
         if rf is not None and rf.type == "json_object":  # the answer prompt asks for JSON; the grammar an object
             config = config.model_copy(update={"answer_style": "json"})
         await self._check(config)
         # What the engine's model refuses (a bad tool, a stop list too long, an answer over the window) is
         # refused before the read: the answer request checked with an empty memory.
         await self.answerer.prepare(self._answer_request(req, question, "", config))
-        return Run(question, document, config)
+        return Run(self, req, question, document, config)
 
     async def _prepare_extraction(self, req: ChatRequest, document: str, config: AgentConfig) -> Run:
         for name, asked in (("tools", req.tools and req.tool_choice != "none"), ("stop", req.stops()),
@@ -101,7 +130,9 @@ class MemAgentModel:
         assert req.response_format is not None and req.response_format.json_schema is not None
         where = "response_format.json_schema.schema"
         try:
-            schema = schema_from(check_schema(req.response_format.json_schema.schema_, where), where)
+            checked = check_schema(req.response_format.json_schema.schema_, where)
+            refuse_special_literals(checked, self.answerer.special_tokens(), where, "response_format")
+            schema = schema_from(checked, where)
             config = AgentConfig.model_validate({**config.model_dump(exclude={"extraction", "answer_style"}),
                                                  "extraction": schema})
         except ValidationError as exc:  # the one line pydantic's message is about
@@ -110,7 +141,10 @@ class MemAgentModel:
         except ValueError as exc:
             raise APIError(400, first_line(str(exc)), param="response_format") from None
         await self._check(config)
-        return Run(None, document, config)
+        return Run(self, req, None, document, config)
+
+    def _tokens(self, text: str) -> int:
+        return len(self.engine.tokenizer.encode(text, add_special_tokens=False))
 
     async def _check(self, config: AgentConfig) -> None:
         try:
@@ -125,10 +159,10 @@ class MemAgentModel:
                                       "max_tokens": req.max_completion_tokens or req.max_tokens or config.answer_tokens,
                                       "max_completion_tokens": None})
 
-    async def events(self, req: ChatRequest, run: Run, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
+    async def events(self, run: Run, *, tool_deltas: bool = False) -> AsyncIterator[Event]:
         """A :class:`ReasoningDelta` per memory update as it is written, then the answer's events (content
         and, with ``tool_deltas``, tool-call deltas as they are decoded), then :class:`Done`."""
-        notes: list[str] = []
+        req, notes = run.req, list[str]()
         updates: asyncio.Queue[str] = asyncio.Queue()
 
         def on_step(step: Step, total: int) -> None:
@@ -156,7 +190,7 @@ class MemAgentModel:
         answer_req = self._answer_request(req, done.question, done.memory, run.config)
         t0 = time.perf_counter()
         prepared = await self.answerer.prepare(answer_req)
-        async for event in self.answerer.events(answer_req, prepared, tool_deltas=tool_deltas):
+        async for event in prepared.events(tool_deltas=tool_deltas):
             yield event if not isinstance(event, Done) else \
                 Done(_answered(done, event.reply, run.config, "".join(notes), time.perf_counter() - t0))
 

@@ -3,7 +3,7 @@ translation onto the one chat run.
 
 A request becomes a :class:`~memagent.serve.protocol.ChatRequest` (``system`` and the messages'
 text, ``tool_use`` and ``tool_result`` blocks become chat messages, ``tools``/``tool_choice`` the
-chat's function tools, ``stop_sequences`` its ``stop``) and runs through the served model's
+chat's function tools, ``stop_sequences`` its ``stop``, ``output_config.format`` its ``response_format``) and runs through the served model's
 ``prepare``/``events`` as a chat completion does: the same decode, limits and error wording, every
 error in Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``). Server tools
 (``web_search_…``, ``bash_…``, ``text_editor_…``: the client's own) are skipped, as on
@@ -19,21 +19,18 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+import jiter
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memagent.serve import tools as chat_tools
-from memagent.serve.handling import load_body, unknown_model, unless_disconnected
 from memagent.serve.chat import EngineModel, ServedModel, first_line
 from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import anthropic_body
+from memagent.serve.handling import Answer, handle, load_body, pieces, unknown_model, validated
 from memagent.serve.protocol import APIError, ChatRequest, JSONBytes
-from memagent.serve.responses import collect, validated
 
 log = logging.getLogger(__name__)
-
-PIECE_CHARS = 16  # text and tool input that arrive whole are streamed in pieces of this many characters
 
 
 class Message(BaseModel):
@@ -55,6 +52,21 @@ class CountTokensRequest(BaseModel):
     tool_choice: dict[str, Any] | None = None
 
 
+class OutputFormat(BaseModel):
+    """``output_config.format``: Anthropic's structured output (what ``messages.parse(output_format=…)`` sends)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    format: OutputFormat | None = None
+
+
 class MessagesRequest(CountTokensRequest):
     """The subset of a Messages request this server serves (``top_k``, ``metadata``, ``thinking`` ignored)."""
 
@@ -63,6 +75,7 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
+    output_config: OutputConfig | None = None
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -143,14 +156,17 @@ def to_chat(req: CountTokensRequest) -> ChatRequest:
     if isinstance(req, MessagesRequest):
         body |= {"max_tokens": req.max_tokens, "stop": req.stop_sequences, "stream": req.stream}
         body |= {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
+        fmt = req.output_config.format if req.output_config else None
+        if fmt is not None:  # the reply's text block is JSON under the schema's grammar
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
     return validated(ChatRequest, body)
 
 
 def _stop_reason(reply: Reply) -> str:
+    if reply.finish_reason == "length":  # a tool call cut by max_tokens too: its tool_use holds what was decoded
+        return "max_tokens"
     if reply.tool_calls:
         return "tool_use"
-    if reply.finish_reason == "length":
-        return "max_tokens"
     return "stop_sequence" if reply.stop_sequence is not None else "end_turn"
 
 
@@ -159,9 +175,19 @@ def _usage(reply: Reply) -> dict[str, int]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the object ``tool_use.input`` must be: parsed, or, for arguments cut by
+    max_tokens or malformed, as far as they parse (``{"city": "Par`` -> ``{"city": "Par"}``; none: ``{}``)."""
+    try:
+        value = jiter.from_json(arguments.encode(), partial_mode="trailing-strings")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
     return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-            "input": json.loads(call["function"]["arguments"])}
+            "input": tool_input(call["function"]["arguments"])}
 
 
 def message_body(model: str, reasoning: list[str], reply: Reply) -> dict[str, Any]:
@@ -180,10 +206,6 @@ def message_body(model: str, reasoning: list[str], reply: Reply) -> dict[str, An
 
 def _sse(kind: str, **data: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
-
-
-def _pieces(text: str) -> list[str]:
-    return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
 
 
 class _Blocks:
@@ -256,13 +278,13 @@ def _finish(blocks: _Blocks, reply: Reply) -> list[bytes]:
             block = _tool_use(call)
             out += blocks.start({**block, "input": {}})
             out += [blocks.delta({"type": "input_json_delta", "partial_json": p})
-                    for p in _pieces(json.dumps(block["input"]))]
+                    for p in pieces(json.dumps(block["input"]))]
         return out + blocks.stop()
     content = reply.content or ""
     streamed = blocks.text if blocks.open == "text" else ""
     rest = content[len(streamed):] if content.startswith(streamed) else content
     out += _text(blocks, "")
-    for piece in _pieces(rest):
+    for piece in pieces(rest):
         out += _text(blocks, piece)
     return out + blocks.stop()
 
@@ -284,33 +306,41 @@ def _anthropic_errors(handler: Any) -> Any:
     return wrapped
 
 
+class MessageWriter:
+    """The Messages surface's writer (:class:`~memagent.serve.handling.Writer`): a ``message``, or
+    Anthropic's event stream."""
+
+    tool_deltas = False  # a tool_use block is written once the reply ends
+
+    def __init__(self, req: CountTokensRequest):
+        custom = [i for i, t in enumerate(req.tools or []) if t.get("type") in (None, "custom")]  # as _tools keeps
+        self.fields = {"stop": "stop_sequences", "response_format.json_schema.schema": "output_config.format.schema",
+                       "response_format": "output_config.format"}
+        self.fields |= {f"tools.{k}.function.parameters": f"tools.{i}.input_schema" for k, i in enumerate(custom)}
+
+    def whole(self, model: str, answer: Answer) -> dict[str, Any]:
+        return message_body(model, answer.reasoning, answer.reply)
+
+    def stream(self, model: str, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+        return stream_message(model, events)
+
+
 def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel]) -> None:
     """``POST /v1/messages`` and ``/v1/messages/count_tokens`` on ``app``, answered by ``models``."""
-
-    def pick(chat: ChatRequest) -> tuple[str, Any]:
-        name = chat.model or default_model
-        if name not in models:
-            raise unknown_model(name, models)
-        return name, models[name]
 
     @app.post("/v1/messages")
     @_anthropic_errors
     async def create_message(request: Request) -> Any:
         req = validated(MessagesRequest, load_body(await request.body()))
-        chat = to_chat(req)
-        name, model = pick(chat)
-        prepared = await model.prepare(chat)
-        if req.stream:
-            return StreamingResponse(stream_message(name, model.events(chat, prepared)), media_type="text/event-stream")
-        reasoning, reply = await unless_disconnected(request, collect(model.events(chat, prepared)))
-        return message_body(name, reasoning, reply)
+        return await handle(request, lambda: to_chat(req), models, default_model, MessageWriter(req))
 
     @app.post("/v1/messages/count_tokens")
     @_anthropic_errors
     async def count_tokens(request: Request) -> Any:
         """The prompt's tokens as the engine's chat template renders it (tools included)."""
         chat = to_chat(validated(CountTokensRequest, load_body(await request.body())))
-        pick(chat)
+        if (chat.model or default_model) not in models:
+            raise unknown_model(chat.model or default_model, models)
         rendered = chat_tools.render_messages(chat.messages, chat_tools.plan(chat))
         engine_model = models[default_model]
         assert isinstance(engine_model, EngineModel)  # the default model is the engine's own

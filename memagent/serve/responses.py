@@ -10,7 +10,7 @@ Stateless: nothing is stored (``store`` is accepted and ignored), so ``previous_
 ``conversation`` are a 400. As llama.cpp's server does, tool types other than ``function`` (web
 search, file search, computer use: the client's hosted tools) are skipped, and an empty ``input``
 (a client's probe) is answered as an empty user turn. The memagent model's memory updates are one
-``reasoning`` item, one summary part per update.
+``reasoning`` item, one summary part per update (sent once: its ``content`` is empty).
 """
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from memagent.serve.handling import load_body, unknown_model, unless_disconnected, validation_message
 from memagent.serve.chat import ServedModel
 from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
+from memagent.serve.handling import Answer, handle, load_body, pieces, validated
 from memagent.serve.protocol import APIError, ChatRequest
 
 log = logging.getLogger(__name__)
 
-PIECE_CHARS = 16  # text and arguments that arrive whole are streamed in pieces of this many characters
+# What chat fields are called here (errors about them name the client's own field).
+FIELDS = {"response_format.json_schema.schema": "text.format.schema", "response_format": "text.format",
+          "max_tokens": "max_output_tokens"}
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -184,15 +185,6 @@ def to_chat(req: ResponsesRequest) -> ChatRequest:
     return validated(ChatRequest, body)
 
 
-def validated(model: type[BaseModel], body: dict[str, Any]) -> Any:
-    """``body`` as ``model``, or a 400 naming the field (as the chat route names its fields)."""
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise APIError(400, message, param=param) from None
-
-
 def _usage(reply: Reply) -> dict[str, Any]:
     steps = reply.extra.get("memagent", {}).get("steps", [])
     reasoning = sum(s["completion_tokens"] for s in steps if s.get("kind") == "memory")
@@ -201,15 +193,14 @@ def _usage(reply: Reply) -> dict[str, Any]:
             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
-def _pieces(text: str) -> list[str]:
-    return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
-
-
 class ResponseWriter:
-    """One response's id, items and events: :meth:`whole` for a reply, :meth:`stream` for SSE."""
+    """One response's id, items and events (a :class:`~memagent.serve.handling.Writer`): :meth:`whole`
+    for a reply, :meth:`stream` for SSE."""
 
-    def __init__(self, req: ResponsesRequest, model: str):
-        self.req, self.model = req, model
+    tool_deltas = False  # a call's arguments are written once the reply ends
+
+    def __init__(self, req: ResponsesRequest, fields: dict[str, str]):
+        self.req, self.model, self.fields = req, req.model or "", fields
         self.id, self.created = _new_id("resp"), int(time.time())
         self.output: list[dict[str, Any]] = []
         self.seq = 0
@@ -230,7 +221,8 @@ class ResponseWriter:
                 "metadata": self.req.metadata or {}, "usage": _usage(reply) if reply is not None else None}
         return body | (reply.extra if reply is not None else {})
 
-    def whole(self, reasoning: list[str], reply: Reply) -> dict[str, Any]:
+    def whole(self, model: str, answer: Answer) -> dict[str, Any]:
+        self.model, reasoning, reply = model, answer.reasoning, answer.reply
         if reasoning:
             self.output.append(_reasoning_item(_new_id("rs"), reasoning, "completed"))
         if reply.tool_calls:
@@ -244,8 +236,9 @@ class ResponseWriter:
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
-    async def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    async def stream(self, model: str, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         """The Responses event stream of one run (an error once begun is an ``error`` event)."""
+        self.model = model
         yield self._event("response.created", response=self.body("in_progress"))
         yield self._event("response.in_progress", response=self.body("in_progress"))
         state = _Open()
@@ -312,7 +305,7 @@ class ResponseWriter:
             item = _call_item(call, "", "in_progress")
             out.append(self._event("response.output_item.added", **at, item=item))
             out += [self._event("response.function_call_arguments.delta", **at, item_id=item["id"], delta=p)
-                    for p in _pieces(args)]
+                    for p in pieces(args)]
             out.append(self._event("response.function_call_arguments.done", **at, item_id=item["id"],
                                    name=item["name"], arguments=args))
             item = {**item, "arguments": args, "status": "completed"}
@@ -322,7 +315,7 @@ class ResponseWriter:
             content = reply.content or ""
             rest = content[len(state.text):] if content.startswith(state.text) else content
             out += self._text(state, "")
-            for piece in _pieces(rest):
+            for piece in pieces(rest):
                 out += self._text(state, piece)
             at = {"item_id": state.message_id, "output_index": len(self.output), "content_index": 0}
             out += [self._event("response.output_text.done", **at, text=state.text, logprobs=[]),
@@ -356,8 +349,7 @@ def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]
 
 def _reasoning_item(item_id: str, texts: list[str], status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "status": status,
-            "summary": [{"type": "summary_text", "text": t} for t in texts],
-            "content": [{"type": "reasoning_text", "text": t} for t in texts]}
+            "summary": [{"type": "summary_text", "text": t} for t in texts], "content": []}
 
 
 def _call_item(call: dict[str, Any], arguments: str, status: str) -> dict[str, Any]:
@@ -365,15 +357,10 @@ def _call_item(call: dict[str, Any], arguments: str, status: str) -> dict[str, A
             "arguments": arguments, "status": status}
 
 
-async def collect(events: AsyncIterator[Event]) -> tuple[list[str], Reply]:
-    """The run's reasoning texts and its reply (the events a whole response is written from)."""
-    reasoning: list[str] = []
-    async for event in events:
-        if isinstance(event, ReasoningDelta):
-            reasoning.append(event.text)
-        elif isinstance(event, Done):
-            return reasoning, event.reply
-    raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
+def fields(req: ResponsesRequest) -> dict[str, str]:
+    """FIELDS, and each chat tool's parameters named as the request's function tool (hosted tools are skipped)."""
+    functions = [i for i, t in enumerate(req.tools or []) if t.get("type") == "function"]
+    return FIELDS | {f"tools.{k}.function.parameters": f"tools.{i}.parameters" for k, i in enumerate(functions)}
 
 
 def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel]) -> None:
@@ -382,14 +369,4 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel])
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Any:
         req = validated(ResponsesRequest, load_body(await request.body()))
-        chat = to_chat(req)
-        name = chat.model or default_model
-        if name not in models:
-            raise unknown_model(name, models)
-        model = models[name]
-        prepared = await model.prepare(chat)
-        writer = ResponseWriter(req, name)
-        if req.stream:
-            return StreamingResponse(writer.stream(model.events(chat, prepared)), media_type="text/event-stream")
-        reasoning, reply = await unless_disconnected(request, collect(model.events(chat, prepared)))
-        return writer.whole(reasoning, reply)
+        return await handle(request, lambda: to_chat(req), models, default_model, ResponseWriter(req, fields(req)))

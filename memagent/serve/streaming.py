@@ -20,19 +20,33 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from memagent.serve.events import ContentDelta, Event, ReasoningDelta, Reply, ToolCallDelta
-from memagent.serve.protocol import APIError, chunk, completion_id
+from memagent.serve.handling import Answer, pieces
+from memagent.serve.protocol import APIError, chunk, completion_body, completion_id
 
 log = logging.getLogger(__name__)
-
-PIECE_CHARS = 16  # content and arguments are sent in pieces of about this many characters
 
 
 def _sse(body: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
-def _pieces(text: str) -> list[str]:
-    return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)] or [""]
+class ChatWriter:
+    """The Chat Completions surface's writer (:class:`memagent.serve.handling.Writer`): a ``chat.completion``,
+    or ``chat.completion.chunk`` events with tool calls written live."""
+
+    tool_deltas = True
+
+    def __init__(self, reasoning_field: str = "reasoning_content", include_usage: bool = False):
+        self.reasoning_field, self.include_usage = reasoning_field, include_usage
+        self.fields: dict[str, str] = {}  # the chat surface names its own fields
+
+    def whole(self, model: str, answer: Answer) -> dict[str, Any]:
+        reply = answer.reply
+        return completion_body(model, reply.message(self.reasoning_field), reply.finish_reason, reply.usage(),
+                               reply.logprobs, **reply.extra)
+
+    def stream(self, model: str, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+        return sse(events, model, self.include_usage, self.reasoning_field)
 
 
 def reply_deltas(reply: Reply, streamed: str = "", sent_args: dict[int, str] | None = None) -> list[dict[str, Any]]:
@@ -51,13 +65,13 @@ def reply_deltas(reply: Reply, streamed: str = "", sent_args: dict[int, str] | N
         return deltas
     content = reply.content or ""
     rest = content[len(streamed):] if content.startswith(streamed) else content
-    return [{"content": p} for p in _pieces(rest)] if rest or not streamed else []
+    return [{"content": p} for p in pieces(rest) or [""]] if rest or not streamed else []
 
 
 def _rest(text: str, sent: str) -> list[str]:
     """What of ``text`` is left to send after ``sent`` (a prefix of it), in pieces; none when all was sent."""
     rest = text[len(sent):] if text.startswith(sent) else text
-    return _pieces(rest) if rest else []
+    return pieces(rest)
 
 
 async def sse(events: AsyncIterator[Event], model: str, include_usage: bool,

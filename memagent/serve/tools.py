@@ -17,9 +17,10 @@ outputs for the forced choices):
 - ``"none"``: the tools are left out of the prompt and nothing is constrained.
 
 Tool names must match OpenAI's ``^[a-zA-Z0-9_-]{1,64}$`` (:mod:`memagent.serve.protocol`). A
-string the grammar would force into the reply (an ``enum`` or ``const`` value, a property name)
-that holds one of the tokenizer's special tokens (``<|im_end|>``) is refused: the grammar would
-have the model write the special token, which ends the reply mid-call. In the prompt, the tools'
+string the grammar would force into the reply (an ``enum`` or ``const`` value, a property name, a
+pattern) that holds one of the tokenizer's special tokens (``<|im_end|>``) is written as text by an
+engine that masks special tokens (hf), and refused with its path by one that cannot: its grammar
+would have the model write the special token, which ends the reply mid-call. In the prompt, the tools'
 JSON writes ``<`` as ``\\u003c``, so their text never turns into special tokens there.
 
 Earlier calls in the conversation (assistant ``tool_calls``) are shown to the model in the same
@@ -34,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memagent.json_walk import dotted, walk_json
-from memagent.serve.guard import check_schema
+from memagent.json_walk import walk_json
+from memagent.serve.guard import check_schema, refuse_special_literals
 from memagent.serve.protocol import APIError, ChatMessage, ChatRequest, NamedToolChoice, Tool
 from memagent.serve.tool_calls import CALL_CLOSE, CALL_OPEN, CallStream
 
@@ -66,7 +67,8 @@ class ToolPlan:
 
 def plan(req: ChatRequest, special_tokens: Sequence[str] = ()) -> ToolPlan | None:
     """The request's tool plan, or None when it decodes without tools (none given, or "none").
-    ``special_tokens``: the tokenizer's special-token texts, refused in strings the grammar forces."""
+    ``special_tokens``: the special-token texts refused in strings the grammar forces (none for an engine
+    whose grammar keeps them out)."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
@@ -102,27 +104,11 @@ def _parameters(tool: Tool, i: int, special_tokens: Sequence[str]) -> dict[str, 
     params = tool.function.parameters or {"type": "object", "properties": {}}
     params = check_schema(params, f"tools.{i}.function.parameters", param="tools")
     params.setdefault("type", "object")
-    for path, node in walk_json(params):
-        if isinstance(node, dict):
-            _refuse_special(node, dotted(path, f"tools.{i}.function.parameters"), tool.function.name, special_tokens)
-            if isinstance(node.get("$ref"), str):
-                node["$ref"] = f"#/$defs/tool{i}" + node["$ref"][1:]
+    refuse_special_literals(params, list(special_tokens), f"tools.{i}.function.parameters", "tools")
+    for _, node in walk_json(params):
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            node["$ref"] = f"#/$defs/tool{i}" + node["$ref"][1:]
     return params
-
-
-def _refuse_special(node: dict[str, Any], where: str, tool: str, special_tokens: Sequence[str]) -> None:
-    """400 when a string the grammar writes verbatim (enum, const, property name) holds a special token."""
-    forced = [v for v in node.get("enum") or [] if isinstance(v, str)] if isinstance(node.get("enum"), list) else []
-    if isinstance(node.get("const"), str):
-        forced.append(node["const"])
-    if isinstance(node.get("properties"), dict):
-        forced += list(node["properties"])
-    for value in forced:
-        hit = next((t for t in special_tokens if t and t in value), None)
-        if hit is not None:
-            raise APIError(400, f"{where}: tool {tool!r} has the value {value!r}, which holds the model's special "
-                           f"token {hit!r}: decoded, it would end the reply mid-call; rename the value",
-                           param="tools", code="invalid_schema")
 
 
 def _call_schema(name: str, i: int) -> dict[str, Any]:
