@@ -14,6 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memagent.batch import result_schema
+from memagent.documents.columns import PAGES_COLUMN
+from memagent.documents.evidence_pages import EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE
 from memagent.result_schema import JOB_SCHEMA
 from pipelines import commit_rules, fingerprint, input_schemas, storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
@@ -139,8 +141,10 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
 
 
 def output_schema(cfg: BatchQAConfig, schema: pa.Schema) -> pa.Schema:
-    """The input's columns, then the result columns it lacks, then the job's own."""
+    """The input's columns, then the result columns it lacks (with a page map: ``evidence_pages``), then the job's own."""
     results = [f for f in result_schema(cfg.agent) if f.name not in schema.names]
+    if PAGES_COLUMN in schema.names and EVIDENCE_PAGES_COLUMN not in schema.names:
+        results.append(pa.field(EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE))
     return pa.schema([*schema, *results, *JOB_SCHEMA])
 
 

@@ -199,3 +199,45 @@ def test_generated_docx_and_html_content_comes_back_in_order_with_its_rows(conte
     for table in tables:
         assert_rows(doc, table)
     assert_page_map(doc)
+
+
+# -- pages of evidence spans --------------------------------------------------------------------
+
+
+def test_evidence_pages_names_every_span_of_a_result_row_with_its_pages():
+    """Steps, answer spans, field evidence, record evidence and the answer's evidence each get the
+    pages their chars lie on; a row without a page map gets none."""
+    from memagent.documents.evidence_pages import evidence_pages
+
+    pages = [PageSpan(1, 0, 100), PageSpan(2, 102, 200), PageSpan(3, 202, 300)]
+    record = {
+        "steps": [{"step": 1, "kind": "memory", "char_start": 0, "char_end": 150},
+                  {"step": 2, "kind": "memory", "char_start": 150, "char_end": 300},
+                  {"step": 3, "kind": "answer", "char_start": None, "char_end": None}],
+        "answer_spans": [{"char_start": 210, "char_end": 215}],
+        "evidence_char_start": 150, "evidence_char_end": 300,
+        "field_evidence": [{"field": "total", "value": "5", "step": 1, "char_start": 40, "char_end": 42}],
+        "records_invoice": [{"record_index": 0, "record_evidence": [{"field": "n", "char_start": 120, "char_end": 125}],
+                             "record_conflicts": []}],
+        "context": "x" * 300, "pages": [{"char_start": 0, "char_end": 9}],  # not evidence: never walked
+    }
+    got = {e["span"]: e["pages"] for e in evidence_pages(record, pages)}
+    assert got == {"evidence": [2, 3], "steps[0]": [1, 2], "steps[1]": [2, 3], "answer_spans[0]": [3],
+                   "field_evidence[0]": [1], "records_invoice[0].record_evidence[0]": [2]}
+    assert evidence_pages(record, []) is None
+
+
+def test_page_labels_and_report_snippets_say_their_pages():
+    """A report snippet of a converted document names its page ("p. 2"), a span across pages its range."""
+    from memagent.documents.columns import page_rows
+    from memagent.documents.evidence_pages import page_label
+    from memagent.report.html import add_page_labels
+
+    assert [page_label(p) for p in ([14], [14, 15], [3, 7], [], None)] == ["p. 14", "pp. 14-15", "pp. 3, 7", "", ""]
+    view = {"sn": [["evidence", 100, "y" * 50, [[5, 10, "pred"]]], ["gold answer", 0, "z" * 50, [[0, 3, "gold"]]]],
+            "xs": [["total", 90, "w" * 40, [[0, 20, "fld"]]]]}
+    add_page_labels(view, page_rows([PageSpan(1, 0, 100), PageSpan(2, 102, 200)]))
+    assert [s[4] for s in view["sn"]] == ["p. 2", "p. 1"] and view["xs"][0][4] == "pp. 1-2"
+    plain = {"sn": [["evidence", 0, "y", [[0, 1, "pred"]]]]}
+    add_page_labels(plain, None)
+    assert len(plain["sn"][0]) == 4

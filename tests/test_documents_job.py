@@ -85,6 +85,11 @@ def test_mixed_folder_rows_errors_pages_and_no_reconversion(ray_local, tiny_llam
     assert [p["page"] for p in out["filings/a.pdf"]["pages"]] == [1, 2, 3]
     assert out["filings/a.pdf"]["pages"][0]["box"][2] > 500
     assert "North | 48,250 | 1,200" in out["filings/a.pdf"]["context"]
+    spans = {e["span"]: e for e in out["filings/a.pdf"]["evidence_pages"]}
+    memory = [s for s in out["filings/a.pdf"]["steps"] if s["kind"] == "memory"]
+    assert len(memory) > 1 and all(spans[f"steps[{i}]"]["pages"] for i in range(len(memory)))
+    assert spans["steps[0]"]["pages"][0] == 1 and spans[f"steps[{len(memory) - 1}]"]["pages"][-1] == 3
+    assert out["bad/scan.pdf"]["evidence_pages"] is None
     cache = tmp_path / "runs" / CACHE_DIR
     entries = cache_entries(cache)
     assert len(entries) == 8 and not list((cache / "staged").iterdir())  # staged rows removed after the run
