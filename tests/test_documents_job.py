@@ -137,3 +137,29 @@ def test_s3_prefix_on_loopback_server(ray_local, tiny_llama_dir, tmp_path, monke
                   if i.path.endswith(".json")]
         assert len(cached) == 8
     assert os.environ["AWS_ACCESS_KEY_ID"] == "test"
+
+
+def test_batch_cli_over_a_folder_with_the_packaged_model(tmp_path):
+    """`memagent batch --input <folder>` with the packaged model: one row per file, the scanned PDF an
+    error row, the PDF's evidence on page 1; the same command again skips all and converts nothing."""
+    import subprocess
+    import sys
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    (lake / "memo.pdf").write_bytes(render_pdf(["The freight contract closed at 1,200 units in March."]).data)
+    (lake / "scan.pdf").write_bytes(render_scanned_pdf(1))
+    cmd = [sys.executable, "-m", "memagent_cli", "batch", "--input", str(lake), "--output", str(tmp_path / "out"),
+           "--model", "smollm2-135m", "--preset", "tiny", "--question", "How many units?", "--no-progress"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "rows out:       2 this run" in first.stdout
+    out = {r["id"]: r for r in read_output(tmp_path / "out")}
+    assert out["scan.pdf"]["error"] == "input: scan.pdf: no text layer: scanned PDF, OCR is not built in"
+    assert out["memo.pdf"]["error"] is None
+    assert {e["span"]: e["pages"] for e in out["memo.pdf"]["evidence_pages"]}["steps[0]"] == [1]
+    entries = cache_entries(tmp_path / CACHE_DIR)
+    assert len(entries) == 2
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "rows out:       0 this run" in again.stdout and cache_entries(tmp_path / CACHE_DIR) == entries
