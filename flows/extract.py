@@ -11,7 +11,7 @@ deployment ``extract-corpus/default`` (prefect.yaml) runs it on a generated cont
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
@@ -28,6 +28,9 @@ from memagent.extraction import ExtractionSchema
 from memagent.extraction.parse import iter_leaves
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
+
+if TYPE_CHECKING:
+    from pipelines.batch_config import BatchQAConfig
 
 # Defaults of the deployment: a generated contract corpus (a flow task writes it if absent).
 CONTRACTS_INPUT = "runs/contracts/docs"
@@ -132,18 +135,24 @@ def extract_corpus(
     summary = generate_then_run(cfg, generate, "contract corpus")
 
     fields = field_table(output, s3, extraction)
-    a = cfg.agent
+    publish_tables(cfg, summary, fields)
+    summary["fields"] = fields
+    summary["report"] = publish_report(output, key="extract-corpus-report", s3=s3, job_summary=summary)
+    return summary
+
+
+def publish_tables(cfg: BatchQAConfig, summary: dict[str, Any], fields: list[dict[str, Any]]) -> None:
+    """The run's summary (rows, errors, tokens, budgets, records) and its per-field table as Prefect artifacts."""
+    a, schema = cfg.agent, cfg.agent.extraction
     create_table_artifact(
         key="extract-corpus-summary",
         table=[{k: summary[k] for k in ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors",
                                         "context_tokens", "seconds", "tokens_per_second")}
-               | {"model": engine.model, "fields": ", ".join(extraction.names),
+               | {"model": cfg.engine.model, "fields": ", ".join(schema.names),
                   "budgets": f"chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer {a.answer_tokens}"}
                | _records_cells(summary, a.require_grounding)],
-        description=f"Extraction {input} -> {output}: rows, errors (invalid_output among them), tokens read a second.",
+        description=f"Extraction {cfg.input} -> {cfg.output}: rows, errors (invalid_output among them), tokens read "
+                    "a second.",
     )
     create_table_artifact(key="extract-corpus-fields", table=fields,
                           description="Per field: rows with a value, and values whose document span was found.")
-    summary["fields"] = fields
-    summary["report"] = publish_report(output, key="extract-corpus-report", s3=s3, job_summary=summary)
-    return summary

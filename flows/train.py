@@ -124,6 +124,25 @@ def train_stage(workdir: str, model: str, agent: AgentConfig, training: TrainCon
     return run_stage(workdir, "train", inputs, body, clear=False, log=_log)
 
 
+def evaluate_stage(workdir: str, evaluation: EvalStage, agent: AgentConfig, records: dict[str, Any],
+                   rows: list[dict[str, Any]]) -> Any:
+    """The trained checkpoint's evaluation when enabled (its record and results row added); its Prefect state,
+    or None when disabled: a failed evaluation is re-raised once the results table is published."""
+    if not evaluation.enabled:
+        rows.append(_row("evaluate", "disabled"))
+        return None
+    eval_dir, _ = stage_dir(workdir, "evaluate", {"upstream": records["train"]["key"],
+                                                  **evaluation.model_dump(exclude={"enabled"})})
+    eval_state = evaluate_model(records["train"]["outputs"]["checkpoint"], evaluation, agent, str(eval_dir),
+                                return_state=True)
+    if eval_state.is_completed():
+        records["evaluate"] = eval_state.result()
+        rows.append(_row("evaluate", "completed", records["evaluate"]))
+    else:
+        rows.append(_row("evaluate", "failed", note=str(eval_state.message)))
+    return eval_state
+
+
 def _row(stage: str, status: str, record: dict[str, Any] | None = None, note: str = "") -> dict[str, Any]:
     record = record or {}
     summary = record.get("summary") or {}
@@ -171,19 +190,7 @@ def train_memagent(
             for name, rec in records.items()]
     if filtering is None:
         rows.insert(1, _row("filter", "disabled"))
-    eval_state = None
-    if evaluation.enabled:
-        eval_dir, _ = stage_dir(workdir, "evaluate", {"upstream": records["train"]["key"],
-                                                      **evaluation.model_dump(exclude={"enabled"})})
-        eval_state = evaluate_model(records["train"]["outputs"]["checkpoint"], evaluation, agent, str(eval_dir),
-                                    return_state=True)
-        if eval_state.is_completed():
-            records["evaluate"] = eval_state.result()
-            rows.append(_row("evaluate", "completed", records["evaluate"]))
-        else:
-            rows.append(_row("evaluate", "failed", note=str(eval_state.message)))
-    else:
-        rows.append(_row("evaluate", "disabled"))
+    eval_state = evaluate_stage(workdir, evaluation, agent, records, rows)
     create_table_artifact(key="train-memagent-results", table=rows,
                           description=f"train-memagent stages under {workdir} (checkpoint: "
                                       f"{records['train']['outputs']['checkpoint']})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
@@ -98,23 +98,31 @@ def _pct(x: float) -> str:
     return "–" if math.isnan(x) else f"{100 * x:.0f}"
 
 
-def retention_markdown(summary: pd.DataFrame) -> str:
-    """Task × length table per method: 'capture% / retention% (items read)'; empty without rows."""
-    if summary.empty:
-        return ""
+def task_length_tables(summary: pd.DataFrame, cell: Callable[[pd.Series], str]) -> list[str]:
+    """One markdown table per method, tasks × lengths; ``cell`` writes a (task, length) row's cell
+    ('–' where the cell has no row)."""
+    lines = []
     lengths = sorted(summary["length"].unique())
-    lines = ["## Evidence kept in memory", ""]
     for method, m in summary.groupby("method", sort=False):
         lines += [f"### {method}", "", "| task | " + " | ".join(length_label(x) for x in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
         for task, t in m.groupby("task", sort=False):
-            cells = []
-            for length in lengths:
-                r = t[t["length"] == length]
-                cells.append("–" if r.empty or not r.iloc[0].needles_read else
-                             f"{_pct(r.iloc[0].capture)} / {_pct(r.iloc[0].retention)} (read {r.iloc[0].needles_read})")
+            rows = [t[t["length"] == length] for length in lengths]
+            cells = ["–" if r.empty else cell(r.iloc[0]) for r in rows]
             lines.append(f"| {TASK_LABELS.get(task, task)} | " + " | ".join(cells) + " |")
         lines.append("")
+    return lines
+
+
+def retention_markdown(summary: pd.DataFrame) -> str:
+    """Task × length table per method: 'capture% / retention% (items read)'; empty without rows."""
+    if summary.empty:
+        return ""
+
+    def cell(r: pd.Series) -> str:
+        return "–" if not r.needles_read else f"{_pct(r.capture)} / {_pct(r.retention)} (read {r.needles_read})"
+
+    lines = ["## Evidence kept in memory", "", *task_length_tables(summary, cell)]
     lines.append("Capture % / retention % of the evidence read (needles; supporting paragraphs' titles): capture = "
                  "items held by the memory at or after the step that read them / items read; retention = of those, "
                  "items the memory the answer reads still holds.")
@@ -128,23 +136,12 @@ def length_label(tokens: int) -> str:
 
 def results_markdown(summary: pd.DataFrame, notes: Iterable[str] = ()) -> str:
     """Task × length table per method: 'accuracy% [low, high] (n)'."""
-    lines = []
-    lengths = sorted(summary["length"].unique())
-    for method, m in summary.groupby("method", sort=False):
-        lines += [f"### {method}", "", "| task | " + " | ".join(length_label(x) for x in lengths) + " |",
-                  "|---|" + "---|" * len(lengths)]
-        for task, t in m.groupby("task", sort=False):
-            cells = []
-            for length in lengths:
-                r = t[t["length"] == length]
-                if r.empty:
-                    cells.append("–")
-                    continue
-                r = r.iloc[0]
-                err = f", {r.errors} err" if r.errors else ""
-                cells.append(f"{100 * r.accuracy:.0f} [{100 * r.ci_low:.0f}, {100 * r.ci_high:.0f}] (n={r.n}{err})")
-            lines.append(f"| {TASK_LABELS.get(task, task)} | " + " | ".join(cells) + " |")
-        lines.append("")
+
+    def cell(r: pd.Series) -> str:
+        err = f", {r.errors} err" if r.errors else ""
+        return f"{100 * r.accuracy:.0f} [{100 * r.ci_low:.0f}, {100 * r.ci_high:.0f}] (n={r.n}{err})"
+
+    lines = task_length_tables(summary, cell)
     lines += ["Accuracy in %, 95% Wilson interval in brackets, n items per cell."] + [f"{n}" for n in notes]
     return "\n".join(lines) + "\n"
 

@@ -36,6 +36,9 @@ RESULT_SCHEMA = pa.schema([
     ("resumed_at_chunk", pa.int32()), ("checkpoint_ignored", pa.string()),
 ])
 RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
+# An input column named like an output column (a generator's ``context_tokens``, an earlier run's ``prediction``)
+# is carried to the output under this prefix, so both survive: ``input_context_tokens`` beside ``context_tokens``.
+CARRIED_PREFIX = "input_"
 
 # An extraction's validated object (JSON text) and per-field evidence (memagent.extraction.output).
 EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"

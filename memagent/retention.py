@@ -1,7 +1,7 @@
 """Capture and retention: which known evidence the memory took in, and which of it survived to the answer.
 
 A document with known evidence (RULER needles, HotpotQA supporting paragraphs, the records
-generator's payments) is a list of :class:`Evidence`: a value at a char span of the context. A
+generator's payments) is a list of :class:`KnownEvidence`: a value at a char span of the context. A
 read is its memory steps: step ``t`` read the text up to ``char_end[t]`` and wrote ``memory[t]``.
 Per step and evidence item (an ``n_steps × n_evidence`` table, :func:`timeline`):
 
@@ -26,7 +26,7 @@ from memagent.extraction.kinds import FieldKind
 
 
 @dataclass(frozen=True)
-class Evidence:
+class KnownEvidence:
     """One fact the document states: ``value`` (what the memory must hold, of ``kind``) at ``text[start:end]``."""
 
     label: str
@@ -48,12 +48,12 @@ class ItemOutcome:
     retained: bool
 
 
-def holds(memory: str, item: Evidence) -> bool:
+def holds(memory: str, item: KnownEvidence) -> bool:
     """Whether ``memory`` holds ``item``'s value (grounding's exact and normalised matches, no fuzzy one)."""
     return locate(item.kind, item.value, memory, fuzzy=False) is not None
 
 
-def timeline(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]]) -> list[list[tuple[bool, bool]]]:
+def timeline(evidence: Sequence[KnownEvidence], steps: Sequence[tuple[int, str]]) -> list[list[tuple[bool, bool]]]:
     """The ``n_steps × n_evidence`` table of ``(read, held)``.
 
     Args:
@@ -64,7 +64,7 @@ def timeline(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]]) -> 
     return [[(item.end <= end, holds(memory, item)) for item in evidence] for end, memory in steps]
 
 
-def item_outcomes(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]]) -> list[ItemOutcome]:
+def item_outcomes(evidence: Sequence[KnownEvidence], steps: Sequence[tuple[int, str]]) -> list[ItemOutcome]:
     """Per item: read step, held steps, captured (held at or after its read step), retained (held at the last)."""
     table = timeline(evidence, steps)
     out = []
@@ -105,21 +105,21 @@ def memory_steps(steps: Iterable[Any]) -> list[tuple[int, str]]:
 # -- evidence of the generated data sets -------------------------------------------------------------
 
 
-def _spans_of(context: str, value: str, label: str, kind: FieldKind = "string") -> list[Evidence]:
+def _spans_of(context: str, value: str, label: str, kind: FieldKind = "string") -> list[KnownEvidence]:
     """Every occurrence of ``value`` in ``context`` as one item each (a needle value is planted once)."""
     out, i = [], context.find(value)
     while i != -1:
-        out.append(Evidence(label, value, i, i + len(value), kind))
+        out.append(KnownEvidence(label, value, i, i + len(value), kind))
         i = context.find(value, i + 1)
     return out
 
 
-def ruler_evidence(row: Mapping[str, Any]) -> list[Evidence]:
+def ruler_evidence(row: Mapping[str, Any]) -> list[KnownEvidence]:
     """A RULER NIAH row's queried needles: each answer value where the context states it."""
     return [e for k, a in enumerate(row["answers"]) for e in _spans_of(row["context"], str(a), f"needle {k}")]
 
 
-def hotpot_evidence(row: Mapping[str, Any]) -> list[Evidence]:
+def hotpot_evidence(row: Mapping[str, Any]) -> list[KnownEvidence]:
     """A HotpotQA row's supporting paragraphs (``gold_positions``, 1-based): each its title, at its ``Document i:`` block."""
     context, out = row["context"], []
     for pos in row.get("gold_positions") or []:
@@ -131,11 +131,11 @@ def hotpot_evidence(row: Mapping[str, Any]) -> list[Evidence]:
         end = context.find("\n\nDocument ", body)
         end = len(context) if end < 0 else end
         title = context[body:end].split("\n", 1)[0]
-        out.append(Evidence(f"doc {pos}", title, body, end))
+        out.append(KnownEvidence(f"doc {pos}", title, body, end))
     return out
 
 
-def row_evidence(row: Mapping[str, Any]) -> list[Evidence]:
+def row_evidence(row: Mapping[str, Any]) -> list[KnownEvidence]:
     """The known evidence of an evaluation row: a NIAH task's queried needles, qa_2's supporting paragraphs;
     none for the other tasks (their answers are not stated at one place)."""
     task = str(row.get("task") or "")
@@ -164,7 +164,7 @@ def retention_columns(row: Mapping[str, Any], steps: Iterable[Any]) -> dict[str,
     return {"evidence_read": s["n_read"], "evidence_captured": s["n_captured"], "evidence_retained": s["n_retained"]}
 
 
-def records_evidence(doc: Mapping[str, Any]) -> list[Evidence]:
+def records_evidence(doc: Mapping[str, Any]) -> list[KnownEvidence]:
     """A generated statement's (:func:`memagent.data.records_corpus.statement`) gold payments: each amount, at
     the last line stating it (an amendment's corrected amount is on its amendment line)."""
     lines = doc["text"].split("\n")
@@ -174,11 +174,11 @@ def records_evidence(doc: Mapping[str, Any]) -> list[Evidence]:
     out = []
     for k, rec in enumerate(doc["gold"]):
         i = max(rec["lines"])
-        out.append(Evidence(f"{rec['payer']} {rec['date']}", rec["amount"], starts[i], starts[i] + len(lines[i]), "number"))
+        out.append(KnownEvidence(f"{rec['payer']} {rec['date']}", rec["amount"], starts[i], starts[i] + len(lines[i]), "number"))
     return out
 
 
-def plot_timeline(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]], path: Any, title: str = "") -> Any:
+def plot_timeline(evidence: Sequence[KnownEvidence], steps: Sequence[tuple[int, str]], path: Any, title: str = "") -> Any:
     """One document's evidence over its steps: a row per item, a column per step; grey where not yet read,
     green where the memory holds it, red where read and not held (lost, or never captured). Returns the path."""
     import matplotlib
@@ -195,7 +195,7 @@ def plot_timeline(evidence: Sequence[Evidence], steps: Sequence[tuple[int, str]]
               interpolation="nearest")
     ax.set_yticks(range(len(evidence)), [e.label for e in evidence])
     ax.set_xlabel("memory step  (grey: unread · green: held · red: read, not held)")
-    ax.set_title(title or "Evidence in memory per step")
+    ax.set_title(title or "KnownEvidence in memory per step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -132,8 +132,10 @@ def _dataset(cfg: BatchQAConfig, plan: InputPlan, run: _Run, build_engine: Engin
     # the unified schema of all of them; columns come from the files, not from directory names.
     ds = ray.data.read_parquet(plan.files, filesystem=in_fs, schema=plan.schema, file_extensions=None,
                                partitioning=None)
-    if len(plan.done_ids):
-        ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.done_ids)], batch_format="pyarrow",
+    if plan.carried:  # input columns named like output columns keep their values under CARRIED_PREFIX
+        ds = ds.rename_columns(plan.carried)
+    if len(plan.committed_ids):
+        ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.committed_ids)], batch_format="pyarrow",
                             batch_size=None, num_cpus=0.25)
     # What each row is answered from, kept in the output so that a rerun can check what it skips.
     ds = ds.map_batches(fingerprint.add_fingerprints, fn_kwargs=dict(question=fingerprint.job_question(cfg),
@@ -201,13 +203,13 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
                                 f"{written.infra_errors} of them infrastructure errors)")
 
 
-def drop_done(batch: pa.Table, done_ids: pa.Array | ray.ObjectRef) -> pa.Table:
-    """Rows whose id is not in ``done_ids`` (resume). The id set travels once, via the object store."""
-    if isinstance(done_ids, ray.ObjectRef):
-        done_ids = ray.get(done_ids)
-    if len(done_ids) == 0:
+def drop_done(batch: pa.Table, committed_ids: pa.Array | ray.ObjectRef) -> pa.Table:
+    """Rows whose id is not in ``committed_ids`` (resume). The id set travels once, via the object store."""
+    if isinstance(committed_ids, ray.ObjectRef):
+        committed_ids = ray.get(committed_ids)
+    if len(committed_ids) == 0:
         return batch
-    return batch.filter(pc.invert(pc.is_in(batch.column("id"), value_set=done_ids)))
+    return batch.filter(pc.invert(pc.is_in(batch.column("id"), value_set=committed_ids)))
 
 
 _LENGTH_COLUMN = "__memagent_context_chars"

@@ -187,8 +187,8 @@ class CheckpointWriter:
     attempt, so a refused log is refused whole and never mixed with the fresh chain.
     """
 
-    def __init__(self, chains: CheckpointLog, row_id: str, key: str, resumed: ChainState | None, parent: str | None):
-        self.chains, self.row_id, self.key = chains, row_id, key
+    def __init__(self, checkpoints: CheckpointLog, row_id: str, key: str, resumed: ChainState | None, parent: str | None):
+        self.checkpoints, self.row_id, self.key = checkpoints, row_id, key
         self.attempt = uuid.uuid4().hex[:12]
         self.written = len(resumed.steps) if resumed else 0
         self.parent = parent if self.written else None
@@ -203,7 +203,7 @@ class CheckpointWriter:
     async def _restart(self) -> None:
         self.attempt, self.written, self.parent = uuid.uuid4().hex[:12], 0, None
         try:
-            await asyncio.to_thread(self.chains.remove, self.row_id)
+            await asyncio.to_thread(self.checkpoints.remove, self.row_id)
         except OSError as exc:  # appending to the refused log would mix two chains: write none
             log.warning("row %s: could not remove a refused checkpoint (%s); no checkpoints this read",
                         self.row_id, exc)
@@ -213,12 +213,13 @@ class CheckpointWriter:
         if self._restarted(state):
             await self._restart()
         self.seen = state.steps
-        every = self.chains
-        due = len(state.steps) - self.written >= every.every_steps or time.monotonic() - self.last >= every.every_s
+        checkpoints = self.checkpoints
+        due = (len(state.steps) - self.written >= checkpoints.every_steps
+               or time.monotonic() - self.last >= checkpoints.every_s)
         if self.off or not due or len(state.steps) == self.written:
             return
         try:
-            await asyncio.to_thread(every.write, self.row_id, self.key, state, self.written, attempt=self.attempt,
+            await asyncio.to_thread(checkpoints.write, self.row_id, self.key, state, self.written, attempt=self.attempt,
                                     parent=self.parent)
         except OSError as exc:  # a lost checkpoint costs re-reading, never the row
             log.warning("row %s: could not write a checkpoint at step %d (%s)", self.row_id, len(state.steps), exc)

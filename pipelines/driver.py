@@ -56,7 +56,7 @@ def run_phases(cfg: BatchQAConfig, write_rows: RowPhase, *, check_budget: bool) 
             check_config(token_budget(cfg.engine), cfg.agent)
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
-        checkpoints.remove_logs(cfg.output, cfg.s3, plan.done_ids.to_pylist())
+        checkpoints.remove_logs(cfg.output, cfg.s3, plan.committed_ids.to_pylist())
         if plan.skipped >= plan.total_rows:  # nothing to read (no rows, or all done): no Ray, no model
             log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
             export_records(cfg)  # what a run killed before its export left to do
@@ -98,7 +98,7 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
         table = storage.read_columns(out_fs, storage.complete_parquet_files(out_fs, out_path),
                                      ["id", "error", "score", "context_tokens", "resumed_at_chunk",
                                       "checkpoint_ignored", *(["answers"] if has_answers else []), *counts])
-    if len(plan.done_ids):
-        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.done_ids)))
+    if len(plan.committed_ids):
+        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.committed_ids)))
     return BatchSummary.from_rows(table, rows_in=plan.total_rows, skipped=plan.skipped, seconds=seconds,
                                   output=cfg.output, require_grounding=cfg.agent.require_grounding)

@@ -124,6 +124,7 @@ def build_items(cfg: EvalConfig, path: Path) -> int:
         rows = list(cfg.items.rows(load_tokenizer(cfg.engine.tokenizer or cfg.engine.model)))
     if not rows:
         raise ValueError(f"no items to evaluate in {cfg.items_file or 'the generated set'}")
+    rows = [as_item(r) for r in rows]
     missing = [c for c in ITEM_COLUMNS if c not in rows[0]]
     if missing:
         raise ValueError(f"items {cfg.items_file}: missing columns {missing}; expected {ITEM_COLUMNS}")
@@ -135,6 +136,16 @@ def build_items(cfg: EvalConfig, path: Path) -> int:
     tmp.replace(path)  # atomic: a killed run never leaves half an item set
     spec_path.write_text(json.dumps(spec, indent=2))
     return len(table)
+
+
+def as_item(row: dict[str, Any]) -> dict[str, Any]:
+    """A training-set row (``memagent synth hotpotqa``: no ``task``, ``length`` or ``metric``) as an eval
+    item: task = its ``source``, length = its ``target_tokens`` (else its measured ``context_tokens``),
+    metric ``sub_em`` (the QA metric); an item set's own columns are kept as they are."""
+    if "task" in row or "source" not in row:
+        return row
+    length = row.get("target_tokens") or row.get("context_tokens")
+    return {**row, "task": row["source"], "length": length, "metric": row.get("metric") or "sub_em"}
 
 
 def _same_sources(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""The plan phase of a batch job: validate the input and the output before any work, find done ids.
+"""The plan phase of a batch job: validate the input and the output before any work, find committed ids.
 
 Nothing here starts Ray or loads a model: a bad input or output is refused in seconds, naming
 the file, column or row.
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from memagent.batch import result_schema
 from memagent.documents.columns import PAGES_COLUMN
 from memagent.documents.evidence_pages import EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE
-from memagent.result_schema import JOB_SCHEMA
+from memagent.result_schema import CARRIED_PREFIX, JOB_SCHEMA
 from pipelines import commit_rules, fingerprint, input_schemas, storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
 
@@ -31,23 +31,26 @@ class InputPlan:
 
     schema: pa.Schema
     total_rows: int
-    done_ids: pa.Array
+    committed_ids: pa.Array  # ids already committed to the output: skipped
     skipped: int  # input ids already in the output
     output_schema: pa.Schema
     redo_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # in the output, to redo
     files: list[str] = field(default_factory=list)  # the input files checked: exactly what the job reads
+    # Input columns named like output columns -> the names they are carried under (CARRIED_PREFIX)
+    carried: dict[str, str] = field(default_factory=dict)
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
-    """Validate input and output before any work; find done ids. Phases: input, output, resume."""
+    """Validate input and output before any work; find committed ids. Phases: input, output, resume."""
     storage.check_not_nested(cfg.input, storage.filesystem(cfg.input, cfg.s3)[1], cfg.output,
                              storage.filesystem(cfg.output, cfg.s3)[1])
     source = check_input(cfg)
     done_files = check_output(cfg)
     done, redo = resume_state(cfg, source, done_files)
     skipped = int(pc.sum(pc.is_in(source.ids, value_set=done)).as_py() or 0) if len(done) else 0
-    return InputPlan(schema=source.schema, total_rows=len(source.ids), done_ids=done, skipped=skipped,
-                     output_schema=output_schema(cfg, source.schema), redo_ids=redo, files=source.files)
+    return InputPlan(schema=source.schema, total_rows=len(source.ids), committed_ids=done, skipped=skipped,
+                     output_schema=output_schema(cfg, source.schema, source.carried), redo_ids=redo,
+                     files=source.files, carried=source.carried)
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,15 @@ class CheckedInput:
     files: list[str]
     schema: pa.Schema  # every file's columns, unified
     ids: pa.ChunkedArray
+    carried: dict[str, str] = field(default_factory=dict)  # input columns renamed in the output (carried_names)
 
 
 def check_input(cfg: BatchQAConfig) -> CheckedInput:
     """Every file readable (a corrupt one is named), the required columns in *every* file (a file
     lacking one is named), the files' schemas unified (columns of every file kept, nulls where a
     file lacks an optional one; compatible types widened; incompatible types name the column and
-    both files), no column named like an output column, ids strings, non-null, not blank, unique."""
+    both files), ids strings, non-null, not blank, unique. A column named like an output column is
+    carried under :data:`CARRIED_PREFIX` (:func:`carried_names`)."""
     endpoint = storage_errors.s3_endpoint(cfg.s3)
     in_fs, in_path = storage.filesystem(cfg.input, cfg.s3)
     with storage_errors.io_errors("input", cfg.input, endpoint):
@@ -84,10 +89,7 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
         raise ValueError("input has a question column and a job-level question was given: drop one of them")
     if not (pa.types.is_string(schema.field("id").type) or pa.types.is_large_string(schema.field("id").type)):
         raise ValueError(f"input column id must be strings, got {schema.field('id').type}; cast the ids to strings")
-    # With a schema the results include its field columns, extraction and field_evidence.
-    clash = [c for c in [*result_schema(cfg.agent).names, *JOB_SCHEMA.names] if c in schema.names]
-    if clash:
-        raise ValueError(f"input column(s) {', '.join(clash)} clash with output columns; rename them")
+    carried = carried_names(schema, [*result_schema(cfg.agent).names, *JOB_SCHEMA.names])
     with storage_errors.io_errors("input", cfg.input, endpoint):
         ids = storage.read_column(in_fs, files, "id")
     if ids.null_count:
@@ -100,7 +102,20 @@ def check_input(cfg: BatchQAConfig) -> CheckedInput:
     dup = storage.duplicates(ids)
     if dup:
         raise ValueError(f"input column id has duplicates, e.g. {', '.join(dup)}; ids must be unique")
-    return CheckedInput(files, schema, ids)
+    return CheckedInput(files, schema, ids, carried)
+
+
+def carried_names(schema: pa.Schema, output_names: list[str]) -> dict[str, str]:
+    """Input columns named like an output column -> ``CARRIED_PREFIX + name``, the name the output
+    carries them under (a generator's ``context_tokens`` becomes ``input_context_tokens``); refused
+    only when that name is taken by another input column too."""
+    carried = {c: CARRIED_PREFIX + c for c in output_names if c in schema.names}
+    taken = [new for new in carried.values() if new in schema.names or new in output_names]
+    if taken:
+        old = next(c for c, new in carried.items() if new == taken[0])
+        raise ValueError(f"input column {old!r} is named like an output column and is carried as {taken[0]!r}, "
+                         f"but the input has a column {taken[0]!r} too; rename one of them")
+    return carried
 
 
 def check_output(cfg: BatchQAConfig) -> list[str]:
@@ -140,12 +155,14 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
     return done, retry
 
 
-def output_schema(cfg: BatchQAConfig, schema: pa.Schema) -> pa.Schema:
-    """The input's columns, then the result columns it lacks (with a page map: ``evidence_pages``), then the job's own."""
-    results = [f for f in result_schema(cfg.agent) if f.name not in schema.names]
-    if PAGES_COLUMN in schema.names and EVIDENCE_PAGES_COLUMN not in schema.names:
-        results.append(pa.field(EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE))
-    return pa.schema([*schema, *results, *JOB_SCHEMA])
+def output_schema(cfg: BatchQAConfig, schema: pa.Schema, carried: dict[str, str] | None = None) -> pa.Schema:
+    """The input's columns (those named like an output column under their ``carried`` names), then the
+    result columns (with a converted document's page map: ``evidence_pages``), then the job's own."""
+    carried = carried or {}
+    inputs = [f.with_name(carried.get(f.name, f.name)) for f in schema]
+    pages = [pa.field(EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE)] if PAGES_COLUMN in schema.names and \
+        EVIDENCE_PAGES_COLUMN not in [f.name for f in inputs] else []
+    return pa.schema([*inputs, *result_schema(cfg.agent), *pages, *JOB_SCHEMA])
 
 
 def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:

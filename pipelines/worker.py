@@ -32,19 +32,19 @@ log = logging.getLogger(__name__)
 EngineBuilder = Callable[[EngineConfig], "Engine"]
 
 
-async def read_row(engine: Engine, row: dict, cfg: BatchQAConfig, chain: Callable[[dict], Awaitable[dict]],
+async def read_row(engine: Engine, row: dict, cfg: BatchQAConfig, checkpoint_args: Callable[[dict], Awaitable[dict]],
                    chunked: ChunkedDocument | None = None) -> dict:
-    """One row as an actor reads it: ``chain(row)`` (its checkpoint arguments), then ``answer_row``
+    """One row as an actor reads it: ``checkpoint_args(row)``, then ``answer_row``
     (``chunked``: the row's context already chunked by ``cfg.agent``, when the worker counted it).
 
     Reading the row's checkpoints is part of the row: whatever it raises (a corrupt log; the store's
-    OSErrors are retried inside ``chain``) is the row's error record, as a failed read is. Raised, it
+    OSErrors are retried inside ``checkpoint_args``) is the row's error record, as a failed read is. Raised, it
     would fail the whole Ray call, and every retry and rerun of it the same way: the batch never ends.
     """
     from memagent.batch import answer_row, failure_record
 
     try:
-        args = await chain(row)
+        args = await checkpoint_args(row)
     except Exception as exc:  # noqa: BLE001 - one row's log must not cost the call's other rows
         record = failure_record(row, exc, cfg.agent, engine.name, cfg.method, doing="reading its checkpoints")
         return {**record, "checkpoint_ignored": None}
@@ -92,9 +92,9 @@ class AgentWorker:
         self._ledger = None
         # Chain checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
         every = job.checkpoint_every_steps
-        self.chains = CheckpointLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
+        self.checkpoints = CheckpointLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
         # A chain resumes only on the stack that wrote it: dtype, model and tokenizer files, library versions.
-        self.decode_parts = fingerprint.decode_parts(cfg.engine, inner) if self.chains else {}
+        self.decode_parts = fingerprint.decode_parts(cfg.engine, inner) if self.checkpoints else {}
 
     async def _report(self) -> None:
         """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""
@@ -111,13 +111,13 @@ class AgentWorker:
             log.warning("actor %s: could not report occupancy (%s)", self.key, type(exc).__name__)
             self._ledger = None
 
-    async def _chain(self, row: dict) -> dict:
+    async def _checkpoint_args(self, row: dict) -> dict:
         """answer_row's checkpoint arguments for ``row``: its checkpointed state, if any, and a writer."""
         row_id, fp = row.get("id"), row.get(fingerprint.COLUMN)
-        if self.chains is None or not isinstance(row_id, str) or not isinstance(fp, str):
+        if self.checkpoints is None or not isinstance(row_id, str) or not isinstance(fp, str):
             return {}
         key = fingerprint.checkpoint_key(fp, self.decode_parts)
-        return await asyncio.to_thread(self.chains.resume_args, row_id, key)
+        return await asyncio.to_thread(self.checkpoints.resume_args, row_id, key)
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         cfg = self.cfg
@@ -130,7 +130,7 @@ class AgentWorker:
                                                     cfg.job.long_document_tokens, cfg.agent.chunk_tokens,
                                                     cfg.agent.max_chunks)
             async with self.gate.slot(long=long):
-                record = self.breaker.check(await read_row(self.engine, row, cfg, self._chain, chunked))
+                record = self.breaker.check(await read_row(self.engine, row, cfg, self._checkpoint_args, chunked))
             if PAGES_COLUMN in row:  # a converted document: each evidence span's pages
                 record[EVIDENCE_PAGES_COLUMN] = evidence_pages(record, page_spans(row[PAGES_COLUMN]))
             return record

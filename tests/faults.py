@@ -131,7 +131,7 @@ class _Job:
         cfg = self.cfg
         in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
         table = storage.read_columns(in_fs, plan.files, ["id", "context"])
-        table = drop_done(table, plan.done_ids)
+        table = drop_done(table, plan.committed_ids)
         table = fingerprint.add_fingerprints(table, question=fingerprint.job_question(cfg),
                                              key=fingerprint.answer_key(cfg))
         write_uuid = uuid.uuid4().hex[:12]

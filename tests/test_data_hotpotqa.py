@@ -14,7 +14,6 @@ from memagent.data.hotpotqa import (
     TRAINING_SCHEMA,
     DocPool,
     count_tokens,
-    fit_to_budget,
     load_hotpotqa,
     make_sample,
     parse_hotpotqa,
@@ -22,6 +21,7 @@ from memagent.data.hotpotqa import (
     synthesize,
 )
 from memagent.data.io import write_parquet
+from memagent.data.token_fit import fit_to_budget
 
 WORDS = ("river stone lantern meadow violin harbor copper falcon winter garden orchard signal "
          "thunder velvet marble candle ember summit glacier willow").split()

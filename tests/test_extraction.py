@@ -301,8 +301,15 @@ def test_plan_needs_no_question_and_types_the_output(tmp_path):
         extraction_job(tmp_path, question="Who?")
     with pytest.raises(ValueError, match="keep method 'memagent'"):
         extraction_job(tmp_path, method="full-context")
+    # An input column named like a field column is carried as input_<name>, beside the typed field column.
     write_rows(tmp_path / "in" / "a.parquet", [{"id": "c1", "context": DOC, "party": "a column of the input"}])
-    with pytest.raises(ValueError, match=r"input column\(s\) party clash with output columns"):
+    plan = plan_input(extraction_job(tmp_path))
+    assert plan.carried == {"party": "input_party"} and plan.output_schema.field("input_party").type == pa.string()
+    assert plan.output_schema.names.count("party") == 1 and plan.output_schema.names.index("party") > \
+        plan.output_schema.names.index("method")
+    write_rows(tmp_path / "in" / "a.parquet", [{"id": "c1", "context": DOC, "party": "x", "input_party": "y"}])
+    with pytest.raises(ValueError, match=r"input column 'party' is named like an output column and is carried as "
+                                         r"'input_party', but the input has a column 'input_party' too"):
         plan_input(extraction_job(tmp_path))
 
 

@@ -98,7 +98,8 @@ def test_non_string_context_column_gives_error_rows(ray_local, tiny_llama_dir, t
         ([{"id": None, "question": "q", "context": "t"}, {"id": "b", "question": "q", "context": "t"}], {},
          "null value"),
         ([{"id": "a", "question": "q", "context": "t"}], {"question": "Q?"}, "drop one of them"),
-        ([{"id": "a", "question": "q", "context": "t", "prediction": "x"}], {}, "clash with output columns"),
+        ([{"id": "a", "question": "q", "context": "t", "prediction": "x", "input_prediction": "y"}], {},
+         "is carried as 'input_prediction', but the input has a column 'input_prediction' too"),
     ],
 )
 def test_schema_errors_before_any_work(tiny_llama_dir, tmp_path, rows, kw, message):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from memagent.data.records_corpus import statement
-from memagent.retention import Evidence, hotpot_evidence, item_outcomes, memory_steps, records_evidence, \
+from memagent.retention import KnownEvidence, hotpot_evidence, item_outcomes, memory_steps, records_evidence, \
     ruler_evidence, summarise, timeline
 
 TEXT = "aaaa NEEDLE-ONE bbbb 4821 cccc Paris dddd"
-EV = [Evidence("one", "needle-one", 5, 15), Evidence("num", 4821, 21, 25, "number"), Evidence("city", "Paris", 31, 36)]
+EV = [KnownEvidence("one", "needle-one", 5, 15), KnownEvidence("num", 4821, 21, 25, "number"), KnownEvidence("city", "Paris", 31, 36)]
 
 
 def test_known_capture_and_loss():

@@ -156,21 +156,26 @@ async def filter_no_context(
     verdicts = dict(zip(unique, await asyncio.gather(*(one(q, a) for q, a in unique))))
     result = FilterResult()
     for row, (q, a) in zip(rows, keys):
-        verdict = verdicts[(q, tuple(a))]
-        out = dict(row)
-        if isinstance(verdict, BaseException):
-            out.update(filter_hits=[], filter_reason=f"error: {type(verdict).__name__}: {verdict}")
-            if keep_responses:
-                out["filter_responses"] = []
-            result.dropped.append(out)
-            continue
-        hits = [att.label() for att in verdict if att.hit]
-        out["filter_hits"] = hits
-        out["filter_reason"] = f"answered without context ({', '.join(hits)})" if hits else None
-        if keep_responses:
-            out["filter_responses"] = [att.text for att in verdict]
-        (result.dropped if hits else result.kept).append(out)
+        out, dropped = judged_row(row, verdicts[(q, tuple(a))], keep_responses)
+        (result.dropped if dropped else result.kept).append(out)
     return result
+
+
+def judged_row(row: dict, verdict: list[Attempt] | BaseException, keep_responses: bool) -> tuple[dict, bool]:
+    """``row`` with the filter's columns (``filter_hits``, ``filter_reason``, and with ``keep_responses`` the
+    responses), and whether it is dropped: answered without context, or its probe failed."""
+    out = dict(row)
+    if isinstance(verdict, BaseException):
+        out.update(filter_hits=[], filter_reason=f"error: {type(verdict).__name__}: {verdict}")
+        if keep_responses:
+            out["filter_responses"] = []
+        return out, True
+    hits = [att.label() for att in verdict if att.hit]
+    out["filter_hits"] = hits
+    out["filter_reason"] = f"answered without context ({', '.join(hits)})" if hits else None
+    if keep_responses:
+        out["filter_responses"] = [att.text for att in verdict]
+    return out, bool(hits)
 
 
 def output_schema(input_schema: pa.Schema, keep_responses: bool = False) -> pa.Schema:

@@ -15,13 +15,14 @@ whether made in one loop or spread over Ray workers.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from memagent.data.token_fit import Fit, fit_to_budget
 
 SOURCE = "hotpotqa"
 
@@ -70,102 +71,6 @@ def count_tokens_batch(tokenizer: Any, texts: Sequence[str]) -> list[int]:
     return [count_tokens(tokenizer, t) for t in texts]
 
 
-@dataclass(frozen=True)
-class Fit:
-    """The result of :func:`fit_to_budget`: ``n`` units give ``text`` of ``tokens`` tokens."""
-
-    n: int
-    text: str
-    tokens: int
-    measures: int
-
-
-def fit_to_budget(
-    build: Callable[[int], str],
-    count: Callable[[str], int],
-    budget: int,
-    *,
-    lo: int,
-    hi: int | None = None,
-    estimate: Callable[[int], float] | None = None,
-    tol: float = 0.005,
-    max_measures: int = 16,
-) -> Fit:
-    """The largest ``n`` in ``[lo, hi]`` whose ``build(n)`` has at most ``budget`` tokens.
-
-    Estimate-then-refine: guess ``n`` from ``estimate`` (cheap, e.g. prefix sums of per-unit
-    token counts; default: the rate of the last exact count), count exactly, correct the
-    estimate by the error seen, repeat; falls back to bisection inside the bracket. Stops once
-    within ``tol`` below the budget, the bracket is closed, or ``hi`` fits. Exact counts are
-    the cost (~0.5 s per 128K tokens), typically 2-3 per call.
-    """
-    if budget <= 0:
-        raise ValueError(f"token budget must be positive, got {budget}")
-
-    good: Fit | None = None
-    bad: int | None = None
-    points: list[tuple[int, int]] = []
-    n = _largest(lambda m: estimate(m) <= budget, lo, hi) if estimate is not None else lo
-    for measures in range(1, max_measures + 1):
-        text = build(n)
-        tokens = count(text)
-        if tokens <= budget:
-            if good is None or n > good.n:
-                good = Fit(n, text, tokens, measures)
-            if tokens >= budget * (1 - tol) or (hi is not None and n >= hi):
-                break
-        else:
-            if n <= lo:
-                raise ValueError(f"even the smallest size ({lo} units) has {tokens} tokens, over the budget of {budget}")
-            bad = n if bad is None else min(bad, n)
-        low = good.n + 1 if good is not None else lo
-        high = bad - 1 if bad is not None else hi
-        if high is not None and low > high:
-            break
-        points.append((n, tokens))
-        guess = _guess(points, budget, estimate, lo, hi)
-        if guess < low or (high is not None and guess > high) or (measures >= 4 and high is not None):
-            guess = (low + high) // 2 if high is not None else max(low, 2 * n)
-        n = guess
-    if good is None:
-        n = lo
-        text = build(n)
-        good = Fit(n, text, count(text), max_measures + 1)
-        if good.tokens > budget:
-            raise ValueError(f"even the smallest size ({lo} units) has {good.tokens} tokens, over the budget of {budget}")
-    return Fit(good.n, good.text, good.tokens, measures)
-
-
-def _largest(pred: Callable[[int], bool], lo: int, hi: int | None) -> int:
-    """The largest ``n`` in ``[lo, hi]`` with ``pred(n)`` (monotone; ``lo`` when even ``lo`` fails):
-    doubling, then bisection."""
-    if not pred(lo):
-        return lo
-    step = 1
-    while pred(lo + step) and (hi is None or lo + step < hi):
-        step *= 2
-    low, high = lo + step // 2, lo + step if hi is None else min(lo + step, hi)
-    while low < high:  # invariant: pred(low)
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if pred(mid) else (low, mid - 1)
-    return low
-
-
-def _guess(points: list[tuple[int, int]], budget: int, estimate: Callable[[int], float] | None, lo: int,
-           hi: int | None) -> int:
-    """The next size to count, from the ``(size, tokens)`` counted so far: the estimate corrected by the
-    last error, else the secant through the last two counts, else the last count's rate."""
-    n, tokens = points[-1]
-    if estimate is not None:
-        bias = tokens - estimate(n)
-        return _largest(lambda m: estimate(m) + bias <= budget, lo, hi)
-    if len(points) >= 2 and points[-1][1] != points[-2][1]:
-        # Secant through the last two counts: handles a fixed part (headers, common words).
-        (n1, t1), (n2, t2) = points[-2], points[-1]
-        return math.floor(n2 + (budget - t2) * (n2 - n1) / (t2 - t1))
-    return math.floor(n * budget / max(tokens, 1))
-
-
 # -- source records --------------------------------------------------------------------------
 
 
@@ -210,35 +115,45 @@ def parse_hotpotqa(data: Any, source: str = "<records>") -> list[HotpotRecord]:
         if rid in seen:
             raise ValueError(f"{where}: duplicate _id")
         seen.add(rid)
-        context = rec.get("context")
-        if not isinstance(context, list) or not context:
-            raise ValueError(f"{where}: field 'context' is missing or empty (need [[title, [sentences]], ...])")
-        docs: dict[str, str] = {}
-        for j, para in enumerate(context):
-            ok = (
-                isinstance(para, (list, tuple)) and len(para) == 2 and isinstance(para[0], str)
-                and isinstance(para[1], list) and all(isinstance(s, str) for s in para[1])
-            )
-            if not ok:
-                raise ValueError(f"{where}: context[{j}] is not [title, [sentence, ...]]")
-            if not "".join(para[1]).strip():
-                raise ValueError(f"{where}: context[{j}] ({para[0]!r}) has no text")
-            docs.setdefault(para[0], doc_text(para[0], para[1]))
-        facts = rec.get("supporting_facts") or []
-        if not isinstance(facts, list):
-            raise ValueError(f"{where}: field 'supporting_facts' is not a list")
-        gold: list[str] = []
-        for fact in facts:
-            if not (isinstance(fact, (list, tuple)) and fact and isinstance(fact[0], str)):
-                raise ValueError(f"{where}: supporting fact {fact!r} is not [title, sentence_index]")
-            if fact[0] not in docs:
-                raise ValueError(f"{where}: supporting fact title {fact[0]!r} is not in its context")
-            if fact[0] not in gold:
-                gold.append(fact[0])
+        docs = _documents(rec.get("context"), where)
+        gold = _gold_titles(rec.get("supporting_facts") or [], docs, where)
         records.append(
             HotpotRecord(rid, rec["question"].strip(), rec["answer"].strip(), tuple(docs.values()), tuple(gold or docs))
         )
     return records
+
+
+def _documents(context: Any, where: str) -> dict[str, str]:
+    """A record's ``context`` as documents by title (the first paragraph of a title kept)."""
+    if not isinstance(context, list) or not context:
+        raise ValueError(f"{where}: field 'context' is missing or empty (need [[title, [sentences]], ...])")
+    docs: dict[str, str] = {}
+    for j, para in enumerate(context):
+        ok = (
+            isinstance(para, (list, tuple)) and len(para) == 2 and isinstance(para[0], str)
+            and isinstance(para[1], list) and all(isinstance(s, str) for s in para[1])
+        )
+        if not ok:
+            raise ValueError(f"{where}: context[{j}] is not [title, [sentence, ...]]")
+        if not "".join(para[1]).strip():
+            raise ValueError(f"{where}: context[{j}] ({para[0]!r}) has no text")
+        docs.setdefault(para[0], doc_text(para[0], para[1]))
+    return docs
+
+
+def _gold_titles(facts: Any, docs: dict[str, str], where: str) -> list[str]:
+    """The titles of a record's ``supporting_facts``, in order, once each; every one must be a document."""
+    if not isinstance(facts, list):
+        raise ValueError(f"{where}: field 'supporting_facts' is not a list")
+    gold: list[str] = []
+    for fact in facts:
+        if not (isinstance(fact, (list, tuple)) and fact and isinstance(fact[0], str)):
+            raise ValueError(f"{where}: supporting fact {fact!r} is not [title, sentence_index]")
+        if fact[0] not in docs:
+            raise ValueError(f"{where}: supporting fact title {fact[0]!r} is not in its context")
+        if fact[0] not in gold:
+            gold.append(fact[0])
+    return gold
 
 
 def load_hotpotqa(path: str) -> list[HotpotRecord]:

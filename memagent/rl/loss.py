@@ -111,15 +111,21 @@ def policy_loss(
     per_token = pg + kl_coef * kl if kl is not None and kl_coef else pg
     loss = (per_token * mask).sum() / denom
     with torch.no_grad():
-        metrics = {
-            "pg_loss": masked_mean(pg, mask).item(),
-            "clip_frac": masked_mean(clipped.to(pg.dtype), mask).item(),
-            "clip_high_frac": masked_mean(((adv > 0) & (ratio > 1.0 + clip_high)).to(pg.dtype), mask).item(),
-            "clip_low_frac": masked_mean(((adv < 0) & (ratio < 1.0 - clip_low)).to(pg.dtype), mask).item(),
-            "dual_clip_frac": masked_mean(dual_hit.to(pg.dtype), mask).item(),
-            **_logged(logp, old_logp, ratio, kl, entropy, mask),
-        }
+        metrics = {"pg_loss": masked_mean(pg, mask).item(),
+                   **_clip_fractions(adv, ratio, clipped, dual_hit, mask, clip_low, clip_high),
+                   **_logged(logp, old_logp, ratio, kl, entropy, mask)}
     return loss, metrics
+
+
+def _clip_fractions(adv: torch.Tensor, ratio: torch.Tensor, clipped: torch.Tensor, dual_hit: torch.Tensor,
+                    mask: torch.Tensor, clip_low: float, clip_high: float) -> dict[str, float]:
+    """Shares of the masked tokens whose clipped branch was taken: any, above 1 + clip_high (A > 0), below
+    1 - clip_low (A < 0), and at the dual clip's bound."""
+    def share(hit: torch.Tensor) -> float:
+        return masked_mean(hit.to(ratio.dtype), mask).item()
+
+    return {"clip_frac": share(clipped), "clip_high_frac": share((adv > 0) & (ratio > 1.0 + clip_high)),
+            "clip_low_frac": share((adv < 0) & (ratio < 1.0 - clip_low)), "dual_clip_frac": share(dual_hit)}
 
 
 def _logged(logp: torch.Tensor, old_logp: torch.Tensor, ratio: torch.Tensor, kl: torch.Tensor | None,

@@ -86,33 +86,27 @@ class MemoryEstimate:
 
 def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelShape, *, world_size: int = 1,
                          bf16: bool = False, engine_max_batch_size: int = 64) -> MemoryEstimate:
-    """Peak resident memory of one training process (CPU, transformers rollout engine), in MB.
+    """Peak resident memory of one training process (CPU, transformers rollout engine), in MB: what stays
+    resident (:func:`resident_bytes`) plus the largest transient (:func:`transient_bytes`) and
+    :data:`RUNTIME_MB`."""
+    w = 2 if bf16 else 4
+    resident = {"runtime": RUNTIME_MB * MB, **resident_bytes(config, shape, w, world_size)}
+    transient = transient_bytes(config, agent, shape, w, world_size, engine_max_batch_size)
+    return MemoryEstimate({k: v / MB for k, v in resident.items()}, {k: v / MB for k, v in transient.items()})
 
-    Resident, with ``P`` parameters and ``w`` bytes per weight (4 fp32, 2 bf16), ``N`` ranks:
-      - policy ``P*w`` (the rollout engine generates with it at ZeRO <= 2; a second copy at ZeRO-3);
-      - reference ``P*w`` when ``kl_coef > 0``;
-      - at ZeRO >= 1 gradients ``4P`` (ZeRO-2/3: ``4P/N`` + a reduce bucket of ``4 * reduce_bucket_size``);
-      - AdamW moments ``8P`` (ZeRO >= 1: ``8P/N``) and at ZeRO >= 1 an fp32 master copy ``4P/N``.
-    Transient, the largest of:
-      - rollout: KV caches ``2 * layers * kv_dim * w`` per token of every concurrent conversation
-        (``batch/N * group`` of them, at most ``engine_max_batch_size``), and the behaviour
-        log-probs' logits, the ``[rows, new tokens, vocab]`` fp32 logits generate keeps;
-      - update: at ZeRO-0 the gradients ``4P`` (freed after each optimizer step), and one row
-        (on a CPU each conversation runs forward and backward alone: the longest is a memory
-        update, chunk + memory + question + template + reply). With gradient checkpointing each
-        layer keeps its input (``hidden * 4`` bytes per token per layer) and one layer is
-        recomputed at a time (``(9 hidden + 4 intermediate + 4 kv_dim) * 4`` bytes per token);
-        without it every layer keeps the latter. Plus the logits of the reply, three
-        ``[T + 1, vocab]`` fp32 arrays (logits, log-softmax, gradient), and the two ``[vocab,
-        hidden]`` gradients of a tied embedding (as input and as output layer) before they are summed;
-      - checkpoint: a CPU copy of the weights ``4P`` and DeepSpeed's serialisation buffers ``4P``.
-    Plus :data:`RUNTIME_MB`; the rollout's and update's counts are scaled by the measured
-    :data:`ROLLOUT_FACTOR` and :data:`UPDATE_FACTOR`.
+
+def resident_bytes(config: TrainConfig, shape: ModelShape, w: int, world_size: int) -> dict[str, float]:
+    """Resident, with ``P`` parameters and ``w`` bytes per weight (4 fp32, 2 bf16), ``N`` ranks:
+
+    - policy ``P*w`` (the rollout engine generates with it at ZeRO <= 2; a second copy at ZeRO-3);
+    - reference ``P*w`` when ``kl_coef > 0``;
+    - at ZeRO >= 1 gradients ``4P`` (ZeRO-2/3: ``4P/N`` + a reduce bucket of ``4 * reduce_bucket_size``);
+    - AdamW moments ``8P`` (ZeRO >= 1: ``8P/N``) and at ZeRO >= 1 an fp32 master copy ``4P/N``.
     """
-    P, w = shape.params, 2 if bf16 else 4
+    P = shape.params
     stage = config.zero_stage_for(world_size)
     shard = world_size if stage >= 1 else 1
-    resident = {"runtime": RUNTIME_MB * MB, "policy": P * w}
+    resident = {"policy": P * w}
     if stage == 3:
         resident["rollout_weights"] = P * w
     if config.kl_coef > 0:
@@ -124,7 +118,29 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
     resident["adam_moments"] = 8 * P / shard
     if stage >= 1:
         resident["fp32_master"] = 4 * P / shard
+    return resident
 
+
+def transient_bytes(config: TrainConfig, agent: AgentConfig, shape: ModelShape, w: int, world_size: int,
+                    engine_max_batch_size: int) -> dict[str, float]:
+    """Transient, per phase (the peak takes the largest):
+
+    - rollout: KV caches ``2 * layers * kv_dim * w`` per token of every concurrent conversation
+      (``batch/N * group`` of them, at most ``engine_max_batch_size``), and the behaviour
+      log-probs' logits, the ``[rows, new tokens, vocab]`` fp32 logits generate keeps;
+    - update: at ZeRO-0 the gradients ``4P`` (freed after each optimizer step), and one row
+      (on a CPU each conversation runs forward and backward alone: the longest is a memory
+      update, chunk + memory + question + template + reply). With gradient checkpointing each
+      layer keeps its input (``hidden * 4`` bytes per token per layer) and one layer is
+      recomputed at a time (``(9 hidden + 4 intermediate + 4 kv_dim) * 4`` bytes per token);
+      without it every layer keeps the latter. Plus the logits of the reply, three
+      ``[T + 1, vocab]`` fp32 arrays (logits, log-softmax, gradient), and the two ``[vocab,
+      hidden]`` gradients of a tied embedding (as input and as output layer) before they are summed;
+    - checkpoint: a CPU copy of the weights ``4P`` and DeepSpeed's serialisation buffers ``4P``.
+
+    The rollout's and update's counts are scaled by the measured :data:`ROLLOUT_FACTOR` and :data:`UPDATE_FACTOR`.
+    """
+    P = shape.params
     convs = min(config.batch_size // max(world_size, 1) * config.group_size, engine_max_batch_size)
     update_row = agent.chunk_tokens + agent.memory_tokens + agent.query_tokens + PROMPT_OVERHEAD_TOKENS
     kv = 2 * shape.layers * shape.kv_dim * w * (update_row + agent.memory_tokens) * convs
@@ -138,11 +154,10 @@ def estimate_peak_memory(config: TrainConfig, agent: AgentConfig, shape: ModelSh
         acts = row * shape.layers * per_layer
     logits = 3 * (max(agent.memory_tokens, agent.answer_tokens) + 1) * shape.vocab * 4
     embedding = 2 * shape.vocab * shape.hidden * 4
-    grads = 4 * P if stage == 0 else 0
-    transient = {"rollout": ROLLOUT_FACTOR * (kv + rollout_logits),
-                 "update": UPDATE_FACTOR * (grads + acts + logits + embedding),
-                 "checkpoint": 8 * P}
-    return MemoryEstimate({k: v / MB for k, v in resident.items()}, {k: v / MB for k, v in transient.items()})
+    grads = 4 * P if config.zero_stage_for(world_size) == 0 else 0
+    return {"rollout": ROLLOUT_FACTOR * (kv + rollout_logits),
+            "update": UPDATE_FACTOR * (grads + acts + logits + embedding),
+            "checkpoint": 8 * P}
 
 
 class MemoryBudgetError(ValueError):

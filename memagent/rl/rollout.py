@@ -172,44 +172,32 @@ def record_group(
     answers = _answers(example)
     for res in results:
         assert res.completions is not None, "read_document must keep completions for training"
-        traj_index = len(batch.trajectories)
-        n = len(res.completions)
-        cut = 0
-        for j, c in enumerate(res.completions):
-            if c.prompt_token_ids is None or c.token_ids is None:
-                raise RuntimeError("the engine returned no token ids: it cannot serve RL rollouts")
-            truncated = c.finish_reason == "length"
-            cut += truncated
-            trainable = len(c.token_ids) > 0 and not (overlong == "mask" and truncated)
-            batch.conversations.append(
-                Conversation(
-                    traj_index=traj_index,
-                    group_id=group_id,
-                    conv_index=j,
-                    prompt_ids=list(c.prompt_token_ids),
-                    response_ids=list(c.token_ids),
-                    behaviour_logprobs=list(c.logprobs) if c.logprobs is not None else None,
-                    is_final=j == n - 1,
-                    truncated=truncated,
-                    trainable=trainable,
-                )
-            )
-            batch.generated_tokens += len(c.token_ids)
+        convs = conversations(res, len(batch.trajectories), group_id, overlong)
+        batch.conversations += convs
+        batch.generated_tokens += sum(len(c.response_ids) for c in convs)
+        cut = sum(c.truncated for c in convs)
         score = float(reward_fn(res.response, answers))
         reward = score - (overlong_penalty if overlong == "penalize" and cut else 0.0)
-        batch.trajectories.append(
-            Trajectory(
-                example_id=str(example.get("id", "")),
-                group_id=group_id,
-                score=score,
-                reward=reward,
-                n_chunks=res.n_chunks,
-                n_convs=n,
-                response=res.response,
-                prediction=res.prediction,
-                truncated_convs=cut,
-            )
-        )
+        batch.trajectories.append(Trajectory(
+            example_id=str(example.get("id", "")), group_id=group_id, score=score, reward=reward,
+            n_chunks=res.n_chunks, n_convs=len(convs), response=res.response, prediction=res.prediction,
+            truncated_convs=cut))
+
+
+def conversations(res: Result, traj_index: int, group_id: int, overlong: str) -> list[Conversation]:
+    """One trajectory's conversations (memory updates, then the answer), trainable unless empty or, with
+    ``overlong="mask"``, cut by their token budget."""
+    out = []
+    for j, c in enumerate(res.completions or ()):
+        if c.prompt_token_ids is None or c.token_ids is None:
+            raise RuntimeError("the engine returned no token ids: it cannot serve RL rollouts")
+        truncated = c.finish_reason == "length"
+        out.append(Conversation(
+            traj_index=traj_index, group_id=group_id, conv_index=j, prompt_ids=list(c.prompt_token_ids),
+            response_ids=list(c.token_ids), behaviour_logprobs=list(c.logprobs) if c.logprobs is not None else None,
+            is_final=j == len(res.completions or ()) - 1, truncated=truncated,
+            trainable=len(c.token_ids) > 0 and not (overlong == "mask" and truncated)))
+    return out
 
 
 async def collect_rollouts(
@@ -243,24 +231,9 @@ async def collect_rollouts(
         out.examples_drawn += len(examples)
         if not examples:
             break
-        results = await asyncio.gather(
-            *(rollout_group(engine, ex, config, group_size) for ex in examples), return_exceptions=True
-        )
-        round_batch = RolloutBatch()
-        for ex, res in zip(examples, results):
-            if isinstance(res, InputError):
-                out.groups_failed += 1
-                log.warning("skipping example %r: %s", ex.get("id"), res)
-                continue
-            if isinstance(res, BaseException):
-                raise res
-            record_group(round_batch, ex, res, next_group, reward_fn=reward_fn, overlong=overlong,
-                         overlong_penalty=overlong_penalty)
-            next_group += 1
-        out.groups_generated += len({t.group_id for t in round_batch.trajectories})
-        out.generated_tokens += round_batch.generated_tokens
-        out.generated_rewards += [t.reward for t in round_batch.trajectories]
-        out.generated_scores += [t.score for t in round_batch.trajectories]
+        round_batch = await rollout_round(engine, examples, out, next_group, config=config, group_size=group_size,
+                                          reward_fn=reward_fn, overlong=overlong, overlong_penalty=overlong_penalty)
+        next_group += len({t.group_id for t in round_batch.trajectories})
         drop = all_equal_groups(round_batch.rewards, round_batch.group_ids) if dynamic_sampling else set()
         room = batch_size - kept
         keep_ids = [g for g in dict.fromkeys(t.group_id for t in round_batch.trajectories) if g not in drop][:room]
@@ -269,6 +242,31 @@ async def collect_rollouts(
         kept += len(keep_ids)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+async def rollout_round(engine: Engine, examples: list[dict[str, Any]], out: RolloutBatch, first_group: int, *,
+                        config: AgentConfig, group_size: int, reward_fn: RewardFn, overlong: str,
+                        overlong_penalty: float) -> RolloutBatch:
+    """One round: every example's group rolled out at once, recorded as groups ``first_group``, ... in a batch
+    of its own; ``out`` counts what was generated (and the groups skipped for an invalid example)."""
+    results = await asyncio.gather(*(rollout_group(engine, ex, config, group_size) for ex in examples),
+                                   return_exceptions=True)
+    round_batch, group = RolloutBatch(), first_group
+    for ex, res in zip(examples, results):
+        if isinstance(res, InputError):
+            out.groups_failed += 1
+            log.warning("skipping example %r: %s", ex.get("id"), res)
+            continue
+        if isinstance(res, BaseException):
+            raise res
+        record_group(round_batch, ex, res, group, reward_fn=reward_fn, overlong=overlong,
+                     overlong_penalty=overlong_penalty)
+        group += 1
+    out.groups_generated += group - first_group
+    out.generated_tokens += round_batch.generated_tokens
+    out.generated_rewards += [t.reward for t in round_batch.trajectories]
+    out.generated_scores += [t.score for t in round_batch.trajectories]
+    return round_batch
 
 
 def _append_groups(dst: RolloutBatch, src: RolloutBatch, keep: set[int]) -> None:

@@ -30,11 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -51,6 +50,7 @@ from memagent.rl.distributed import (all_gather_ints, all_gather_objects, all_re
                                      setup_distributed)
 from memagent.rl.loss import policy_loss
 from memagent.rl.memory import guard_memory, release_memory, trim_heap
+from memagent.rl.metrics import Update, step_metrics
 from memagent.rl.rollout import (Conversation, InProcessModel, RewardFn, RolloutBatch, Shutdown, SleepMode,
                                  WeightSync, collect_rollouts, default_reward)
 
@@ -102,13 +102,17 @@ def train(
             write_jsonl(out / "metrics.jsonl", record)
         if on_step:
             on_step(record)
-        done = step + 1
-        if done % config.save_every == 0 or done == config.steps:
-            save_checkpoint(run.engine, run.rollout_engine.tokenizer, run.ckpt_dir, done,
-                            all_gather_ints(stream.cursor), zero_stage=run.zero_stage,
-                            keep=config.keep_checkpoints, rank=rank)
+        save_if_due(run, stream, step + 1)
     close(run)
     return records
+
+
+def save_if_due(run: Run, stream: DataStream, done: int) -> None:
+    """7. A checkpoint after every ``save_every`` steps and after the last one (the data cursor of every rank)."""
+    config = run.config
+    if done % config.save_every == 0 or done == config.steps:
+        save_checkpoint(run.engine, run.rollout_engine.tokenizer, run.ckpt_dir, done, all_gather_ints(stream.cursor),
+                        zero_stage=run.zero_stage, keep=config.keep_checkpoints, rank=run.rank)
 
 
 def train_step(run: Run, stream: DataStream, step: int, config: TrainConfig, reward_fn: RewardFn) -> dict[str, Any]:
@@ -336,16 +340,6 @@ def score_old_and_reference(run: Run, samples: list[Sample], *, on_policy: bool)
             s.ref_logp = logp
 
 
-@dataclass
-class Update:
-    """What :func:`update_policy` did: per-micro-batch loss statistics, grad norms, steps, lr."""
-
-    stats: list[dict[str, float]]
-    grad_norms: list[float]
-    optimizer_steps: int
-    lr: float  # the rate this step's first update used
-
-
 def update_policy(run: Run, samples: list[Sample], *, on_policy: bool) -> Update:
     """4. Clipped token-mean updates: ``ppo_epochs`` passes over ``ppo_mini_batches`` mini-batches.
 
@@ -403,58 +397,6 @@ def sync_weights(run: Run) -> None:
         push_weights(run.engine.module, run.rollout_engine, run.zero_stage)
 
 
-def step_metrics(step: int, batch: RolloutBatch, samples: list[Sample], upd: Update, *, rollout_s: float,
-                 update_s: float, step_s: float, cursor: tuple[int, int]) -> dict[str, Any]:
-    """6. One JSON-able record of this rank: rewards, lengths, loss statistics (token-weighted), speed, memory."""
-    trajs, convs, stats = batch.trajectories, batch.conversations, upd.stats
-    tokens = sum(m["tokens"] for m in stats)
-
-    def tok_mean(key: str) -> float:
-        return sum(m[key] * m["tokens"] for m in stats) / tokens if tokens else 0.0
-
-    trained_tokens = sum(s.length for s in samples)
-    return {
-        "step": step,
-        "reward_mean": _mean(t.reward for t in trajs),  # trained trajectories
-        "accuracy": _mean(t.score for t in trajs),
-        "trajectories_generated": len(batch.generated_rewards),
-        "reward_generated_mean": _mean(batch.generated_rewards),  # all generated, incl. dropped groups
-        "accuracy_generated": _mean(batch.generated_scores),
-        "rollout_rounds": batch.rounds,
-        "groups": len({t.group_id for t in trajs}),
-        "groups_dropped": batch.groups_dropped,
-        "groups_failed": batch.groups_failed,
-        "trajectories": len(trajs),
-        "convs_per_traj": _mean(t.n_convs for t in trajs),
-        "chunks_per_doc": _mean(t.n_chunks for t in trajs),
-        "memory_len": _mean(len(c.response_ids) for c in convs if not c.is_final),
-        "answer_len": _mean(len(c.response_ids) for c in convs if c.is_final),
-        "truncated_frac": _mean(float(c.truncated) for c in convs),
-        "trained_convs": len(samples),
-        "response_tokens": int(tokens),
-        "pg_loss": tok_mean("pg_loss"),
-        "kl": tok_mean("kl"),
-        "entropy": tok_mean("entropy"),
-        "clip_frac": tok_mean("clip_frac"),
-        "clip_high_frac": tok_mean("clip_high_frac"),
-        "clip_low_frac": tok_mean("clip_low_frac"),
-        "dual_clip_frac": tok_mean("dual_clip_frac"),
-        "approx_kl_old": tok_mean("approx_kl_old"),
-        "behaviour_logp_gap": tok_mean("behaviour_logp_gap"),  # |old - engine| per token: ~0 in fp32
-        "grad_norm": _mean(upd.grad_norms) if upd.grad_norms else None,
-        "optimizer_steps": upd.optimizer_steps,  # 0: nothing to train on this step
-        "lr": float(upd.lr),
-        "rollout_s": round(rollout_s, 3),
-        "update_s": round(update_s, 3),
-        "step_s": round(step_s, 3),
-        "rollout_tokens_per_s": batch.generated_tokens / rollout_s if rollout_s else 0.0,
-        "train_tokens_per_s": trained_tokens / update_s if update_s else 0.0,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "data_cursor": list(cursor),
-        "example_ids": list(dict.fromkeys(t.example_id for t in trajs)),  # in draw order
-    }
-
-
 # ---------------------------------------------------------------------------------------------
 # Small pieces
 # ---------------------------------------------------------------------------------------------
@@ -484,8 +426,3 @@ def _grad_norm(model: torch.nn.Module) -> float:
     if not grads:
         return 0.0
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
-
-
-def _mean(values: Iterable[float]) -> float:
-    vals = list(values)
-    return float(sum(vals) / len(vals)) if vals else 0.0
