@@ -117,19 +117,27 @@ def staged_input(cfg: BatchQAConfig, source: DocumentSource) -> Iterator[str]:
     cache; yields its URI, removed afterwards. Ray is started by the caller."""
     import ray
 
+    # As for Parquet inputs: an output inside the input would be read as documents by the next run.
+    storage.check_not_nested(cfg.input, source.root, cfg.output, storage.filesystem(cfg.output, cfg.s3)[1])
     cache = cache_uri(cfg)
     staged = f"{cache.rstrip('/')}/{STAGED_DIR}/{uuid.uuid4().hex[:12]}"
     fs, staged_path = storage.filesystem(staged, cfg.s3)
     questions = read_questions(cfg)
     try:
-        ds = ray.data.read_binary_files(source.paths, filesystem=source.fs, include_paths=True, partitioning=None,
-                                        ignore_missing_paths=False)
+        try:
+            ds = ray.data.read_binary_files(source.paths, filesystem=source.fs, include_paths=True,
+                                            partitioning=None, ignore_missing_paths=False)
+        except ValueError as exc:
+            if "No files found" not in str(exc):
+                raise
+            raise ValueError(f"input {cfg.input}: no files found (documents: {', '.join(DOCUMENT_SUFFIXES)}; "
+                             "names starting with _ or . are skipped)") from None
         schema = DOCUMENT_COLUMNS if questions is None else DOCUMENT_COLUMNS.append(pa.field("question", pa.string()))
         ds = ds.map_batches(convert_files, batch_format="pyarrow", batch_size=8, fn_kwargs=dict(
             root=source.root, cache=cache, s3=cfg.s3, limits=cfg.document_limits, schema=schema,
             questions=ray.put(questions) if questions is not None else None))
         ds.write_parquet(staged_path, filesystem=fs)
-        if not storage.parquet_files(fs, staged_path):
+        if not storage.parquet_files(fs, staged_path):  # files only under _ or . names
             raise ValueError(f"input {cfg.input}: no documents found (looked for {', '.join(DOCUMENT_SUFFIXES)})")
         yield staged
     finally:

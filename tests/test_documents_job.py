@@ -163,3 +163,15 @@ def test_batch_cli_over_a_folder_with_the_packaged_model(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "rows out:       0 this run" in again.stdout and cache_entries(tmp_path / CACHE_DIR) == entries
+
+
+def test_empty_folder_and_output_inside_the_input_are_refused(ray_local, tiny_llama_dir, tmp_path):
+    """A folder with no documents names what it looked for; an output inside a documents folder is refused
+    before anything is converted, as for Parquet inputs."""
+    (tmp_path / "lake" / "empty_sub").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"input .*lake: no files found \(documents: \.pdf, \.html"):
+        run_batch_qa(job(tiny_llama_dir, str(tmp_path / "lake"), str(tmp_path / "out"), question="q?"))
+    (tmp_path / "lake" / "a.txt").write_text("Some text.")
+    with pytest.raises(ValueError, match="is inside the input directory"):
+        run_batch_qa(job(tiny_llama_dir, str(tmp_path / "lake"), str(tmp_path / "lake" / "out"), question="q?"))
+    assert not (tmp_path / CACHE_DIR).exists() and not (tmp_path / "lake" / CACHE_DIR).exists()
