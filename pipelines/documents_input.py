@@ -80,11 +80,17 @@ def _glob_source(fs: pafs.FileSystem, path: str, uri: str) -> DocumentSource:
 
 
 def _matches(relative: str, pattern: str) -> bool:
-    """fnmatch with ``*`` not crossing ``/`` and ``**/`` matching any depth (zero directories too)."""
-    regex = fnmatch.translate(pattern).replace(".*", "[^/]*").replace("[^/]*[^/]*/", "(?:.*/)?")
-    import re
+    """Whether a path matches a glob, name by name: ``*``, ``?`` and ``[...]`` within one name,
+    a ``**`` name for any number of directories (none too)."""
+    return _match_parts(relative.split("/"), pattern.split("/"))
 
-    return re.fullmatch(regex, relative) is not None
+
+def _match_parts(parts: list[str], patterns: list[str]) -> bool:
+    if not patterns:
+        return not parts
+    if patterns[0] == "**":
+        return any(_match_parts(parts[i:], patterns[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], patterns[0]) and _match_parts(parts[1:], patterns[1:])
 
 
 def read_questions(cfg: BatchQAConfig) -> dict[str, str] | None:

@@ -241,3 +241,15 @@ def test_page_labels_and_report_snippets_say_their_pages():
     plain = {"sn": [["evidence", 0, "y", [[0, 1, "pred"]]]]}
     add_page_labels(plain, None)
     assert len(plain["sn"][0]) == 4
+
+
+@pytest.mark.parametrize("path, pattern, matched", [
+    ("a.pdf", "*.pdf", True), ("sub/a.pdf", "*.pdf", False), ("sub/a.pdf", "**/*.pdf", True),
+    ("a.pdf", "**/*.pdf", True), ("x/y/z/a.pdf", "**/*.pdf", True), ("x/y/a.pdf", "x/**", True),
+    ("x/y/a.docx", "x/*/a.doc?", True), ("x/a.pdf", "x/*/a.pdf", False), ("2024/q1.pdf", "202[34]/q?.pdf", True),
+])
+def test_glob_inputs_match_name_by_name(path, pattern, matched):
+    """A documents glob: * and ? stay within a name, ** spans any number of directories, none included."""
+    from pipelines.documents_input import _matches
+
+    assert _matches(path, pattern) is matched
