@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import uuid
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from memagent.documents import DocumentError, DocumentLimits, convert, converter_version
 from memagent.documents.columns import DOCUMENT_ERROR_COLUMN, DOCUMENT_SHA_COLUMN, PAGES_COLUMN, page_rows
 from pipelines import storage
 from pipelines.batch_config import BatchQAConfig
 from pipelines.storage import S3Options
-
-log = logging.getLogger(__name__)
 
 CACHE_DIR = ".memagent-documents"
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
-import logging
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
@@ -32,8 +31,6 @@ from memagent.documents.columns import DOCUMENT_COLUMNS
 from pipelines import storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
 from pipelines.documents_cache import cache_uri, convert_files
-
-log = logging.getLogger(__name__)
 
 GLOB_CHARS = "*?["
 STAGED_DIR = "staged"  # under the cache: one directory per run, removed when it ends
