@@ -36,6 +36,7 @@ from memagent.agent import ChainState, InputError, ResumeMismatch, Result, read_
 from memagent.attribution import attribute
 from memagent.chunking import ChunkedDocument
 from memagent.config import AgentConfig
+from memagent.documents.columns import DOCUMENT_ERROR_COLUMN
 from memagent.engines.base import Engine
 from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
 from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields, record_items
@@ -215,6 +216,9 @@ async def answer_row(
     document), so that it is not tokenized again.
     """
     t0 = time.perf_counter()
+    if row.get(DOCUMENT_ERROR_COLUMN):  # a file that could not be converted: its reason, not "no context"
+        return {**error_record(row, f"input: {row[DOCUMENT_ERROR_COLUMN]}", config, engine.name, method),
+                "checkpoint_ignored": checkpoint_ignored}
     q = _row_question(row, config, question, method)
     row_metric = row.get("metric") or metric
     if row_metric not in METRICS:

@@ -110,7 +110,8 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     from pipelines.batch_qa import BatchQAConfig
     from pipelines.evaluate import EvalConfig
 
-    batch = sub.add_parser("batch", parents=[common], help="batch QA / extraction over a Parquet dataset (Ray Data)")
+    batch = sub.add_parser("batch", parents=[common],
+                           help="batch QA / extraction over a Parquet dataset or a folder of documents (Ray Data)")
     batch.set_defaults(func=cmd_batch, _batch_flags=add_model_flags(batch, BatchQAConfig, "input and output",
                                                                     required=("input", "output")))
     add_agent_flags(batch, schema=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.batch import Method
+from memagent.documents import DocumentLimits
 from memagent.config import JOB_PRESET, AgentConfig, preset
 from memagent.engines import EngineConfig
 from memagent.engines.config import SPECULATION_WITH_SCHEMA
@@ -22,12 +23,20 @@ class BatchQAConfig(BaseModel):
 
     input: str = Field(..., description="Parquet file or directory, local or s3://bucket/prefix. In a directory: "
                        "files named *.parquet (any case) at any depth, except under names starting with _ or . "
-                       "(docs/deployment.md).")
+                       "(docs/deployment.md). Or documents: a folder, glob (*, **) or S3 prefix of .pdf, .html, "
+                       ".htm, .docx, .txt, .md files (no Parquet among them), each one row, its id the path under "
+                       "the input root (docs/documents.md).")
     output: str = Field(..., description="Output directory, local or s3://; reruns resume into it.")
     s3: S3Options = Field(default_factory=S3Options)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     agent: AgentConfig = Field(default_factory=lambda: preset(JOB_PRESET))
     question: str | None = Field(None, description="Job-level question for inputs without a question column.")
+    questions: str | None = Field(None, description="Documents input: a JSON Lines file of {\"id\": ..., "
+                                  "\"question\": ...}, one question per document id (local or s3://).")
+    documents_cache: str | None = Field(None, description="Documents input: where conversions are cached "
+                                        "(default: .memagent-documents beside the output).")
+    document_limits: DocumentLimits = Field(default_factory=DocumentLimits,
+                                            description="Documents input: the largest file and PDF converted.")
     metric: Metric = Field(
         "sub_em", description="Score against `answers` when the input has them; a `metric` column overrides it per row."
     )
@@ -44,6 +53,11 @@ class BatchQAConfig(BaseModel):
     def _check(self) -> BatchQAConfig:
         storage.check_uri(self.input, "input")
         storage.check_uri(self.output, "output")
+        if self.questions is not None and (self.question is not None or self.agent.extraction is not None):
+            raise ValueError("a questions file gives each document its question: give no job-level question "
+                             "and no extraction schema with it")
+        if self.documents_cache is not None:
+            storage.check_uri(self.documents_cache, "documents_cache")
         if self.question is not None and not self.question.strip():
             raise ValueError("question must not be empty")
         if self.agent.extraction is not None and (self.question is not None or self.method != "memagent"):

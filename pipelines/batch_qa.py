@@ -40,6 +40,7 @@ from memagent.error_kinds import InfrastructureFailure
 from pipelines import checkpoints, fingerprint, lease, resources, storage, storage_errors
 from pipelines.admission import AdmissionPlan, OccupancyLedger
 from pipelines.batch_config import BatchQAConfig
+from pipelines.documents_input import documents_source, staged_input
 from pipelines.driver import ActorSnapshots, run_phases, summarise
 from pipelines.input_plan import InputPlan, plan_input, unreadable_input
 from pipelines.job import ray_init_address
@@ -56,6 +57,17 @@ def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = Non
     lease, taken before Ray starts or any model loads), the rows written by Ray Data. ``build_engine``
     builds each actor's engine instead of ``make_engine(cfg.engine)``.
     """
+    source = documents_source(cfg)
+    if source is not None:  # documents: converted (or taken from the cache) into a Parquet input first
+        started_ray = ensure_ray(cfg)
+        configure_data_context(cfg)
+        try:
+            with staged_input(cfg, source) as staged:
+                return run_batch_qa(cfg.model_copy(update={"input": staged}), build_engine=build_engine)
+        finally:
+            if started_ray and ray.is_initialized():
+                ray.shutdown()
+
     def write_rows(plan: InputPlan, run_id: str, started: float) -> ActorSnapshots:
         return _write_with_ray(cfg, plan, run_id, started, build_engine)
 

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from memagent.documents.columns import DOCUMENT_SHA_COLUMN
 from memagent.result_schema import FINGERPRINT_COLUMN as COLUMN  # the output column this module fills
 from pipelines.batch_config import BatchQAConfig
 
@@ -116,6 +117,8 @@ def fingerprint(question: Any, context: Any, key: str) -> str:
 def _fingerprints(table: pa.Table, question: str | None, key: str) -> pa.Array:
     questions = [question] * len(table) if question is not None else table.column("question").to_pylist()
     contexts = table.column("context").to_pylist()
+    if DOCUMENT_SHA_COLUMN in table.column_names:  # a document's file: a bad file (no context) that changes, changes
+        contexts = [[c, sha] for c, sha in zip(contexts, table.column(DOCUMENT_SHA_COLUMN).to_pylist())]
     return pa.array([fingerprint(q, c, key) for q, c in zip(questions, contexts)], pa.string())
 
 
@@ -142,7 +145,7 @@ def changed_ids(in_fs: pafs.FileSystem, files: list[str], out_fs: pafs.FileSyste
         return pa.array([], pa.string())
     wanted = pa.array(list(recorded), pa.string())
     changed: list[str] = []
-    columns = ["id", "context", *([] if question is not None else ["question"])]
+    columns = ["id", "context", DOCUMENT_SHA_COLUMN, *([] if question is not None else ["question"])]
     for file in files:
         with in_fs.open_input_file(file) as f:
             pf = pq.ParquetFile(f)

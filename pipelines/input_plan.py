@@ -14,6 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memagent.batch import result_schema
+from memagent.documents.columns import PAGES_COLUMN
+from memagent.documents.evidence_pages import EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE
 from memagent.result_schema import CARRIED_PREFIX, JOB_SCHEMA
 from pipelines import commit_rules, fingerprint, input_schemas, storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
@@ -155,10 +157,12 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
 
 def output_schema(cfg: BatchQAConfig, schema: pa.Schema, carried: dict[str, str] | None = None) -> pa.Schema:
     """The input's columns (those named like an output column under their ``carried`` names), then the
-    result columns, then the job's own."""
+    result columns (with a converted document's page map: ``evidence_pages``), then the job's own."""
     carried = carried or {}
     inputs = [f.with_name(carried.get(f.name, f.name)) for f in schema]
-    return pa.schema([*inputs, *result_schema(cfg.agent), *JOB_SCHEMA])
+    pages = [pa.field(EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE)] if PAGES_COLUMN in schema.names and \
+        EVIDENCE_PAGES_COLUMN not in [f.name for f in inputs] else []
+    return pa.schema([*inputs, *result_schema(cfg.agent), *pages, *JOB_SCHEMA])
 
 
 def take_out_redo_rows(cfg: BatchQAConfig, plan: InputPlan) -> None:

@@ -44,7 +44,8 @@ BATCH_REPORT_NAME = "_report.html"
 ROW_COLUMNS = ["id", "question", "answers", "context", "prediction", "response", "n_chunks", "context_tokens",
                "truncated", "steps", "score", "error", "model", "config", "seconds", "method", "task", "length",
                "metric", "evidence_step", "evidence_char_start", "evidence_char_end", "answer_spans",
-               "answer_found_step", "answer_lost_step", "extraction", "field_evidence", "gold_positions"]
+               "answer_found_step", "answer_lost_step", "extraction", "field_evidence", "gold_positions",
+               "pages"]  # a converted document's page map: snippets say their pages
 EVAL_IMAGES = [("heatmap.png", "Accuracy heatmap: method · task × length"),
                ("accuracy_vs_length.png", "Accuracy against document length (95% intervals)")]
 

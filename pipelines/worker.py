@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 import pyarrow as pa
 import ray
 
+from memagent.documents.columns import PAGES_COLUMN, page_spans
+from memagent.documents.evidence_pages import EVIDENCE_PAGES_COLUMN, evidence_pages
 from memagent.engines import EngineConfig
 from memagent.error_kinds import engine_is_dead
 from pipelines.breaker import InfraBreaker
@@ -128,7 +130,10 @@ class AgentWorker:
                                                     cfg.job.long_document_tokens, cfg.agent.chunk_tokens,
                                                     cfg.agent.max_chunks)
             async with self.gate.slot(long=long):
-                return self.breaker.check(await read_row(self.engine, row, cfg, self._checkpoint_args, chunked))
+                record = self.breaker.check(await read_row(self.engine, row, cfg, self._checkpoint_args, chunked))
+            if PAGES_COLUMN in row:  # a converted document: each evidence span's pages
+                record[EVIDENCE_PAGES_COLUMN] = evidence_pages(record, page_spans(row[PAGES_COLUMN]))
+            return record
 
         try:
             records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))

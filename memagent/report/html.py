@@ -18,6 +18,9 @@ from importlib import resources
 from typing import Any, Iterable, Mapping, Sequence
 
 from memagent.attribution import attribute, holds, memory_steps
+from memagent.documents.columns import PAGES_COLUMN, page_spans
+from memagent.documents.evidence_pages import page_label
+from memagent.documents.model import pages_of
 from memagent.evaluate import TASK_LABELS, length_label, wilson_interval
 from memagent.report.fields import field_view, is_int, is_number
 from memagent.report.retention_view import retention_view
@@ -181,8 +184,25 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
         if row.get(col) is not None:
             view[short] = row[col]
     view.update(field_view(row, context))  # extraction runs: per-field values and evidence spans
+    add_page_labels(view, row.get(PAGES_COLUMN))
     view["rt"] = retention_view(row)  # known evidence (needles, supporting paragraphs) in the memory per step
     return {k: v for k, v in view.items() if v is not None}
+
+
+def add_page_labels(view: dict[str, Any], pages: Any) -> None:
+    """A converted document's snippets (``sn``, ``xs``) each get a fifth element: the pages of their
+    marked spans ("p. 14"), from the row's page map; nothing for a row without one (or a malformed one)."""
+    try:
+        page_map = page_spans(pages) if pages else []
+    except (KeyError, TypeError, ValueError):  # a hand-edited output: no labels rather than no report
+        return
+    if not page_map:
+        return
+    for snips in (view.get("sn"), view.get("xs")):
+        for snip in snips or []:
+            offset, marks = snip[1], snip[3]
+            numbers = sorted({n for a, b, _ in marks for n in pages_of(page_map, offset + a, offset + b)})
+            snip.append(page_label(numbers) or None)
 
 
 def _snippets(context: str | None, spans: list[tuple[Any, Any]], evidence: tuple[Any, ...] | None,

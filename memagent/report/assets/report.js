@@ -230,14 +230,16 @@ function showRow(k) {
     h += "<h3>Field evidence in the source text</h3>";
     for (const s of r.xs) {
       const i = r.x.findIndex((x) => x[0] === s[0]);
-      h += '<div class="mut">' + esc(s[0]) + " (chars " + esc(s[1]) + "–" + esc(s[1] + s[2].length) + ')</div><div class="snip" id="fsn-' + i + '">' +
+      h += '<div class="mut">' + esc(s[0]) + " (chars " + esc(s[1]) + "–" + esc(s[1] + s[2].length) + (s[4] ? ", " + esc(s[4]) : "") +
+        ')</div><div class="snip" id="fsn-' + i + '">' +
         marked(s[2], s[3]) + "</div>";
     }
   }
   if ((r.sn || []).length) {
     h += "<h3>Source text</h3>";
     for (const s of r.sn) {
-      h += '<div class="mut">' + esc(s[0]) + " (chars " + esc(s[1]) + "–" + esc(s[1] + s[2].length) + ")</div>" +
+      h += '<div class="mut">' + esc(s[0]) + " (chars " + esc(s[1]) + "–" + esc(s[1] + s[2].length) + (s[4] ? ", " + esc(s[4]) : "") +
+        ")</div>" +
         '<div class="snip">' + marked(s[2], s[3]) + "</div>";
     }
   }

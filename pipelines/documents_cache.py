@@ -1,0 +1,106 @@
+"""Conversion paid once: each file's converted text and page map, cached by content hash and
+converter version, and the Ray Data stage that converts a batch of files through the cache.
+
+An entry is one small JSON object at ``<cache>/<converter version>/<sha[:2]>/<sha>.json`` (the
+text, the page map, or the reason the file could not be converted: a bad file is not retried
+either). The cache is beside the output by default (``<output's parent>/.memagent-documents``),
+so every output in the same place shares it: a second schema over the same files converts
+nothing again. Entries are written whole or not at all (:func:`pipelines.storage.atomic_put`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+import pyarrow as pa
+
+from memagent.documents import DocumentError, DocumentLimits, convert, converter_version
+from memagent.documents.columns import DOCUMENT_ERROR_COLUMN, DOCUMENT_SHA_COLUMN, PAGES_COLUMN, page_rows
+from pipelines import storage
+from pipelines.batch_config import BatchQAConfig
+from pipelines.storage import S3Options
+
+CACHE_DIR = ".memagent-documents"
+
+
+def cache_uri(cfg: BatchQAConfig) -> str:
+    """Where conversions are cached: ``documents_cache``, else beside the output."""
+    if cfg.documents_cache:
+        return cfg.documents_cache
+    parent = cfg.output.rstrip("/").rsplit("/", 1)[0] if "/" in cfg.output.rstrip("/") else "."
+    return f"{parent}/{CACHE_DIR}"
+
+
+class DocumentCache:
+    """The cache's entries for this converter version, on ``fs`` under ``path``."""
+
+    def __init__(self, uri: str, s3: S3Options | None):
+        self.fs, root = storage.filesystem(uri, s3)
+        self.path = f"{root.rstrip('/')}/{converter_version()}"
+
+    def _entry(self, sha: str) -> str:
+        return f"{self.path}/{sha[:2]}/{sha}.json"
+
+    def get(self, sha: str) -> dict[str, Any] | None:
+        """The entry of a file with content hash ``sha``, or None (never converted, or unreadable)."""
+        try:
+            with self.fs.open_input_stream(self._entry(sha)) as f:
+                entry = json.loads(f.read())
+        except (FileNotFoundError, ValueError):
+            return None
+        except OSError as exc:
+            if "not found" in str(exc).lower() or "NoSuchKey" in str(exc):
+                return None
+            raise
+        return entry if isinstance(entry, dict) and {"text", "pages", "error"} <= entry.keys() else None
+
+    def put(self, sha: str, entry: dict[str, Any]) -> None:
+        data = json.dumps(entry, ensure_ascii=False).encode()
+
+        def write(target: str) -> None:
+            with self.fs.open_output_stream(target) as f:
+                f.write(data)
+
+        storage.atomic_put(self.fs, self._entry(sha), write, f"{sha}-{uuid.uuid4().hex[:8]}")
+
+
+def convert_entry(data: bytes, name: str, limits: DocumentLimits) -> dict[str, Any]:
+    """A cache entry: the converted text and page map, or the reason the file cannot be converted."""
+    try:
+        doc = convert(data, name, limits)
+    except DocumentError as exc:
+        return {"text": None, "pages": None, "error": str(exc)}
+    return {"text": doc.text, "pages": page_rows(doc.pages), "error": None}
+
+
+def convert_files(batch: pa.Table, root: str, cache: str, s3: S3Options | None, limits: DocumentLimits,
+                  schema: pa.Schema, questions: Any = None) -> pa.Table:
+    """Ray Data stage: ``read_binary_files`` rows (``path``, ``bytes``) to document rows of ``schema``.
+
+    Files under a name starting with ``_`` or ``.`` (below ``root``) are skipped, as Parquet inputs
+    skip them (job markers, hidden directories, this cache).
+    """
+    if questions is not None and not isinstance(questions, dict):
+        import ray
+
+        questions = ray.get(questions)
+    store = DocumentCache(cache, s3)
+    rows = []
+    for path, data in zip(batch.column("path").to_pylist(), batch.column("bytes").to_pylist()):
+        doc_id = path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path.rsplit("/", 1)[-1]
+        if any(part.startswith(("_", ".")) for part in doc_id.split("/")):
+            continue
+        sha = hashlib.sha256(data).hexdigest()
+        entry = store.get(sha)
+        if entry is None:
+            entry = convert_entry(data, doc_id, limits)
+            store.put(sha, entry)
+        row = {"id": doc_id, "context": entry["text"], PAGES_COLUMN: entry["pages"], DOCUMENT_SHA_COLUMN: sha,
+               DOCUMENT_ERROR_COLUMN: f"{doc_id}: {entry['error']}" if entry["error"] else None}
+        if questions is not None:
+            row["question"] = questions.get(doc_id)
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=schema)
