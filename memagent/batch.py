@@ -120,7 +120,8 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
     assert schema is not None
     record = dict(row)
     try:
-        columns = extraction_columns(schema, result.response, result.steps, row.get("context"), result.unanswered)
+        columns = extraction_columns(schema, result.response, result.steps, row.get("context"), result.unanswered,
+                                     result.values_cut)
         error = None
     except InvalidOutput as exc:
         columns, error = null_columns(schema), f"{INVALID_OUTPUT_PREFIX}{exc}"

@@ -137,3 +137,93 @@ def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
     out = resolve_refs(schema)
     _bound(out)
     return out
+
+
+# Budgeted bounds: a reply that always closes inside ``max_tokens``. Every token is at least one byte, so a
+# grammar whose longest text is at most ``max_tokens`` bytes cannot be cut. A string character the grammar
+# may write takes up to 6 bytes (a control character as ``\u001f``).
+BYTES_PER_CHAR = 6
+NUMBER_BYTES = len(f"-{MAX_MAGNITUDE}.000000")  # the widest number the bounds above allow
+INTEGER_BYTES = len(f"-{MAX_MAGNITUDE}")
+DATE_BYTES = len('"2021-03-14"')
+MIN_BUDGET_CHARS = 16  # below this a string bound is raised back by giving arrays fewer items ...
+MIN_BUDGET_ITEMS = 2  # ... down to this many (answer groups are packed to leave each value this room)
+
+
+def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARRAY_ITEMS) -> int:
+    """The longest JSON text (UTF-8 bytes, compact separators) a rendered ``node`` allows when free strings
+    hold at most ``chars`` characters and arrays at most ``items`` items (a node's own smaller bounds kept).
+    A value with no bound (a map, a pattern string with no ``maxLength``) counts as ``chars`` characters."""
+    if not isinstance(node, dict):
+        return 4  # true / null
+    if "enum" in node or "const" in node:
+        values = node.get("enum", [node.get("const")])
+        return max((len(json.dumps(v, ensure_ascii=False).encode()) for v in values), default=4)
+    branches = node.get("anyOf") or node.get("oneOf")
+    if branches:
+        return max(longest_bytes(b, chars, items) for b in branches)
+    types = _types(node) or ["object" if "properties" in node else "string"]
+    if len(types) > 1:
+        return max(longest_bytes({**node, "type": t}, chars, items) for t in types)
+    kind = types[0]
+    if kind == "string":
+        if node.get("format") == "date":
+            return DATE_BYTES
+        return 2 + BYTES_PER_CHAR * min(node.get("maxLength", chars), chars)
+    if kind in ("number", "integer"):
+        return INTEGER_BYTES if kind == "integer" else NUMBER_BYTES
+    if kind in ("boolean", "null"):
+        return 5
+    if kind == "array":
+        n = min(node.get("maxItems", items), items)
+        return 2 + n * (longest_bytes(node.get("items"), chars, items) + 1)
+    props = node.get("properties") or {}
+    return 2 + sum(len(json.dumps(k, ensure_ascii=False).encode()) + 2 + longest_bytes(v, chars, items)
+                   for k, v in props.items())
+
+
+def budget_bounds(schema: dict[str, Any], max_tokens: int) -> tuple[int, int]:
+    """``(chars, items)``: the largest free-string bound (at most :data:`MAX_STRING_CHARS`) and array item bound
+    (at most :data:`MAX_ARRAY_ITEMS`, lowered only to keep strings at :data:`MIN_BUDGET_CHARS`) under which
+    every reply of ``schema`` fits ``max_tokens`` tokens. Where none keeps strings that long: one item and the
+    longest strings that fit, else no items; ``(0, 0)`` when even that does not fit (no bound can help)."""
+    def longest_fitting(items: int) -> int:
+        lo, hi = 0, MAX_STRING_CHARS
+        while lo < hi:  # the largest bound that fits (longest_bytes grows with it)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if longest_bytes(schema, mid, items) <= max_tokens else (lo, mid - 1)
+        return lo
+
+    for items in (MAX_ARRAY_ITEMS, 10, 5, MIN_BUDGET_ITEMS):
+        if (chars := longest_fitting(items)) >= MIN_BUDGET_CHARS:
+            return chars, items
+    if (chars := longest_fitting(1)) > 0:
+        return chars, 1
+    return longest_fitting(0), 0
+
+
+def bound_to_budget(schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """A copy of ``schema`` (no ``$ref``) whose every reply fits ``max_tokens`` tokens: free strings (patterns
+    included) get the ``maxLength`` and arrays the ``maxItems`` of :func:`budget_bounds` (smaller bounds of
+    their own kept). The engines render it as any schema; validate replies against the unbounded one."""
+    out = copy.deepcopy(schema)
+    _bound(out)
+    _cap(out, *budget_bounds(out, max_tokens))
+    return out
+
+
+def _cap(node: Any, chars: int, items: int) -> None:
+    """Lower the free strings' ``maxLength`` to ``chars`` and arrays' ``maxItems`` to ``items``, in place."""
+    if not isinstance(node, dict) or "enum" in node or "const" in node:
+        return
+    types = _types(node)
+    if "string" in types and node.get("format") != "date":
+        node["maxLength"] = min(node.get("maxLength", chars), chars)
+    if "array" in types:
+        node["maxItems"] = min(node.get("maxItems", items), items)
+        _cap(node.get("items"), chars, items)
+    for sub in (node.get("properties") or {}).values():
+        _cap(sub, chars, items)
+    for key in ("anyOf", "oneOf"):
+        for sub in node.get(key) or []:
+            _cap(sub, chars, items)

@@ -76,10 +76,6 @@ class FieldSpec:
         line = f"{indent}- {self.name} ({what}{', required' if self.required else ''})"
         return line + (f": {self.description.strip()}" if self.description and self.description.strip() else "")
 
-    def answer_tokens(self) -> int:
-        """A rough size of ``"name": value,`` in tokens (about 3 characters a token)."""
-        return -(-len(self.name) // 3) + 3 + KINDS[self.kind].tokens(self.enum)
-
 
 @dataclass(frozen=True)
 class ObjectSpec:
@@ -94,9 +90,6 @@ class ObjectSpec:
         head = f"{indent}- {self.name} (object{', required' if self.required else ''})"
         head += f": {self.description.strip()}" if self.description and self.description.strip() else ""
         return "\n".join([head, *(f.question_line(indent + "  ") for f in self.fields)])
-
-    def answer_tokens(self) -> int:
-        return -(-len(self.name) // 3) + 4 + sum(f.answer_tokens() for f in self.fields)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,10 @@ from typing import Any, Mapping
 
 from pydantic import PrivateAttr, RootModel, model_validator
 
-from memagent.extraction.groups import FieldGroup, group_fields, group_schema, grouping_report
+from memagent.extraction.answer_bounds import answer_room_tokens, budgeted_json
+from memagent.extraction.groups import (
+    BRACES_TOKENS, FieldGroup, group_fields, group_schema, grouping_report, reply_tokens,
+)
 from memagent.extraction.kinds import FieldKind
 from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
@@ -277,14 +280,27 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_TYPE * len(self._records)
 
     def answer_tokens_needed(self) -> int:
-        """A rough size of the whole reply (all document fields in one call)."""
-        return 2 + sum(f.answer_tokens() for f in self._fields)
+        """The most tokens the whole reply (all document fields in one call) takes at the least room a group
+        leaves each value (:func:`memagent.extraction.groups.reply_tokens`)."""
+        return BRACES_TOKENS + sum(map(reply_tokens, self._fields))
 
     def field_groups(self, answer_tokens: int) -> tuple[FieldGroup, ...]:
         """The document fields in final-answer groups of at most ``answer_tokens`` each
         (:mod:`memagent.extraction.groups`); one group when they fit (none without fields).
         ``ValueError`` naming the leaf that alone does not fit."""
         return group_fields(self._fields, answer_tokens) if self._fields else ()
+
+    def answer_schemas(self, group: FieldGroup, answer_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One final call's schemas: the group's decoding schema (replies are validated against it) and the one
+        the call is constrained to, bounded so every reply closes within ``answer_tokens``
+        (:mod:`memagent.extraction.answer_bounds`)."""
+        user = group_schema(self.decoding_schema()["properties"], group)
+        return user, budgeted_json(user, answer_tokens)
+
+    def answer_room_tokens(self) -> int:
+        """The answer budget a default gives this schema: room for each string of the reply
+        (:func:`memagent.extraction.answer_bounds.answer_room_tokens`); 0 without document fields."""
+        return answer_room_tokens(self.decoding_schema()) if self._fields else 0
 
     def group_decoding_schema_json(self, group: FieldGroup) -> str:
         """:meth:`decoding_schema_json` of one group's reply (its objects pruned to the group's share)."""
