@@ -18,7 +18,7 @@ from memagent.agent import check_config, read_document
 from memagent.batch import RESULT_COLUMNS, answer_rows, result_schema
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
-from memagent.engines.json_schema import longest_bytes, render_schema
+from memagent.engines.json_schema import TEXT_PATTERN, longest_bytes, render_schema
 from memagent.extraction import ExtractionSchema, field_evidence, load_schema, output_fields, parse_reply
 from memagent.extraction.output import InvalidOutput
 
@@ -75,7 +75,6 @@ def with_props(**props) -> dict:
     ({"type": "object"}, "has no properties"),
     ({**with_props(a={"type": "string"}), "anyOf": []}, "anyOf: not a valid JSON Schema: [] should be non-empty"),
     (with_props(address={"type": "object"}), "properties.address.properties: an object needs at least one property"),
-    (with_props(size={"type": ["number", "string", "object"]}), "a union of number, object, string has no one column"),
     (with_props(size={"description": "no type"}), "property 'size' has no type"),
     (with_props(size={"not": {"type": "string"}}), "properties.size: 'not' (negation) cannot be extracted"),
     (with_props(size={"if": {}, "then": {}}), "properties.size: 'if' (a conditional)"),
@@ -156,9 +155,9 @@ def _without_bounds(node):
         return [_without_bounds(v) for v in node]
     if not isinstance(node, dict):
         return node
-    added = {"maxLength", "maxItems", "minimum", "maximum", "multipleOf", "pattern"}
-    return {k: _without_bounds(v) for k, v in node.items() if k not in added or k == "pattern" and
-            node.get("format") != "date"}
+    added = {"maxLength", "maxItems", "minimum", "maximum", "multipleOf"}
+    return {k: _without_bounds(v) for k, v in node.items() if k not in added and not (
+        k == "pattern" and (node.get("format") == "date" or v == TEXT_PATTERN))}
 
 # -- the read ---------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
@@ -58,6 +59,7 @@ def _bound(node: Any) -> None:
         node.setdefault("additionalProperties", False)
         for sub in (node.get("properties") or {}).values():
             _bound(sub)
+        _bound(node["additionalProperties"])  # a map's values (a union held as JSON text may hold one)
     # Subschemas reached through $ref or a choice (a tool's parameters, a pydantic model's $defs).
     for sub in (node.get("$defs") or {}).values():
         _bound(sub)
@@ -140,14 +142,19 @@ def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
 
 
 # Budgeted bounds: a reply that always closes inside ``max_tokens``. Every token is at least one byte, so a
-# grammar whose longest text is at most ``max_tokens`` bytes cannot be cut. A string character the grammar
-# may write takes up to 6 bytes (a control character as ``\u001f``).
-BYTES_PER_CHAR = 6
+# grammar whose longest text is at most ``max_tokens`` bytes cannot be cut. A free string is held to
+# TEXT_PATTERN (no control characters: a loop of blank lines is no value), so each of its characters takes
+# at most 4 bytes (UTF-8; ``\"`` and ``\\`` take 2); a string of another pattern up to 6 (``\u001f``).
+TEXT_PATTERN = r"^[^\x00-\x1f]*$"
+KEY_PATTERN = r"^[^\x00-\x1f]{{1,{}}}$"  # a map's keys in a budgeted grammar (format: the bound) ...
+KEY_BOUND = re.compile(r"\^\[\^\\x00-\\x1f\]\{1,(\d+)\}\$")  # ... and its bound read back
+BYTES_PER_CHAR, BYTES_PER_PATTERN_CHAR = 4, 6
 NUMBER_BYTES = len(f"-{MAX_MAGNITUDE}.000000")  # the widest number the bounds above allow
 INTEGER_BYTES = len(f"-{MAX_MAGNITUDE}")
 DATE_BYTES = len('"2021-03-14"')
 MIN_BUDGET_CHARS = 16  # below this a string bound is raised back by giving arrays fewer items ...
 MIN_BUDGET_ITEMS = 2  # ... down to this many (answer groups are packed to leave each value this room)
+CHARS_PER_ITEM = 8  # an array keeps n items only where strings can hold 8n characters (20 items: 160)
 
 
 def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARRAY_ITEMS) -> int:
@@ -169,7 +176,8 @@ def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARR
     if kind == "string":
         if node.get("format") == "date":
             return DATE_BYTES
-        return 2 + BYTES_PER_CHAR * min(node.get("maxLength", chars), chars)
+        per_char = BYTES_PER_CHAR if node.get("pattern", TEXT_PATTERN) == TEXT_PATTERN else BYTES_PER_PATTERN_CHAR
+        return 2 + per_char * min(node.get("maxLength", chars), chars)
     if kind in ("number", "integer"):
         return INTEGER_BYTES if kind == "integer" else NUMBER_BYTES
     if kind in ("boolean", "null"):
@@ -178,13 +186,30 @@ def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARR
         n = min(node.get("maxItems", items), items)
         return 2 + n * (longest_bytes(node.get("items"), chars, items) + 1)
     props = node.get("properties") or {}
-    return 2 + sum(len(json.dumps(k, ensure_ascii=False).encode()) + 2 + longest_bytes(v, chars, items)
-                   for k, v in props.items())
+    fixed = 2 + sum(len(json.dumps(k, ensure_ascii=False).encode()) + 2 + longest_bytes(v, chars, items)
+                    for k, v in props.items())
+    value = _map_value(node)
+    if value is None:
+        return fixed
+    n = min(node.get("maxProperties", items), items)  # a map: keys are strings of ``chars`` too
+    patterns = list(node.get("patternProperties") or {})
+    key = KEY_BOUND.fullmatch(patterns[0]) if patterns else None
+    key_chars = min(int(key.group(1)), chars) if key else chars
+    return fixed + n * (2 + BYTES_PER_CHAR * key_chars + 2 + longest_bytes(value, chars, items))
+
+
+def _map_value(node: dict[str, Any]) -> Any:
+    """The value schema of a map (an object with an ``additionalProperties`` or ``patternProperties`` schema)."""
+    if isinstance(node.get("additionalProperties"), dict):
+        return node["additionalProperties"]
+    patterns = node.get("patternProperties")
+    return next(iter(patterns.values()), None) if isinstance(patterns, dict) and patterns else None
 
 
 def budget_bounds(schema: dict[str, Any], max_tokens: int) -> tuple[int, int]:
     """``(chars, items)``: the largest free-string bound (at most :data:`MAX_STRING_CHARS`) and array item bound
-    (at most :data:`MAX_ARRAY_ITEMS`, lowered only to keep strings at :data:`MIN_BUDGET_CHARS`) under which
+    (at most :data:`MAX_ARRAY_ITEMS`, lowered to keep strings at :data:`CHARS_PER_ITEM` characters an item and
+    :data:`MIN_BUDGET_CHARS` at least) under which
     every reply of ``schema`` fits ``max_tokens`` tokens. Where none keeps strings that long: one item and the
     longest strings that fit, else no items; ``(0, 0)`` when even that does not fit (no bound can help)."""
     def longest_fitting(items: int) -> int:
@@ -194,8 +219,8 @@ def budget_bounds(schema: dict[str, Any], max_tokens: int) -> tuple[int, int]:
             lo, hi = (mid, hi) if longest_bytes(schema, mid, items) <= max_tokens else (lo, mid - 1)
         return lo
 
-    for items in (MAX_ARRAY_ITEMS, 10, 5, MIN_BUDGET_ITEMS):
-        if (chars := longest_fitting(items)) >= MIN_BUDGET_CHARS:
+    for items in (MAX_ARRAY_ITEMS, 10, 8, 6, 5, 4, 3, MIN_BUDGET_ITEMS):  # items only where strings have room
+        if (chars := longest_fitting(items)) >= max(MIN_BUDGET_CHARS, CHARS_PER_ITEM * items):
             return chars, items
     if (chars := longest_fitting(1)) > 0:
         return chars, 1
@@ -203,9 +228,10 @@ def budget_bounds(schema: dict[str, Any], max_tokens: int) -> tuple[int, int]:
 
 
 def bound_to_budget(schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """A copy of ``schema`` (no ``$ref``) whose every reply fits ``max_tokens`` tokens: free strings (patterns
-    included) get the ``maxLength`` and arrays the ``maxItems`` of :func:`budget_bounds` (smaller bounds of
-    their own kept). The engines render it as any schema; validate replies against the unbounded one."""
+    """A copy of ``schema`` (no ``$ref``) whose every reply fits ``max_tokens`` tokens: strings (patterns
+    included) get the ``maxLength``, arrays the ``maxItems`` and maps the ``maxProperties`` (and a key pattern)
+    of :func:`budget_bounds` (smaller bounds of their own kept), free strings :data:`TEXT_PATTERN`. The engines
+    render it as any schema; validate replies against the unbounded one."""
     out = copy.deepcopy(schema)
     _bound(out)
     _cap(out, *budget_bounds(out, max_tokens))
@@ -219,9 +245,17 @@ def _cap(node: Any, chars: int, items: int) -> None:
     types = _types(node)
     if "string" in types and node.get("format") != "date":
         node["maxLength"] = min(node.get("maxLength", chars), chars)
+        node.setdefault("pattern", TEXT_PATTERN)
     if "array" in types:
         node["maxItems"] = min(node.get("maxItems", items), items)
         _cap(node.get("items"), chars, items)
+    value = _map_value(node)
+    if value is not None:  # a map's keys bounded too (JSON Schema has no key length but a key pattern)
+        _cap(value, chars, items)
+        node.pop("additionalProperties")
+        node["patternProperties"] = {KEY_PATTERN.format(max(chars, 1)): value}
+        node["additionalProperties"] = False
+        node["maxProperties"] = min(node.get("maxProperties", items), items)
     for sub in (node.get("properties") or {}).values():
         _cap(sub, chars, items)
     for key in ("anyOf", "oneOf"):

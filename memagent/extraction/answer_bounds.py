@@ -9,10 +9,10 @@ tokens. A value that reaches a bound the budget set (not one the user's schema s
 longer: it is kept and named in the row's ``values_cut`` (:func:`cut_values`), never a broken row.
 
 :func:`answer_room_tokens` is the answer budget a schema is given when the user leaves it at its default:
-room for every string of the final reply to hold :data:`ROOM_CHARS` characters (arrays :data:`ROOM_ITEMS`
-items) under those worst-case bounds, when that is at most :data:`ANSWER_ROOM_CAP` (a wider reply is split into
-groups of the memory's budget, each value with at least the least room a group leaves:
-:func:`memagent.extraction.groups.reply_tokens`).
+room for every string of the final reply to hold 64 characters and every array 8 items under those worst-case
+bounds (less, down to 24 and 3, where that is over :data:`ANSWER_ROOM_CAP`); a reply wider still is split into
+groups of the memory's budget, each value with at least the least room a group leaves
+(:func:`memagent.extraction.groups.reply_tokens`: 16 characters, 2 items).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any, Mapping
 
 from memagent.engines.json_schema import bound_to_budget, longest_bytes, render_schema
 
-ROOM_CHARS = 40  # a derived answer budget lets each free string of the reply run this long ...
-ROOM_ITEMS = 5  # ... and each array hold this many items
-ANSWER_ROOM_CAP = 2048  # ... when that takes at most this many tokens
+# A derived answer budget lets each free string of the reply run the first of these lengths (and each array hold
+# that many items) whose reply takes at most ANSWER_ROOM_CAP tokens.
+ROOMS = ((64, 8), (48, 6), (32, 4), (24, 3))
+ANSWER_ROOM_CAP = 4096
 
 
 def budgeted_json(decoding: dict[str, Any], max_tokens: int) -> dict[str, Any]:
@@ -32,11 +33,10 @@ def budgeted_json(decoding: dict[str, Any], max_tokens: int) -> dict[str, Any]:
 
 
 def answer_room_tokens(decoding: dict[str, Any]) -> int:
-    """The answer budget that gives every string of ``decoding``'s reply :data:`ROOM_CHARS` characters and
-    every array :data:`ROOM_ITEMS` items (see the module docstring); 0 when that is over :data:`ANSWER_ROOM_CAP`
-    (the reply is then split into groups)."""
-    need = longest_bytes(render_schema(decoding), ROOM_CHARS, ROOM_ITEMS)
-    return need if need <= ANSWER_ROOM_CAP else 0
+    """The answer budget that gives every string of ``decoding``'s reply the most room of :data:`ROOMS` within
+    :data:`ANSWER_ROOM_CAP` (see the module docstring); 0 when none fits (the reply is split into groups)."""
+    rendered = render_schema(decoding)
+    return next((n for chars, items in ROOMS if (n := longest_bytes(rendered, chars, items)) <= ANSWER_ROOM_CAP), 0)
 
 
 def cut_values(user: Any, bounded: Any, value: Any, path: str, budget: int) -> list[str]:

@@ -33,7 +33,8 @@ BRACES_TOKENS = 2  # "{" and "}" of a reply
 KIND_NODES: dict[str, dict[str, Any]] = {
     "string": {"type": "string"}, "date": {"type": "string", "format": "date"}, "number": {"type": "number"},
     "integer": {"type": "integer"}, "boolean": {"type": "boolean"},
-    "string_array": {"type": "array", "items": {"type": "string"}}}
+    "string_array": {"type": "array", "items": {"type": "string"}},
+    "json": {"type": "array", "items": {"type": "string"}}}  # a union's room: as a list of texts
 
 
 def name_tokens(name: str) -> int:

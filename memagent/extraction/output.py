@@ -44,7 +44,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from memagent.extraction.grounding import value_evidence
-from memagent.extraction.kinds import ITEM_KIND, KINDS, to_arrow
+from memagent.extraction.kinds import ITEM_KIND, JSON_TEXT_METADATA, KINDS, to_arrow
 from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType, iter_leaves
 from memagent.extraction.resolve import without_nulls
 from memagent.extraction.schema import ExtractionSchema
@@ -89,7 +89,7 @@ def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
 def _arrow_field(spec: FieldSpec | ObjectSpec) -> pa.Field:
     if isinstance(spec, ObjectSpec):
         return pa.field(spec.name, pa.struct([_arrow_field(f) for f in spec.fields]))
-    return pa.field(spec.name, KINDS[spec.kind].arrow)
+    return pa.field(spec.name, KINDS[spec.kind].arrow, metadata=JSON_TEXT_METADATA if spec.kind == "json" else None)
 
 
 def record_fields(record: RecordType) -> list[pa.Field]:

@@ -12,8 +12,9 @@ user's schema has it (:meth:`Resolved.assemble`) and to check it there (:meth:`R
   written as ``null`` where the user's schema requires the key). Other unions: scalars as the widest kind
   (integer|number -> number; with a string -> string; with a list of scalars -> string holding the JSON text),
   the branches kept for the grammar and validation, objects merged (properties of every branch, those all
-  branches require required), arrays by their items' union. A union of an object or array with a scalar is
-  refused.
+  branches require required), arrays by their items' union. A union no one column type holds (an array or an
+  object, an object or a string, ...) is a ``json`` column (``x-kind``): its JSON text, the branches kept
+  whole for the grammar and checked against the user's union.
 - ``const`` is a one-value ``enum``; an enum of integers, numbers or booleans keeps its type.
 - ``format`` ``date`` is the date kind; ``date-time``, ``time``, ``email``, ``uri`` become a
   ``pattern`` the grammar enforces, and every format is checked after decoding.
@@ -51,6 +52,7 @@ REFUSED = {"not": "negation", "if": "a conditional", "then": "a conditional", "e
            "prefixItems": "a tuple", "propertyNames": "a property-name schema", "contains": "an array 'contains'",
            "unevaluatedItems": "unevaluatedItems"}
 SCALARS = ("string", "number", "integer", "boolean")
+MAP_KEYWORDS = {"minProperties", "maxProperties"}  # kept inside a union held as JSON text (maps are allowed there)
 # Patterns the grammar enforces for formats it has no rule of its own for (checked again after decoding).
 FORMAT_PATTERNS = {
     "date-time": r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?"
@@ -238,12 +240,32 @@ def _union(alts: list[dict[str, Any]], path: str) -> dict[str, Any]:
                     {"anyOf": [props[name], prop]}
         required = set.intersection(*(set(a.get("required") or []) for a in alts))
         return {"type": "object", "properties": props, "required": [n for n in props if n in required]}
-    if types == {"array"}:
+    if types == {"array"} and all(isinstance(a.get("items"), dict) for a in alts):
         items = [a.get("items") for a in alts]
         return {"type": "array", "items": items[0] if all(i == items[0] for i in items) else {"anyOf": items}}
-    shown = ", ".join(sorted(str(t) for t in types))
-    raise ValueError(f"{_where(path)}: a union of {shown} has no one column type; make it one type (or split it "
-                     "into separate properties)")
+    # No one column type (a list or an object of lists, an object or a text): the column holds the value's
+    # JSON text; the branches stay whole for the grammar and the check against the user's union.
+    return {"anyOf": [_json_branch(a, f"{path}[{i}]") for i, a in enumerate(alts)], KIND: "json"}
+
+
+def _json_branch(node: Any, path: str) -> Any:
+    """A union branch kept whole (objects, maps and arrays inside it too), annotations dropped; a refused
+    construct inside it refused as anywhere (:data:`REFUSED`)."""
+    if not isinstance(node, dict):
+        return node
+    for word, what in REFUSED.items():
+        if word in node:
+            raise ValueError(f"{path}: {word!r} ({what}) cannot be extracted; remove it")
+    out = {k: v for k, v in node.items() if k in KNOWN or k in MAP_KEYWORDS}
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _json_branch(v, join(join(path, "properties"), k)) for k, v in out["properties"].items()}
+    for word in ("items", "additionalProperties"):
+        if isinstance(out.get(word), dict):
+            out[word] = _json_branch(out[word], join(path, word))
+    for word in ("anyOf", "oneOf"):
+        if isinstance(out.get(word), list):
+            out[word] = [_json_branch(b, f"{join(path, word)}[{i}]") for i, b in enumerate(out[word])]
+    return _leaf(out) if out.get("type") in SCALARS else out
 
 
 def _is_scalar_array(node: Mapping[str, Any]) -> bool:
