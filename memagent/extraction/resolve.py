@@ -429,10 +429,15 @@ def resolve(schema: Any) -> Resolved:
         raise ValueError(f"the schema must have \"type\": \"object\" (one object per document), got type "
                          f"{json.dumps(top.get('type'))}")
     doc = builder.object(top, "", (), None)
+    for name in sorted(set(doc["properties"]) & set(builder.types)):
+        raise ValueError(f"properties: field {name!r} and record type {name!r} (an array of objects at that path) "
+                         f"have one dotted name {name!r} (in field_evidence, the report and the records' folders); "
+                         "rename one")
     derived = {"type": "object", "properties": {**doc["properties"], **builder.types}, "required": doc["required"]}
     for word in ("description", "title"):
         if isinstance(schema.get(word), str):
             derived[word] = schema[word]
-    notes = builder.notes - {"title", "$schema", "$id", "$defs", "definitions", "$comment", "x-link", KIND}
+    notes = builder.notes - {"title", "$schema", "$id", "$defs", "definitions", "$comment", "x-link", KIND,
+                             "x-pydantic-model"}
     return Resolved(derived, original, dict(builder.links), tuple(sorted(notes)), _without_records(root),
                     builder.items)

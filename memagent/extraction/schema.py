@@ -62,6 +62,11 @@ MEMORY_TOKENS_PER_RECORD_TYPE = 48
 # Records one records call may return: a reply that fills it is overflow (the piece is split and re-read,
 # counted), never taken as complete. A bound keeps a looping reply short.
 RECORDS_PER_CALL = 50
+# A schema file is read up to this many bytes (JSON text may spend 4 bytes on a character of the schema).
+MAX_SCHEMA_FILE_BYTES = 4 * MAX_SCHEMA_CHARS
+# The root keyword that names the Pydantic model a schema came from (``module:Model``): each assembled object
+# is validated with it too (memagent.extraction.model_check), in every worker, from the recorded config.
+MODEL_KEYWORD = "x-pydantic-model"
 
 
 def _reserved_columns() -> tuple[str, ...]:
@@ -102,6 +107,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
                     raise ValueError(f"properties.{r.name}.{word}: a record type lists every record the document "
                                      f"states, read chunk by chunk, so {word} cannot bound it; remove {word} "
                                      "(count the records in the output instead)")
+        _check_dotted_names(self._fields, self._records)
         columns = {prefix + r.name: (what, r.name) for r in self._records
                    for prefix, what in ((N_RECORDS_PREFIX, "record count"), (RECORDS_PREFIX, "records"))}
         for f in self._fields:
@@ -132,6 +138,14 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     def errors(self, obj: Any) -> list[str]:
         """``path: message`` for each way ``obj`` (an :meth:`assemble` d object) fails the user's schema."""
         return self.resolved.errors(obj)
+
+    @property
+    def model(self) -> Any:
+        """The Pydantic model the schema came from (``x-pydantic-model``), imported; None for a JSON Schema."""
+        from memagent.extraction.model_check import model_named
+
+        spec = self.root.get(MODEL_KEYWORD)
+        return model_named(spec) if isinstance(spec, str) else None
 
     @property
     def record_types(self) -> tuple[RecordType, ...]:
@@ -321,6 +335,24 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         self.field_groups(answer_tokens)
 
 
+def _check_dotted_names(fields: tuple[FieldSpec | ObjectSpec, ...], records: tuple[RecordType, ...]) -> None:
+    """Refuse two values with one dotted name (a top-level ``a.b`` beside an object ``a`` holding ``b``): the
+    evidence, the report and a record type's folder name each by that name."""
+    def leaves(specs: tuple[FieldSpec | ObjectSpec, ...], prefix: str, where: str) -> Any:
+        for f in specs:
+            if isinstance(f, ObjectSpec):
+                yield from leaves(f.fields, f"{prefix}{f.name}.", f"{where}{f.name!r} {{...}}: ")
+            else:
+                yield f"{prefix}{f.name}", f"{where}field {f.name!r}"
+
+    seen: dict[str, str] = {}
+    for path, what in [*leaves(fields, "", ""), *((r.name, f"record type {r.name!r}") for r in records)]:
+        other = seen.setdefault(path, what)
+        if other != what:
+            raise ValueError(f"properties: {other} and {what} have one dotted name {path!r} (in field_evidence, "
+                             "the report and the records' folders); rename one")
+
+
 _MISSING_AT = re.compile(r"^(.*): '(.+)' is a required property$")  # jsonschema's message, as Resolved writes it
 _MISSING = re.compile(r"^\(root\): '(.+)' is a required property$")
 
@@ -337,8 +369,20 @@ def _model_schema(data: Any) -> Any:
     from pydantic import BaseModel
 
     if isinstance(data, type) and issubclass(data, BaseModel):
-        return data.model_json_schema()
+        spec = f"{data.__module__}:{data.__qualname__}"
+        return {**data.model_json_schema(), **({MODEL_KEYWORD: spec} if _importable(spec, data) else {})}
     return data
+
+
+def _importable(spec: str, model: type) -> bool:
+    """Whether ``module:Model`` imports ``model`` itself again (a worker reimports it from the config); a model
+    of ``__main__`` or defined in a function is not (its own validators are then not checked in the job)."""
+    if spec.startswith("__main__:") or "<locals>" in spec:
+        return False
+    try:
+        return load_model(spec) is model
+    except ValueError:
+        return False
 
 
 def load_model(spec: str) -> Any:
@@ -354,8 +398,10 @@ def load_model(spec: str) -> Any:
         sys.path.insert(0, "")
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"schema {spec}: module {module_name!r} cannot be imported: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a module that raises or does not parse: one line, not its traceback
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+        raise ValueError(f"schema {spec}: module {module_name!r} cannot be imported: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}{where}"[:300]) from None
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -375,11 +421,13 @@ def load_schema(path: str | PathLike[str] | type) -> ExtractionSchema:
         return schema_from(load_model(path), f"model {path}")
     path = Path(path).expanduser()
     try:
-        if path.stat().st_size > 4 * MAX_SCHEMA_CHARS:  # not read in full: JSON text this large is no schema
+        with path.open("rb") as f:  # read with a bound whatever the file is (a device's size reads 0)
+            raw = f.read(MAX_SCHEMA_FILE_BYTES + 1)
+        if len(raw) > MAX_SCHEMA_FILE_BYTES:  # not read in full: JSON text this large is no schema
             raise ValueError(f"schema file {path}: the schema is larger than {MAX_SCHEMA_CHARS // 1024} KiB of "
                              "JSON; every field goes into every prompt: extract fewer fields or shorten their "
                              "descriptions")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except RecursionError:
         raise ValueError(f"schema file {path}: the schema is nested more than {MAX_DEPTH} levels deep") from None
     except FileNotFoundError:
