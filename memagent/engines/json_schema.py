@@ -21,9 +21,9 @@ import copy
 import json
 import re
 from typing import Any
-from urllib.parse import unquote, urldefrag, urljoin
 
-from memagent.json_walk import JsonPath, json_pointer, walk_json
+from memagent.json_refs import resolve_refs
+from memagent.json_walk import walk_json
 
 MAX_STRING_CHARS = 200  # a free-text value longer than this is a loop, not an extraction
 MAX_ARRAY_ITEMS = 20
@@ -66,62 +66,6 @@ def _bound(node: Any) -> None:
     for key in ("anyOf", "oneOf", "allOf"):
         for sub in node.get(key) or []:
             _bound(sub)
-
-
-def _resources(schema: Any) -> tuple[dict[str, str], list[tuple[dict, str, str]]]:
-    """The schema's resources (``$id`` and ``$anchor`` URIs -> JSON pointer) and its ``$ref`` s
-    (the node, its base URI, its location)."""
-    ids: dict[str, str] = {}
-    refs: list[tuple[dict, str, str]] = []
-    bases: dict[JsonPath, str] = {(): ""}  # a container's base URI, inherited from its parent's
-    for path, node in walk_json(schema):
-        if not isinstance(node, (dict, list)):
-            continue
-        base = bases[path] = bases[path[:-1]] if path else ""
-        if isinstance(node, list):
-            continue
-        at = json_pointer(path)
-        if isinstance(node.get("$id"), str):
-            base = bases[path] = urldefrag(urljoin(base, node["$id"]))[0]
-            ids[base] = at
-        if isinstance(node.get("$anchor"), str):
-            ids[f"{base}#{node['$anchor']}"] = at
-        if isinstance(node.get("$ref"), str):
-            refs.append((node, base, at))
-    return ids, refs
-
-
-def resolve_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` whose every ``$ref`` is a local JSON pointer (``#/...``): references
-    through an ``$id`` (absolute or relative) or an ``$anchor`` are resolved, and the ``$id`` s
-    dropped, so that a grammar compiler and a cycle check see one document.
-
-    Raises ``ValueError`` naming a ``$ref`` that points outside the schema (nothing is fetched).
-    """
-    out = copy.deepcopy(schema)
-    ids, refs = _resources(out)
-    for node, base, at in refs:
-        uri, fragment = urldefrag(urljoin(base, node["$ref"]))
-        fragment = unquote(fragment)
-        if uri == "" or uri in ids:
-            root = ids.get(uri, "")
-            if fragment == "" or fragment.startswith("/"):
-                node["$ref"] = "#" + root + fragment
-                continue
-            if f"{uri}#{fragment}" in ids:
-                node["$ref"] = "#" + ids[f"{uri}#{fragment}"]
-                continue
-        raise ValueError(f"$ref {node['$ref']!r} at #{at}: not found in this schema (no $id or $anchor names it; "
-                         "remote schemas are not fetched)")
-    _drop_ids(out)
-    return out
-
-
-def _drop_ids(schema: Any) -> None:
-    for _, node in walk_json(schema):
-        if isinstance(node, dict):
-            node.pop("$id", None)
-            node.pop("$anchor", None)
 
 
 def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:

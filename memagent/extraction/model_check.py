@@ -7,7 +7,7 @@ set by :func:`memagent.extraction.schema.schema_from` when the class is importab
 every worker imports it again from the recorded config. :func:`model_checked` validates each assembled
 object with it: a value the model rejects is dropped (a required value: the record holding it; a
 record-level validator: that record) and named with the validator's message and path in
-``schema_errors``, until the object passes. A rejection that names the whole object (a top-level
+``schema_errors``, until the object passes (:func:`load_model` imports ``module:Model``). A rejection that names the whole object (a top-level
 ``model_validator``) drops nothing and is named.
 """
 
@@ -22,9 +22,33 @@ MAX_ROUNDS = 8  # drops that expose further rejections (a record whose required 
 @lru_cache(maxsize=16)
 def model_named(spec: str) -> Any:
     """The Pydantic model class ``module:Model`` names (imported once per process)."""
-    from memagent.extraction.schema import load_model
-
     return load_model(spec)
+
+
+def load_model(spec: str) -> Any:
+    """The Pydantic model ``module:Model`` names (the module imported as ``python -m`` would, from the
+    working directory too); ``ValueError`` saying what is missing."""
+    import importlib
+    import sys
+
+    from pydantic import BaseModel
+
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - a module that raises or does not parse: one line, not its traceback
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+        raise ValueError(f"schema {spec}: module {module_name!r} cannot be imported: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}{where}"[:300]) from None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"schema {spec}: module {module_name!r} has no {attr!r}")
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+        raise ValueError(f"schema {spec}: {attr!r} is not a Pydantic model class")
+    return obj
 
 
 def model_checked(model: Any, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

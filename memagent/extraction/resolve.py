@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from memagent.engines.json_schema import resolve_refs
+from memagent.json_refs import ref_cycle, resolve_refs
 from memagent.extraction.parse import MAX_NAME_CHARS, join
 from memagent.extraction.shape import NULLABLE, Link, Resolved, conform, validator, without_nulls
 
@@ -90,36 +90,43 @@ def _where(path: str) -> str:
 
 
 def inline(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` (every ``$ref`` local) with no ``$ref``, ``allOf``, ``$defs`` or ``definitions``."""
+    """A copy of ``schema`` (every ``$ref`` local) with no ``$ref``, ``allOf``, ``$defs`` or ``definitions``;
+    ``ValueError`` naming a recursive ``$ref`` (the check the server's guard makes too: memagent.json_refs)."""
+    cycle = ref_cycle(schema)
+    if cycle:  # a value that contains itself has no end
+        ref, names = "#" + cycle[0], " -> ".join(c.rsplit("/", 1)[-1] for c in cycle)
+        raise ValueError(f"{_where(_dotted_ref(cycle[0]))}: recursive $ref {ref!r} ({names}): a value that contains "
+                         "itself has no end to extract; cut the recursion (e.g. list the children as records)")
     count = [0]
 
-    def walk(node: Any, path: str, chain: tuple[str, ...]) -> Any:
+    def walk(node: Any, path: str) -> Any:
         count[0] += 1
         if count[0] > MAX_INLINED_NODES:
             raise ValueError(f"{_where(path)}: the schema's $refs expand to more than {MAX_INLINED_NODES} nodes; "
                              "every field goes into every prompt: extract fewer fields")
         if isinstance(node, list):
-            return [walk(v, f"{path}[{i}]", chain) for i, v in enumerate(node)]
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
         if not isinstance(node, dict):
             return node
         node = {k: v for k, v in node.items() if k not in ("$defs", "definitions")}
         if isinstance(node.get("$ref"), str):
             ref = node.pop("$ref")
-            if ref in chain:
-                cycle = " -> ".join(r.rsplit("/", 1)[-1] for r in (*chain[chain.index(ref):], ref))
-                raise ValueError(f"{_where(path)}: recursive $ref {ref!r} ({cycle}): a value that contains itself "
-                                 "has no end to extract; cut the recursion (e.g. list the children as records)")
-            target = walk(_pointer(schema, ref, path), path, (*chain, ref))
-            node = {**(target if isinstance(target, dict) else {}), **walk(node, path, chain)}
+            target = walk(_pointer(schema, ref, path), path)
+            node = {**(target if isinstance(target, dict) else {}), **walk(node, path)}
         for key in ("allOf",):
             if key in node:
-                members = walk(node.pop(key), path, chain)
+                members = walk(node.pop(key), path)
                 for m in members:
                     node = _merge_all(node, m, path)
-        return {k: walk(v, f"{path}.{k}" if path else k, chain) if k != "enum" and k != "const" else v
+        return {k: walk(v, f"{path}.{k}" if path else k) if k != "enum" and k != "const" else v
                 for k, v in node.items()}
 
-    return walk(resolve_refs(schema), "", ())
+    return walk(resolve_refs(schema), "")
+
+
+def _dotted_ref(pointer: str) -> str:
+    """A JSON pointer (``/$defs/Node``) as the dotted path errors name (``$defs.Node``)."""
+    return ".".join(t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:])
 
 
 def _pointer(schema: Mapping[str, Any], ref: str, path: str) -> Any:
@@ -418,8 +425,8 @@ def resolve(schema: Any) -> Resolved:
     except SchemaError as e:
         where = ".".join(map(str, e.absolute_path)) or "the schema"
         raise ValueError(f"{where}: not a valid JSON Schema: {e.message}"[:300]) from None
+    original = resolve_refs(schema)
     try:
-        original = resolve_refs(schema)
         root = inline(original)
     except RecursionError:
         raise ValueError("the schema's $refs nest too deeply to read") from None

@@ -42,6 +42,7 @@ from memagent.extraction.groups import (
     BRACES_TOKENS, FieldGroup, group_fields, group_schema, grouping_report, reply_tokens,
 )
 from memagent.extraction.kinds import FieldKind
+from memagent.extraction.model_check import load_model, model_named
 from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
     check_size, clean, iter_leaves, parse_schema,
@@ -101,12 +102,6 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     def _parse(self) -> ExtractionSchema:
         self._resolved = resolve(self.root)
         self._fields, self._records = parse_schema(self._resolved.schema, _reserved_columns(), RECORD_COLUMNS)
-        for r in self._records:
-            for word, n in (("minItems", r.min_items or None), ("maxItems", r.max_items)):
-                if n is not None:  # a record type is the document's records, read per chunk: nothing bounds them
-                    raise ValueError(f"properties.{r.name}.{word}: a record type lists every record the document "
-                                     f"states, read chunk by chunk, so {word} cannot bound it; remove {word} "
-                                     "(count the records in the output instead)")
         _check_dotted_names(self._fields, self._records)
         columns = {prefix + r.name: (what, r.name) for r in self._records
                    for prefix, what in ((N_RECORDS_PREFIX, "record count"), (RECORDS_PREFIX, "records"))}
@@ -142,8 +137,6 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     @property
     def model(self) -> Any:
         """The Pydantic model the schema came from (``x-pydantic-model``), imported; None for a JSON Schema."""
-        from memagent.extraction.model_check import model_named
-
         spec = self.root.get(MODEL_KEYWORD)
         return model_named(spec) if isinstance(spec, str) else None
 
@@ -383,32 +376,6 @@ def _importable(spec: str, model: type) -> bool:
         return load_model(spec) is model
     except ValueError:
         return False
-
-
-def load_model(spec: str) -> Any:
-    """The Pydantic model ``module:Model`` names (the module imported as ``python -m`` would, from the
-    working directory too); ``ValueError`` saying what is missing."""
-    import importlib
-    import sys
-
-    from pydantic import BaseModel
-
-    module_name, _, attr = spec.partition(":")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - a module that raises or does not parse: one line, not its traceback
-        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
-        raise ValueError(f"schema {spec}: module {module_name!r} cannot be imported: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}{where}"[:300]) from None
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ValueError(f"schema {spec}: module {module_name!r} has no {attr!r}")
-    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
-        raise ValueError(f"schema {spec}: {attr!r} is not a Pydantic model class")
-    return obj
 
 
 def load_schema(path: str | PathLike[str] | type) -> ExtractionSchema:
