@@ -7,8 +7,8 @@ set by :func:`memagent.extraction.schema.schema_from` when the class is importab
 every worker imports it again from the recorded config. :func:`model_checked` validates each assembled
 object with it: a value the model rejects is dropped (a required value: the record holding it; a
 record-level validator: that record) and named with the validator's message and path in
-``schema_errors``, until the object passes (:func:`load_model` imports ``module:Model``). A rejection that names the whole object (a top-level
-``model_validator``) drops nothing and is named.
+``schema_errors``, until the object passes (:func:`load_model` imports ``module:Model``). A rejection
+that names the whole object (a top-level ``model_validator``) drops nothing and is named.
 """
 
 from __future__ import annotations

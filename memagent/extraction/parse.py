@@ -1,6 +1,10 @@
-"""Parsing a schema into fields and record types, with every problem named by its JSON path.
+"""The derived schema (what :func:`memagent.extraction.resolve.resolve` writes of the user's) as specs: fields and
+record types, with every problem named by its JSON path.
 
-The grammar (the supported subset, checked before any model loads)::
+:func:`parse_schema` reads only the derived schema: ``$ref``, ``allOf``, unions, ``const``, formats and
+annotations are already resolved there (a union that no one column holds is a leaf with ``x-kind``). What it
+checks is what the specs need: names (reserved columns, dots, folding, sizes), enum sizes, ``x-key`` and the
+nesting depth of objects. Its shape::
 
     schema       {"type": "object", "properties": {name: field | record type}, "required": [names],
                   "additionalProperties": false, "description", "title", "$schema", "$id"}

@@ -265,7 +265,8 @@ def _json_branch(node: Any, path: str) -> Any:
             raise ValueError(f"{path}: {word!r} ({what}) cannot be extracted; remove it")
     out = {k: v for k, v in node.items() if k in KNOWN or k in MAP_KEYWORDS}
     if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: _json_branch(v, join(join(path, "properties"), k)) for k, v in out["properties"].items()}
+        where = join(path, "properties")
+        out["properties"] = {k: _json_branch(v, join(where, k)) for k, v in out["properties"].items()}
     for word in ("items", "additionalProperties"):
         if isinstance(out.get(word), dict):
             out[word] = _json_branch(out[word], join(path, word))

@@ -1,30 +1,24 @@
-"""The extraction schema: a JSON Schema of what to pull out of every document, checked on load.
+"""The extraction schema: the user's JSON Schema (or Pydantic model) of what to pull out of every document.
 
-Supported is the subset people write by hand: an object whose ``properties`` are each a
-document-level **field** of one kind (one value per document; the kinds, their output columns
-and prompt words are the table in :mod:`memagent.extraction.kinds`)
+:class:`ExtractionSchema` holds the user's schema as given (a pydantic root model, so it sits inside
+:class:`memagent.config.AgentConfig` as ``extraction``, is recorded in the output's ``config`` column and in the
+resume fingerprint, and reads back equal). On load it is
 
-============================ ============== =========================
-JSON Schema                  kind           output column (nullable)
-============================ ============== =========================
-``{"type": "string"}``       string         string
-``"format": "date"`` string  date           date32
-``{"type": "number"}``       number         float64
-``{"type": "integer"}``      integer        int64
-``{"type": "boolean"}``      boolean        bool
-``{"enum": [strings]}``      enum           string
-``{"type": "array",          string_array   list<string>
-"items": {"type": "string"}}``
-============================ ============== =========================
+1. resolved by :func:`memagent.extraction.resolve.resolve`, the one place that decides what a schema means
+   (``$ref``/``allOf`` inlined, unions, formats, record types and their parents' keys, what is refused):
+   the *derived* schema and the way back to the user's shape (:meth:`ExtractionSchema.assemble`) and
+   its check (:meth:`ExtractionSchema.errors`);
+2. read into specs by :func:`memagent.extraction.parse.parse_schema`: document-level fields (leaves of one
+   kind of :mod:`memagent.extraction.kinds`, objects as structs) and record types (arrays of objects, named
+   by their dotted path), with the limits on names and sizes; two values with one dotted name are refused.
 
-or a **record type**: ``{"type": "array", "items": {"type": "object", "properties": ..., "required": [...]},
-"x-key": [...]}``, every record of that type the document states (``minItems`` other than 0 and ``maxItems`` are
-refused: nothing bounds the records a document states), its items holding fields and nested objects
-(:mod:`memagent.extraction.parse` has the grammar and the size limits). Descriptions (and titles) are allowed
-throughout. Any other keyword, type or format is an error naming its JSON path: a schema is loaded (and this
-validation runs) before any model does. :class:`ExtractionSchema` is the raw JSON Schema as a pydantic root
-model, so it sits inside :class:`memagent.config.AgentConfig` (``extraction``), is recorded in the
-output's ``config`` column and in the resume fingerprint, and reads back equal.
+Every problem is a one-line ``ValueError`` naming its JSON path, before any model loads. The schema then
+says what each call asks and is constrained to: the memory question (:meth:`ExtractionSchema.question`,
+:meth:`ExtractionSchema.memory_question`), the final answer in field groups (:meth:`ExtractionSchema.field_groups`)
+each bounded to its budget (:meth:`ExtractionSchema.answer_schemas`), the per-chunk records calls
+(:meth:`ExtractionSchema.records_schema`). :func:`load_schema` reads a file (with a byte bound) or
+``module:Model``; a model's schema names the model (``x-pydantic-model``) so each row is validated with it
+too (:mod:`memagent.extraction.model_check`).
 """
 
 from __future__ import annotations
