@@ -193,3 +193,23 @@ def test_every_leaf_broken_is_named_once_never_a_silently_empty_row(tokenizer):
     paths = [p for p, _, _ in iter_leaves(schema.fields, {})]
     assert sorted(row["schema_errors"]) == sorted(f"{p}: no value: its reply was no JSON object" for p in paths)
     assert json.loads(row["extraction"]) == {}
+
+
+def test_a_schema_of_one_group_is_asked_again_in_halves_too(tokenizer):
+    """A schema whose fields fit one reply: behind a server that ignores string bounds, a value that runs the
+    reply past answer_tokens no longer costs the row: the group is asked again in halves, the long value named,
+    every other value kept."""
+    raw = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"},
+                                            "note": {"type": "string"}, "year": {"type": "integer"}}}
+    schema = schema_from(raw)
+    gold = {"name": "Harlow Freight", "city": "Leeds", "note": "1234567890" * 60, "year": 2021}
+    reader = WideReader(gold, {})
+    budget = 300
+    assert len(schema.field_groups(budget)) == 1
+    row = asyncio.run(answer_row(_NoBounds(reader.reply, tokenizer), {"id": "d", "context": statement(gold)},
+                                 reader_config(raw, budget)))
+    assert row["error"] is None, row["error"]
+    assert json.loads(row["extraction"]) == {k: v for k, v in gold.items() if k != "note"}
+    assert row["schema_errors"] == [f"note: no value: its reply ran past answer_tokens={budget} alone and was cut"]
+    answers = [s for s in row["steps"] if s["kind"] == "answer"]
+    assert answers[0]["finish_reason"] == "length" and len(answers) > 1
