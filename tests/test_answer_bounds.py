@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from memagent.engines.json_schema import (
-    MIN_BUDGET_CHARS, TEXT_PATTERN, bound_to_budget, budget_bounds, longest_bytes, render_schema,
+    MIN_BUDGET_CHARS, TEXT_PATTERN, bound_to_budget, budget_bounds, longest_bytes, render_schema, text_bounded,
 )
 from tests.oracle.records_oracle import constrain
 
@@ -85,7 +85,7 @@ def test_every_reply_the_budgeted_grammar_allows_closes_within_its_budget(tokeni
     """Under the bounds of :func:`bound_to_budget`, the longest reply the grammar allows is at most ``budget`` bytes,
     and a reply filling every bound with any text tokenizes to at most ``budget`` tokens: it always closes."""
     bounded = render_schema(bound_to_budget(schema, budget))
-    chars, items = budget_bounds(render_schema(schema), budget)
+    chars, items = budget_bounds(text_bounded(schema), budget)
     fits = longest_bytes(render_schema(schema), 0, 0) <= budget
     event(f"empty strings fit: {fits}")
     if not fits:

@@ -104,7 +104,8 @@ CHARS_PER_ITEM = 8  # an array keeps n items only where strings can hold 8n char
 def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARRAY_ITEMS) -> int:
     """The longest JSON text (UTF-8 bytes, compact separators) a rendered ``node`` allows when free strings
     hold at most ``chars`` characters and arrays at most ``items`` items (a node's own smaller bounds kept).
-    A value with no bound (a map, a pattern string with no ``maxLength``) counts as ``chars`` characters."""
+    A value with no bound (a map, a pattern string with no ``maxLength``) counts as ``chars`` characters; a
+    string character 4 bytes under :data:`TEXT_PATTERN`, else 6."""
     if not isinstance(node, dict):
         return 4  # true / null
     if "enum" in node or "const" in node:
@@ -120,7 +121,7 @@ def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARR
     if kind == "string":
         if node.get("format") == "date":
             return DATE_BYTES
-        per_char = BYTES_PER_CHAR if node.get("pattern", TEXT_PATTERN) == TEXT_PATTERN else BYTES_PER_PATTERN_CHAR
+        per_char = BYTES_PER_CHAR if node.get("pattern") == TEXT_PATTERN else BYTES_PER_PATTERN_CHAR
         return 2 + per_char * min(node.get("maxLength", chars), chars)
     if kind in ("number", "integer"):
         return INTEGER_BYTES if kind == "integer" else NUMBER_BYTES
@@ -176,9 +177,17 @@ def bound_to_budget(schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
     included) get the ``maxLength``, arrays the ``maxItems`` and maps the ``maxProperties`` (and a key pattern)
     of :func:`budget_bounds` (smaller bounds of their own kept), free strings :data:`TEXT_PATTERN`. The engines
     render it as any schema; validate replies against the unbounded one."""
+    out = text_bounded(schema)
+    _cap(out, *budget_bounds(out, max_tokens))
+    return out
+
+
+def text_bounded(schema: dict[str, Any]) -> dict[str, Any]:
+    """:func:`render_schema`'s bounds (a copy), free strings held to :data:`TEXT_PATTERN` and maps' keys bounded
+    too: the grammar :func:`bound_to_budget` narrows, and :func:`longest_bytes` measures."""
     out = copy.deepcopy(schema)
     _bound(out)
-    _cap(out, *budget_bounds(out, max_tokens))
+    _cap(out, MAX_STRING_CHARS, MAX_ARRAY_ITEMS)
     return out
 
 

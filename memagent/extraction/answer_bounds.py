@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from memagent.engines.json_schema import bound_to_budget, longest_bytes, render_schema
+from memagent.engines.json_schema import bound_to_budget, longest_bytes, text_bounded
+from memagent.json_refs import resolve_refs
 
 # A derived answer budget lets each free string of the reply run the first of these lengths (and each array hold
 # that many items) whose reply takes at most ANSWER_ROOM_CAP tokens.
@@ -35,7 +36,7 @@ def budgeted_json(decoding: dict[str, Any], max_tokens: int) -> dict[str, Any]:
 def answer_room_tokens(decoding: dict[str, Any]) -> int:
     """The answer budget that gives every string of ``decoding``'s reply the most room of :data:`ROOMS` within
     :data:`ANSWER_ROOM_CAP` (see the module docstring); 0 when none fits (the reply is split into groups)."""
-    rendered = render_schema(decoding)
+    rendered = text_bounded(resolve_refs(decoding))
     return next((n for chars, items in ROOMS if (n := longest_bytes(rendered, chars, items)) <= ANSWER_ROOM_CAP), 0)
 
 

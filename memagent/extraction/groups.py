@@ -23,18 +23,19 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from memagent.engines.json_schema import MIN_BUDGET_CHARS, MIN_BUDGET_ITEMS, longest_bytes
+from memagent.engines.json_schema import MIN_BUDGET_CHARS, MIN_BUDGET_ITEMS, TEXT_PATTERN, longest_bytes
 from memagent.extraction.parse import FieldSpec, ObjectSpec, iter_leaves
 
 Spec = FieldSpec | ObjectSpec
 BRACES_TOKENS = 2  # "{" and "}" of a reply
 # A leaf's value in the grammar of the least room a group leaves it (answer_bounds bounds each call's strings
 # and arrays to its budget): its longest text in bytes is the most tokens it can take.
+_TEXT = {"type": "string", "pattern": TEXT_PATTERN}  # a free string as a budgeted grammar holds it
 KIND_NODES: dict[str, dict[str, Any]] = {
-    "string": {"type": "string"}, "date": {"type": "string", "format": "date"}, "number": {"type": "number"},
+    "string": _TEXT, "date": {"type": "string", "format": "date"}, "number": {"type": "number"},
     "integer": {"type": "integer"}, "boolean": {"type": "boolean"},
-    "string_array": {"type": "array", "items": {"type": "string"}},
-    "json": {"type": "array", "items": {"type": "string"}}}  # a union's room: as a list of texts
+    "string_array": {"type": "array", "items": _TEXT},
+    "json": {"type": "array", "items": _TEXT}}  # a union's room: as a list of texts
 
 
 def name_tokens(name: str) -> int:
