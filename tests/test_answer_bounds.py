@@ -98,12 +98,12 @@ def test_every_reply_the_budgeted_grammar_allows_closes_within_its_budget(tokeni
 
 def test_free_strings_refuse_control_characters_and_keep_their_own_pattern():
     """A budgeted free string takes no control character (no blank-line loop, 4 bytes a character at most); a
-    string with a pattern of its own keeps it."""
+    string with a pattern of its own keeps it, with room for 64 characters (a date-time's pattern needs 20)."""
     bounded = bound_to_budget({"type": "object", "properties": {
-        "a": {"type": "string"}, "b": {"type": "string", "pattern": "^[A-Z]+$"}}}, 200)
+        "a": {"type": "string"}, "b": {"type": "string", "pattern": "^[A-Z]+$"}}}, 600)
     assert bounded["properties"]["a"]["pattern"] == TEXT_PATTERN
     assert bounded["properties"]["b"]["pattern"] == "^[A-Z]+$"
-    assert bounded["properties"]["a"]["maxLength"] >= MIN_BUDGET_CHARS
+    assert bounded["properties"]["a"]["maxLength"] >= MIN_BUDGET_CHARS and bounded["properties"]["b"]["maxLength"] == 64
 
 
 SWIMMING = {"type": "object", "properties": {

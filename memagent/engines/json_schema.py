@@ -99,6 +99,7 @@ DATE_BYTES = len('"2021-03-14"')
 MIN_BUDGET_CHARS = 16  # below this a string bound is raised back by giving arrays fewer items ...
 MIN_BUDGET_ITEMS = 2  # ... down to this many (answer groups are packed to leave each value this room)
 CHARS_PER_ITEM = 8  # an array keeps n items only where strings can hold 8n characters (20 items: 160)
+PATTERN_MIN_CHARS = 64  # a string of a pattern (a format's: date-time, email, uri) keeps at least this room
 
 
 def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARRAY_ITEMS) -> int:
@@ -121,8 +122,10 @@ def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARR
     if kind == "string":
         if node.get("format") == "date":
             return DATE_BYTES
-        per_char = BYTES_PER_CHAR if node.get("pattern") == TEXT_PATTERN else BYTES_PER_PATTERN_CHAR
-        return 2 + per_char * min(node.get("maxLength", chars), chars)
+        if node.get("pattern", TEXT_PATTERN) == TEXT_PATTERN:
+            per_char = BYTES_PER_CHAR if "pattern" in node else BYTES_PER_PATTERN_CHAR
+            return 2 + per_char * min(node.get("maxLength", chars), chars)
+        return 2 + BYTES_PER_PATTERN_CHAR * _pattern_chars(node, chars)
     if kind in ("number", "integer"):
         return INTEGER_BYTES if kind == "integer" else NUMBER_BYTES
     if kind in ("boolean", "null"):
@@ -141,6 +144,12 @@ def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARR
     key = KEY_BOUND.fullmatch(patterns[0]) if patterns else None
     key_chars = min(int(key.group(1)), chars) if key else chars
     return fixed + n * (2 + BYTES_PER_CHAR * key_chars + 2 + longest_bytes(value, chars, items))
+
+
+def _pattern_chars(node: dict[str, Any], chars: int) -> int:
+    """A pattern string's bound under ``chars``: never below :data:`PATTERN_MIN_CHARS` (a date-time's pattern
+    takes 20 characters at least: a shorter bound would leave no value the grammar can write)."""
+    return min(node.get("maxLength", MAX_STRING_CHARS), max(chars, PATTERN_MIN_CHARS))
 
 
 def _map_value(node: dict[str, Any]) -> Any:
@@ -197,7 +206,8 @@ def _cap(node: Any, chars: int, items: int) -> None:
         return
     types = _types(node)
     if "string" in types and node.get("format") != "date":
-        node["maxLength"] = min(node.get("maxLength", chars), chars)
+        own = node.get("pattern", TEXT_PATTERN) != TEXT_PATTERN
+        node["maxLength"] = _pattern_chars(node, chars) if own else min(node.get("maxLength", chars), chars)
         node.setdefault("pattern", TEXT_PATTERN)
     if "array" in types:
         node["maxItems"] = min(node.get("maxItems", items), items)
