@@ -34,7 +34,8 @@ from memagent.extraction.record_grounding import MemoryTrail
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
-from memagent.group_answers import answer_groups
+from memagent.extraction.answer_bounds import cut_values
+from memagent.group_answers import answer_groups, reply_object
 from memagent.heads import initial_memory, labelled, last_updated, next_head, unlabelled, write_head
 from memagent.prompts import (
     Messages,
@@ -120,6 +121,8 @@ class Result:
     records_incomplete: list[str] = field(default_factory=list)
     # A wide schema's leaves whose group reply broke even alone, one ``path: why`` each (group_answers).
     unanswered: list[str] = field(default_factory=list)
+    # Final-answer values that reached a bound their call's budget set: kept, one ``path: what`` each.
+    values_cut: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -254,6 +257,7 @@ async def read_document(
         records_tally=tally,
         records_incomplete=incomplete,
         unanswered=chain.unanswered,
+        values_cut=chain.values_cut,
     )
 
 
@@ -335,6 +339,7 @@ class _Chain:
         self.completions: list[Completion] = []
         self.keep = self.completions.append if keep_completions else (lambda _: None)
         self.unanswered: list[str] = []
+        self.values_cut: list[str] = []
 
     def _record(self, kind: str, chunk: Chunk | None, memory: str, reply: Completion, t0: float) -> None:
         self.steps.append(_step(len(self.steps), kind, chunk, memory, reply, time.perf_counter() - t0))
@@ -378,20 +383,19 @@ class _Chain:
         return messages, replace(self.params, max_tokens=config.memory_tokens // k), head
 
     async def answer(self) -> Completion:
-        """The final answer from the memory alone; none for a schema of record types only (``{}``). A wide
-        schema's fields are answered in groups (:meth:`ExtractionSchema.field_groups`), merged into one object."""
+        """The final answer from the memory alone; none for a schema of record types only (``{}``). A schema's
+        fields are answered in groups (:meth:`ExtractionSchema.field_groups`, one group when they fit), merged
+        into one object, each call's grammar bounded to its budget (:mod:`memagent.extraction.answer_bounds`)."""
         schema, config = self.config.extraction, self.config
         if schema is not None and not schema.fields:
             return Completion(text="{}", prompt_tokens=0, completion_tokens=0, finish_reason="stop")
-        groups = schema.field_groups(config.answer_tokens) if schema is not None else ()
-        if len(groups) > 1:
-            return await self._group_answers(groups)
+        if schema is not None:
+            return await self._group_answers(schema.field_groups(config.answer_tokens))
         t0 = time.perf_counter()
         messages = final_answer_messages(self.question, self.state.memory, config.answer_style, config.instruction,
-                                         config.prompts, schema.answer_instruction() if schema else None)
+                                         config.prompts, None)
         params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, self.params.logprobs,
-                                priority=-1, seed=self.params.seed,
-                                json_schema=schema.decoding_schema_json() if schema else None)
+                                priority=-1, seed=self.params.seed)
         reply = await self.engine.chat(messages, params)
         self._record("answer", None, self.state.memory, reply, t0)
         return reply
@@ -399,22 +403,32 @@ class _Chain:
     async def _group_answers(self, groups: tuple[FieldGroup, ...]) -> Completion:
         """One constrained final call per field group, all reading the final memory (one answer step per call,
         the groups in order, then any halves of a group whose reply broke: :mod:`memagent.group_answers`);
-        the reply is the merged object, the leaves left out kept in ``self.unanswered``."""
+        the reply is the merged object, the leaves left out kept in ``self.unanswered``, the values cut at
+        the bound of their call's budget in ``self.values_cut``. A single group is asked as the whole schema
+        (the memory's question, the schema's format sentence)."""
         schema, config = self.config.extraction, self.config
         assert schema is not None
         t0 = time.perf_counter()
+        cuts: dict[int, list[str]] = {}
 
         async def ask(group: FieldGroup) -> Completion:
-            messages = final_answer_messages(schema.question(group), self.state.memory, config.answer_style,
-                                             config.instruction, config.prompts, schema.answer_instruction(group))
-            return await self.engine.chat(messages, SamplingParams(
+            whole = group.fields == schema.fields
+            messages = final_answer_messages(self.question if whole else schema.question(group), self.state.memory,
+                                             config.answer_style, config.instruction, config.prompts,
+                                             schema.answer_instruction(None if whole else group))
+            user, bounded = schema.answer_schemas(group, config.answer_tokens)
+            reply = await self.engine.chat(messages, SamplingParams(
                 config.answer_tokens, config.temperature, config.top_p, self.params.logprobs, priority=-1,
-                seed=self.params.seed, json_schema=schema.group_decoding_schema_json(group)))
+                seed=self.params.seed, json_schema=json.dumps(bounded, ensure_ascii=False)))
+            obj = reply_object(reply)
+            cuts[id(reply)] = [] if obj is None else cut_values(user, bounded, obj, "", config.answer_tokens)
+            return reply
 
         answers = await answer_groups(ask, groups, config.answer_tokens)
         for reply in answers.replies:
             self._record("answer", None, self.state.memory, reply, t0)
         self.unanswered = list(answers.unanswered)
+        self.values_cut = [c for r in answers.replies for c in cuts.get(id(r), [])]
         return Completion(text=json.dumps(answers.merged, ensure_ascii=False),
                           prompt_tokens=sum(r.prompt_tokens for r in answers.replies),
                           completion_tokens=sum(r.completion_tokens for r in answers.replies),

@@ -40,6 +40,8 @@ from memagent.documents.columns import DOCUMENT_ERROR_COLUMN
 from memagent.engines.base import Engine
 from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
 from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields, record_items
+from memagent.extraction.model_check import model_checked
+from memagent.extraction.output import typed_values
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
@@ -121,7 +123,8 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
     assert schema is not None
     record = dict(row)
     try:
-        columns = extraction_columns(schema, result.response, result.steps, row.get("context"), result.unanswered)
+        columns = extraction_columns(schema, result.response, result.steps, row.get("context"), result.unanswered,
+                                     result.values_cut)
         error = None
     except InvalidOutput as exc:
         columns, error = null_columns(schema), f"{INVALID_OUTPUT_PREFIX}{exc}"
@@ -141,7 +144,19 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         record.update({RECORDS_PREFIX + r.name: record_items(r, records.get(r.name, ())) for r in schema.record_types})
         if error is None:
             _nest_records(record, schema, records, result.records_incomplete)
+    if error is None and schema.model is not None:
+        _model_checked(record, schema)
     return record
+
+
+def _model_checked(record: dict[str, Any], schema: Any) -> None:
+    """The row held to the user's Pydantic model too (:mod:`memagent.extraction.model_check`): each value its
+    validators reject dropped from ``extraction`` and the field columns, and named in ``schema_errors``."""
+    obj, rejected = model_checked(schema.model, json.loads(record[EXTRACTION_COLUMN]))
+    if rejected:
+        record[EXTRACTION_COLUMN] = record["prediction"] = json.dumps(obj, ensure_ascii=False, default=str)
+        record.update(typed_values(schema, obj))
+        record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *rejected]
 
 
 def _nest_records(record: dict[str, Any], schema: Any, records: Mapping[str, Any],

@@ -206,9 +206,9 @@ class AgentConfig(BaseModel):
 
 def _schema_budgets(data: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """``data`` with the budgets the caller did not give (``given`` lacks them) raised to what the extraction
-    schema needs: the memory to hold its fields, the answer to hold its whole reply when that is within the
-    memory's budget (a wider reply is split into field groups instead, which costs no window: a call's reply
-    is bounded by the larger of the two), the chunk to a quarter of the memory, the query to the question
+    schema needs: the memory to hold its fields, the answer to hold its whole reply with room for every value
+    (:func:`memagent.extraction.answer_bounds.answer_room_tokens`; a wider reply is split into field groups of the
+    memory's budget instead, which costs no window: a call's reply is bounded by the larger of the two), the chunk to a quarter of the memory, the query to the question
     every memory update asks (:meth:`ExtractionSchema.memory_question`)."""
     try:
         schema = data["extraction"] if isinstance(data["extraction"], ExtractionSchema) \
@@ -223,8 +223,9 @@ def _schema_budgets(data: dict[str, Any], given: dict[str, Any]) -> dict[str, An
         out["chunk_tokens"] = max(out.get("chunk_tokens", defaults["chunk_tokens"]), -(-out.get(
             "memory_tokens", defaults["memory_tokens"]) // 4))
     if "answer_tokens" not in given:
-        whole = min(schema.answer_tokens_needed(), out.get("memory_tokens", defaults["memory_tokens"]))
-        out["answer_tokens"] = max(out.get("answer_tokens", defaults["answer_tokens"]), whole,
+        memory = out.get("memory_tokens", defaults["memory_tokens"])
+        room = schema.answer_room_tokens()  # 0 past ANSWER_ROOM_CAP: the reply is split into groups instead
+        out["answer_tokens"] = max(out.get("answer_tokens", defaults["answer_tokens"]), room or memory,
                                    smallest_group_tokens(schema.fields))
     if "query_tokens" not in given:  # a token per byte of UTF-8 at most: field names (s1_16_3) cut small
         question = schema.memory_question(out.get("answer_tokens", defaults["answer_tokens"]))

@@ -44,6 +44,8 @@ CARRIED_PREFIX = "input_"
 EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN = "extraction", "field_evidence"
 # Values dropped because they failed the user's own JSON Schema (memagent.extraction.resolve.conform).
 SCHEMA_ERRORS_COLUMN = "schema_errors"
+# Final-answer values kept though they reached a bound their call's budget set (memagent.extraction.answer_bounds).
+VALUES_CUT_COLUMN = "values_cut"
 # Record types (memagent.extraction.reading.RecordsTally, one column per count): chunk pieces whose records
 # reply overflowed (cut, full, or no JSON) and were split and re-read; pieces left (partly) unread, their
 # records missing (still overflowing at the size or depth limit, or running away); of those, pieces whose
@@ -65,7 +67,7 @@ RECORDS_PREFIX, N_RECORDS_PREFIX = "records_", "n_records_"
 # The records dataset's own columns, around a record type's value columns (``_records/<type>/``).
 RECORD_COLUMNS = ("id", "record_type", "record_index", "record_evidence", "record_conflicts", "first_chunk",
                   "last_chunk", "mentions")
-EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, SCHEMA_ERRORS_COLUMN, *TALLY_COLUMNS.values())
+EXTRACTION_COLUMNS = (EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, SCHEMA_ERRORS_COLUMN, VALUES_CUT_COLUMN, *TALLY_COLUMNS.values())
 
 # The batch job's own: which Ray node read the row, and the input fingerprint a resume compares.
 NODE_ID_COLUMN, FINGERPRINT_COLUMN = "node_id", "input_fingerprint"

@@ -18,6 +18,7 @@ from memagent.agent import check_config, read_document
 from memagent.batch import RESULT_COLUMNS, answer_rows, result_schema
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
+from memagent.engines.json_schema import TEXT_PATTERN, longest_bytes, render_schema
 from memagent.extraction import ExtractionSchema, field_evidence, load_schema, output_fields, parse_reply
 from memagent.extraction.output import InvalidOutput
 
@@ -34,7 +35,7 @@ SCHEMA = {
     },
     "required": ["party", "amount"],
 }
-CFG = AgentConfig(chunk_tokens=64, memory_tokens=200, answer_tokens=120, query_tokens=200, extraction=SCHEMA)
+CFG = AgentConfig(chunk_tokens=64, memory_tokens=200, answer_tokens=460, query_tokens=200, extraction=SCHEMA)
 DOC = ("This agreement is made with Harlow Freight Ltd as the Client. It takes effect on March 14, 2021. "
        "The total fee is USD 48,250 payable in advance. The term is 24 months. Signed by Ann Lee and Bo Kim. "
        "The laws of Delaware govern it. The late fee is USD 250.")
@@ -74,7 +75,6 @@ def with_props(**props) -> dict:
     ({"type": "object"}, "has no properties"),
     ({**with_props(a={"type": "string"}), "anyOf": []}, "anyOf: not a valid JSON Schema: [] should be non-empty"),
     (with_props(address={"type": "object"}), "properties.address.properties: an object needs at least one property"),
-    (with_props(size={"type": ["number", "string", "object"]}), "a union of number, object, string has no one column"),
     (with_props(size={"description": "no type"}), "property 'size' has no type"),
     (with_props(size={"not": {"type": "string"}}), "properties.size: 'not' (negation) cannot be extracted"),
     (with_props(size={"if": {}, "then": {}}), "properties.size: 'if' (a conditional)"),
@@ -138,6 +138,7 @@ def test_output_columns_are_typed():
                      "term_months": pa.int64(), "renewal": pa.bool_(), "law": pa.string(),
                      "signatories": pa.list_(pa.string()), "extraction": pa.string(),
                      "field_evidence": types["field_evidence"], "schema_errors": pa.list_(pa.string()),
+                     "values_cut": pa.list_(pa.string()),
                      "record_splits": pa.int32(),
                      "record_failed_pieces": pa.int32(), "record_runaway_pieces": pa.int32(),
                      "record_invalid_items": pa.int32(),
@@ -146,6 +147,17 @@ def test_output_columns_are_typed():
     assert [f.name for f in types["field_evidence"].value_type] == ["field", "value", "step", "char_start", "char_end"]
     assert result_schema(CFG).names[:len(RESULT_COLUMNS)] == list(RESULT_COLUMNS)
 
+
+
+def _without_bounds(node):
+    """A rendered schema less the bounds and defaults :func:`render_schema` and the answer budget add."""
+    if isinstance(node, list):
+        return [_without_bounds(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    added = {"maxLength", "maxItems", "minimum", "maximum", "multipleOf"}
+    return {k: _without_bounds(v) for k, v in node.items() if k not in added and not (
+        k == "pattern" and (node.get("format") == "date" or v == TEXT_PATTERN))}
 
 # -- the read ---------------------------------------------------------------------------------------
 
@@ -159,8 +171,10 @@ def test_one_chain_with_the_field_list_and_a_constrained_answer(tiny_engine):
     assert all("- effective_date (date, YYYY-MM-DD)" in p and "- party (text, required): The client's company name"
                in p and s.json_schema is None for p, s in memory_calls)
     typed_enum = {**SCHEMA["properties"], "law": {**SCHEMA["properties"]["law"], "type": "string"}}
-    assert json.loads(final_params.json_schema) == {**SCHEMA, "properties": typed_enum,
-                                                    "required": ["party", "amount"], "additionalProperties": False}
+    sent = json.loads(final_params.json_schema)  # the decoding schema bounded so that every reply closes
+    assert longest_bytes(render_schema(sent)) <= CFG.answer_tokens == final_params.max_tokens
+    assert _without_bounds(sent) == {**SCHEMA, "properties": typed_enum, "required": ["party", "amount"],
+                                     "additionalProperties": False}
     assert "Reply with one JSON object with the keys party, effective_date" in final and "Always give party, amount" \
         in final
     assert json.loads(result.response) == GOOD
@@ -234,8 +248,9 @@ def test_an_invalid_reply_is_an_error_row_not_a_crash(tiny_engine):
 
     engine = Truncating(tiny_engine.tokenizer, lambda p: "memory", lambda p: json.dumps(GOOD))
     [row] = asyncio.run(answer_rows(engine, [{"id": "a", "context": DOC}], CFG))
-    assert row["error"].startswith("invalid_output: reply is not valid JSON")
-    assert row["error"].endswith("(the reply stopped at answer_tokens=120: raise answer_tokens)")
+    assert row["error"].startswith("invalid_output: reply does not match the schema: 'party' is a required property; "
+                                   "left out: party: no value: its reply ran past answer_tokens=460 alone and was cut")
+    assert row["error"].endswith("(the reply stopped at answer_tokens=460: raise answer_tokens)")
 
 
 # -- evidence ----------------------------------------------------------------------------------------

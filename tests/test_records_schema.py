@@ -57,6 +57,7 @@ def test_a_record_schema_loads_beside_document_fields():
     # The final answer is the document-level object; records have their own per-chunk schema.
     assert set(schema.decoding_schema()["properties"]) == {"account"}
     assert [f.name for f in output_fields(schema)] == ["account", "extraction", "field_evidence", "schema_errors",
+                                                       "values_cut",
                                                        "n_records_payments", "record_splits", "record_failed_pieces",
                                                        "record_runaway_pieces", "record_invalid_items",
                                                        "grounding_dropped_values", "grounding_dropped_records",

@@ -24,7 +24,7 @@ def test_a_window_given_in_the_config_wins(tiny_llama_dir):
 
 @pytest.mark.parametrize("agent, problem", [
     (AgentConfig(chunk_tokens=3000, memory_tokens=1024), "context window of 4096"),
-    (AgentConfig(preset="tiny", answer_tokens=64, query_tokens=96, extraction=ExtractionSchema.model_validate({"type": "object", "properties": {
+    (AgentConfig(preset="tiny", answer_tokens=256, query_tokens=96, extraction=ExtractionSchema.model_validate({"type": "object", "properties": {
         f"field_{i}": {"type": "string", "description": "a long description of what this field holds " * 4}
         for i in range(2)}})), "over query_tokens"),
 ])

@@ -18,32 +18,38 @@ A group reply that breaks anyway is asked again in halves (:mod:`memagent.group_
 
 from __future__ import annotations
 
-import re
+import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from memagent.extraction.kinds import KINDS
+from memagent.engines.json_schema import MIN_BUDGET_CHARS, MIN_BUDGET_ITEMS, TEXT_PATTERN, longest_bytes
 from memagent.extraction.parse import FieldSpec, ObjectSpec, iter_leaves
 
 Spec = FieldSpec | ObjectSpec
-BRACES_TOKENS = 2  # "{" and "}" of a reply (ExtractionSchema.answer_tokens_needed counts them too)
-# Groups are packed by a size kept on the high side (a cut reply loses the whole group): a date or a number
-# written digit by digit, as SmolLM2's tokenizer does, is longer than the load-time estimate says.
-WIDE_VALUE_TOKENS = {"date": 14, "number": 10}
+BRACES_TOKENS = 2  # "{" and "}" of a reply
+# A leaf's value in the grammar of the least room a group leaves it (answer_bounds bounds each call's strings
+# and arrays to its budget): its longest text in bytes is the most tokens it can take.
+_TEXT = {"type": "string", "pattern": TEXT_PATTERN}  # a free string as a budgeted grammar holds it
+KIND_NODES: dict[str, dict[str, Any]] = {
+    "string": _TEXT, "date": {"type": "string", "format": "date"}, "number": {"type": "number"},
+    "integer": {"type": "integer"}, "boolean": {"type": "boolean"},
+    "string_array": {"type": "array", "items": _TEXT},
+    "json": {"type": "array", "items": _TEXT}}  # a union's room: as a list of texts
 
 
 def name_tokens(name: str) -> int:
-    """A property name's tokens on the high side without a tokenizer: letters about 3 a token, every digit
-    and other character one."""
-    return sum(-(-len(run) // 3) if run[0].isalpha() else len(run) for run in re.findall(r"[^\W\d_]+|\d+|.", name))
+    """A property name's most tokens: its bytes as a JSON key (every token is at least one byte)."""
+    return len(json.dumps(name, ensure_ascii=False).encode())
 
 
-def reply_tokens(spec: Spec) -> int:
-    """The size a group counts for ``"name": value,`` (an object: its name, braces and properties)."""
+def reply_tokens(spec: Spec, chars: int = MIN_BUDGET_CHARS, items: int = MIN_BUDGET_ITEMS) -> int:
+    """The most tokens ``"name":value,`` takes when each string holds ``chars`` characters and each array
+    ``items`` items (an object: its name, braces and properties): by default the least room a group leaves."""
     if isinstance(spec, ObjectSpec):
-        return name_tokens(spec.name) + 4 + sum(map(reply_tokens, spec.fields))
-    return name_tokens(spec.name) + 3 + max(KINDS[spec.kind].tokens(spec.enum), WIDE_VALUE_TOKENS.get(spec.kind, 0))
+        return name_tokens(spec.name) + 4 + sum(reply_tokens(f, chars, items) for f in spec.fields)
+    node = {"enum": list(spec.enum)} if spec.kind == "enum" else KIND_NODES[spec.kind]
+    return name_tokens(spec.name) + 2 + longest_bytes(node, chars, items)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,8 @@ class FieldGroup:
 
 
 class GroupTooLarge(ValueError):
-    """A leaf (the smallest group there can be) whose reply alone does not fit the answer budget."""
+    """A leaf (the smallest group there can be) whose reply cannot close within the answer budget even with
+    its strings empty and its arrays without items."""
 
     def __init__(self, path: str, need: int, budget: int):
         super().__init__(f"answer_tokens={budget} cannot hold field {path!r} of the schema (about {need} tokens "
@@ -80,9 +87,10 @@ class GroupTooLarge(ValueError):
 @lru_cache(maxsize=64)  # asked once per document's final answer; the specs are frozen, hashable
 def group_fields(fields: tuple[Spec, ...], budget: int) -> tuple[FieldGroup, ...]:
     """The fields in groups of at most ``budget`` answer tokens each (see the module docstring); one group
-    when they all fit. :class:`GroupTooLarge` when a single leaf does not fit."""
-    if BRACES_TOKENS + sum(f.answer_tokens() for f in fields) <= budget:
-        return (FieldGroup(fields),)  # fits as before (ExtractionSchema.answer_tokens_needed): read as before
+    when they all fit. A leaf that does not fit with the least room is a group of its own;
+    :class:`GroupTooLarge` when it cannot fit at all."""
+    if BRACES_TOKENS + sum(map(reply_tokens, fields)) <= budget:
+        return (FieldGroup(fields),)  # fits whole (ExtractionSchema.answer_tokens_needed): one call
     units: list[Spec] = []
     for f in fields:
         units.extend(_pieces(f, budget - BRACES_TOKENS, "", budget))
@@ -103,6 +111,8 @@ def _pieces(spec: Spec, room: int, prefix: str, budget: int) -> list[Spec]:
     if reply_tokens(spec) <= room:
         return [spec]
     if not isinstance(spec, ObjectSpec):
+        if reply_tokens(spec, 0, 0) <= room:
+            return [spec]  # a group of its own: its strings and arrays bounded shorter (values_cut names a cut)
         raise GroupTooLarge(prefix + spec.name, budget - room + reply_tokens(spec), budget)  # with its objects
     wrapper = reply_tokens(spec) - sum(map(reply_tokens, spec.fields))  # the object's own name, braces
     inner: list[Spec] = []
@@ -119,8 +129,8 @@ def _pieces(spec: Spec, room: int, prefix: str, budget: int) -> list[Spec]:
 
 
 def smallest_group_tokens(fields: tuple[Spec, ...]) -> int:
-    """The least ``answer_tokens`` the fields can be grouped under: the widest leaf with the objects around it
-    and the braces."""
+    """The least ``answer_tokens`` under which every leaf's group leaves it the least room (:func:`reply_tokens`):
+    the widest leaf with the objects around it and the braces."""
     def need(spec: Spec) -> int:
         if not isinstance(spec, ObjectSpec):
             return reply_tokens(spec)

@@ -4,17 +4,19 @@ A property of the schema (document-level, or a field of a record type's items) i
 one kind. :data:`KINDS` holds one :class:`Kind` record per kind, and every part of extraction
 reads it instead of keeping its own table:
 
-============  ==========================================  ============  ==================  ======
-kind          JSON Schema test (:func:`kind_of`)          Arrow type    prompt words        tokens
-============  ==========================================  ============  ==================  ======
-enum          ``{"enum": [strings]}``                     string        one of: a, b, ...   len/3+2
-date          ``{"type": "string", "format": "date"}``    date32        date, YYYY-MM-DD    8
-string        ``{"type": "string"}``                      string        text                12
-number        ``{"type": "number"}``                      float64       number              8
-integer       ``{"type": "integer"}``                     int64         whole number        8
-boolean       ``{"type": "boolean"}``                     bool          true or false       2
-string_array  ``{"type": "array", "items": string}``      list<string>  list of texts       24
-============  ==========================================  ============  ==================  ======
+============  ==========================================  ============  ==================
+kind          JSON Schema test (:func:`kind_of`)          Arrow type    prompt words
+============  ==========================================  ============  ==================
+enum          ``{"enum": [strings]}``                     string        one of: a, b, ...
+date          ``{"type": "string", "format": "date"}``    date32        date, YYYY-MM-DD
+string        ``{"type": "string"}``                      string        text
+number        ``{"type": "number"}``                      float64       number
+integer       ``{"type": "integer"}``                     int64         whole number
+boolean       ``{"type": "boolean"}``                     bool          true or false
+string_array  ``{"type": "array", "items": string}``      list<string>  list of texts
+json          ``"x-kind": "json"`` (a union of an array,  string (JSON  a JSON value
+              an object or a scalar: resolve.py)          text)
+============  ==========================================  ============  ==================
 
 plus, per kind: how a JSON value converts to its Arrow value (:meth:`Kind.to_arrow`), the
 surface forms evidence searches for (:meth:`Kind.forms`: ``48250`` is also ``48,250`` and
@@ -23,7 +25,10 @@ value compares by value (:meth:`Kind.normalise`, the merge key) and whether grou
 (booleans have no span) and may drop it (``require_grounding`` drops free values, never an enum
 label or a boolean, which the schema already bounds). Replies are validated by ``jsonschema``
 against the schema's own nodes and the grammar is those nodes bounded per JSON type by
-:func:`memagent.engines.json_schema.render_schema` (one rendering for every engine).
+:func:`memagent.engines.json_schema.render_schema` (one rendering for every engine). A ``json`` value (a
+union no one column type holds: a list or an object of lists, say) is its JSON text in the column
+(:data:`JSON_TEXT_METADATA` on the Arrow field says so), the value itself in the ``extraction`` object; it is
+validated against the user's union and has no span.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import pyarrow as pa
 
 from memagent.extraction.spellings import CURRENCY_SYMBOLS, date_readings, number_readings
 
-FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array"]
+FieldKind = Literal["string", "date", "number", "integer", "boolean", "enum", "string_array", "json"]
 
 
 def parse_date(text: Any) -> dt.date | None:
@@ -135,7 +140,6 @@ class Kind:
     test: Callable[[Mapping[str, Any]], bool]  # does a property node declare this kind
     arrow: pa.DataType
     words: str  # what the prompt calls it ("one of: ..." for enums, from the values)
-    value_tokens: int  # rough tokens of its JSON value (enums: from the longest value)
     to_arrow: Callable[[Any], Any]  # JSON value -> Arrow value (not None)
     forms: Callable[[Any], list[str]]  # how a value may be written; the first is its exact form
     normalise: Callable[[Any], Any]  # a value compared by value: merge keys
@@ -146,10 +150,6 @@ class Kind:
 
     def describe(self, enum: tuple[str, ...] = ()) -> str:
         return f"one of: {', '.join(enum)}" if self.name == "enum" else self.words
-
-    def tokens(self, enum: tuple[str, ...] = ()) -> int:
-        """A rough size of the JSON value in tokens (about 3 characters a token)."""
-        return math.ceil(max(map(len, enum)) / 3) + 2 if self.name == "enum" and enum else self.value_tokens
 
 
 def _types(node: Mapping[str, Any]) -> Any:
@@ -165,26 +165,35 @@ def _is_array_of_strings(node: Mapping[str, Any]) -> bool:
 _SAME = (lambda v: v)  # noqa: E731 - identity conversion
 
 
+def _json_text(value: Any) -> str:
+    """A ``json`` column's value (and merge key): the value's JSON text, keys in the order written."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _as_text(value: Any) -> str:
     """A string column's value: a union widened to string holds numbers and booleans as their JSON text."""
     return value if isinstance(value, str) else json.dumps(value)
 KINDS: dict[FieldKind, Kind] = {k.name: k for k in [
-    Kind("enum", lambda n: "enum" in n and _types(n) in (None, "string"), pa.string(), "one of", 0, _SAME,
+    Kind("enum", lambda n: "enum" in n and _types(n) in (None, "string"), pa.string(), "one of", _SAME,
          _text_forms, normalise_text,
          droppable=False, fuzzy=True),
-    Kind("date", lambda n: _types(n) == "string" and n.get("format") == "date", pa.date32(), "date, YYYY-MM-DD", 8,
+    Kind("date", lambda n: _types(n) == "string" and n.get("format") == "date", pa.date32(), "date, YYYY-MM-DD",
          lambda v: dt.date.fromisoformat(v), _date_forms, _date_key, by_value="date"),
-    Kind("string", lambda n: _types(n) == "string" and "format" not in n, pa.string(), "text", 12, _as_text,
+    Kind("string", lambda n: _types(n) == "string" and "format" not in n, pa.string(), "text", _as_text,
          _text_forms, normalise_text, fuzzy=True),
-    Kind("number", lambda n: _types(n) == "number", pa.float64(), "number", 8, float, _number_forms, _number_key,
+    Kind("number", lambda n: _types(n) == "number", pa.float64(), "number", float, _number_forms, _number_key,
          by_value="number"),
-    Kind("integer", lambda n: _types(n) == "integer", pa.int64(), "whole number", 8, int, _number_forms,
+    Kind("integer", lambda n: _types(n) == "integer", pa.int64(), "whole number", int, _number_forms,
          _number_key, by_value="number"),
-    Kind("boolean", lambda n: _types(n) == "boolean", pa.bool_(), "true or false", 2, bool, lambda v: [],
+    Kind("boolean", lambda n: _types(n) == "boolean", pa.bool_(), "true or false", bool, lambda v: [],
          bool, grounded=False, droppable=False),
-    Kind("string_array", _is_array_of_strings, pa.list_(pa.string()), "list of texts", 24, list, _text_forms,
+    Kind("string_array", _is_array_of_strings, pa.list_(pa.string()), "list of texts", list, _text_forms,
          lambda v: tuple(normalise_text(x) for x in v), fuzzy=True),
+    Kind("json", lambda n: False, pa.string(), "a JSON value", _json_text, lambda v: [], _json_text,
+         grounded=False, droppable=False),
 ]}
+# The Arrow field metadata of a ``json`` column: its strings are JSON text (of the user's union).
+JSON_TEXT_METADATA = {b"content": b"application/json"}
 ITEM_KIND: dict[FieldKind, FieldKind] = {"string_array": "string"}  # what each item of an array kind is
 SCALAR_KINDS = ("string", "date", "number", "integer", "boolean", "enum")  # may be record keys
 

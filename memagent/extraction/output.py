@@ -44,13 +44,14 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from memagent.extraction.grounding import value_evidence
-from memagent.extraction.kinds import ITEM_KIND, KINDS, to_arrow
+from memagent.extraction.kinds import ITEM_KIND, JSON_TEXT_METADATA, KINDS, to_arrow
 from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType, iter_leaves
 from memagent.extraction.resolve import without_nulls
 from memagent.extraction.schema import ExtractionSchema
 from memagent.prompts import parse_json_answer
 from memagent.result_schema import (
     EXTRACTION_COLUMN, FIELD_EVIDENCE_COLUMN, N_RECORDS_PREFIX, RECORDS_PREFIX, SCHEMA_ERRORS_COLUMN, TALLY_COLUMNS,
+    VALUES_CUT_COLUMN,
 )
 
 EVIDENCE_TYPE = pa.struct([
@@ -73,13 +74,13 @@ class InvalidOutput(ValueError):
 
 def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``,
-    ``schema_errors``, one ``n_records_<type>`` per record type, the records calls' tally (``record_splits``,
+    ``schema_errors``, ``values_cut``, one ``n_records_<type>`` per record type, the records calls' tally (``record_splits``,
     ``record_failed_pieces``, ``record_runaway_pieces``, ``record_invalid_items``,
     ``grounding_dropped_values``, ``grounding_dropped_records``, ``record_incomplete``) and one
     ``records_<type>`` per record type (the records themselves)."""
     return [*(_arrow_field(f) for f in schema.fields),
             pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),
-            pa.field(SCHEMA_ERRORS_COLUMN, pa.list_(pa.string())),
+            pa.field(SCHEMA_ERRORS_COLUMN, pa.list_(pa.string())), pa.field(VALUES_CUT_COLUMN, pa.list_(pa.string())),
             *(pa.field(N_RECORDS_PREFIX + r.name, pa.int32()) for r in schema.record_types),
             *(pa.field(c, pa.int32()) for c in TALLY_COLUMNS.values()),
             *(pa.field(RECORDS_PREFIX + r.name, pa.list_(record_struct(r))) for r in schema.record_types)]
@@ -88,7 +89,7 @@ def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
 def _arrow_field(spec: FieldSpec | ObjectSpec) -> pa.Field:
     if isinstance(spec, ObjectSpec):
         return pa.field(spec.name, pa.struct([_arrow_field(f) for f in spec.fields]))
-    return pa.field(spec.name, KINDS[spec.kind].arrow)
+    return pa.field(spec.name, KINDS[spec.kind].arrow, metadata=JSON_TEXT_METADATA if spec.kind == "json" else None)
 
 
 def record_fields(record: RecordType) -> list[pa.Field]:
@@ -170,10 +171,12 @@ def field_evidence(schema: ExtractionSchema, obj: Mapping[str, Any], steps: Iter
 
 
 def extraction_columns(schema: ExtractionSchema, reply: str | None, steps: Iterable[Any] | None,
-                       context: str | None, unanswered: Iterable[str] = ()) -> dict[str, Any]:
+                       context: str | None, unanswered: Iterable[str] = (),
+                       values_cut: Iterable[str] = ()) -> dict[str, Any]:
     """All extraction columns of a successful read; raises :class:`InvalidOutput` for a bad reply.
     ``unanswered``: ``path: why`` of the leaves a wide schema's broken group replies left out
-    (``Result.unanswered``), listed in ``schema_errors`` before the values the schema dropped."""
+    (``Result.unanswered``), listed in ``schema_errors`` before the values the schema dropped; ``values_cut``:
+    the values kept at a bound their call's budget set (``Result.values_cut``)."""
     unanswered = list(unanswered)
     try:
         obj, dropped = conform_reply(schema, parse_reply(schema, reply))
@@ -184,7 +187,7 @@ def extraction_columns(schema: ExtractionSchema, reply: str | None, steps: Itera
         raise
     return {**typed_values(schema, obj), EXTRACTION_COLUMN: json.dumps(obj, ensure_ascii=False),
             FIELD_EVIDENCE_COLUMN: field_evidence(schema, obj, steps, context),
-            SCHEMA_ERRORS_COLUMN: unanswered + dropped}
+            SCHEMA_ERRORS_COLUMN: unanswered + dropped, VALUES_CUT_COLUMN: list(values_cut)}
 
 
 def conform_reply(schema: ExtractionSchema, obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -1,13 +1,16 @@
-"""Parsing a schema into fields and record types, with every problem named by its JSON path.
+"""The derived schema (what :func:`memagent.extraction.resolve.resolve` writes of the user's) as specs: fields and
+record types, with every problem named by its JSON path.
 
-The grammar (the supported subset, checked before any model loads)::
+:func:`parse_schema` reads only the derived schema: ``$ref``, ``allOf``, unions, ``const``, formats and
+annotations are already resolved there (a union that no one column holds is a leaf with ``x-kind``). What it
+checks is what the specs need: names (reserved columns, dots, folding, sizes), enum sizes, ``x-key`` and the
+nesting depth of objects. Its shape::
 
     schema       {"type": "object", "properties": {name: field | record type}, "required": [names],
                   "additionalProperties": false, "description", "title", "$schema", "$id"}
     field        a leaf of one kind (memagent.extraction.kinds: string, date, number, integer,
                  boolean, enum of strings, array of strings) with "description" and "title"
-    record type  {"type": "array", "items": item, "minItems": n, "maxItems": n,
-                  "x-key": [names], "description", "title"}
+    record type  {"type": "array", "items": item, "x-key": [names], "description", "title"}
     item         {"type": "object", "properties": {name: field | object}, "required": [names],
                   "additionalProperties": false, "description", "title"}
     object       like item, nested at most MAX_OBJECT_DEPTH deep inside an item
@@ -55,7 +58,7 @@ TOP_KEYWORDS = {"type", "properties", "required", "description", "title", "$sche
 CONSTRAINT_KEYWORDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
                        "minLength", "maxLength", "minItems", "maxItems", "uniqueItems"}
 PROPERTY_KEYWORDS = {"type", "description", "title", "format", "enum", "items", "anyOf"} | CONSTRAINT_KEYWORDS
-RECORD_KEYWORDS = {"type", "items", "description", "title", "minItems", "maxItems", "x-key"}
+RECORD_KEYWORDS = {"type", "items", "description", "title", "x-key"}  # what resolve.py writes of a record type
 OBJECT_KEYWORDS = {"type", "properties", "required", "description", "title", "additionalProperties"}
 SUPPORTED = ("string, number, integer, boolean, string with format date, enum, "
              "array of strings, object, array of objects (a record type)")
@@ -76,10 +79,6 @@ class FieldSpec:
         line = f"{indent}- {self.name} ({what}{', required' if self.required else ''})"
         return line + (f": {self.description.strip()}" if self.description and self.description.strip() else "")
 
-    def answer_tokens(self) -> int:
-        """A rough size of ``"name": value,`` in tokens (about 3 characters a token)."""
-        return -(-len(self.name) // 3) + 3 + KINDS[self.kind].tokens(self.enum)
-
 
 @dataclass(frozen=True)
 class ObjectSpec:
@@ -95,9 +94,6 @@ class ObjectSpec:
         head += f": {self.description.strip()}" if self.description and self.description.strip() else ""
         return "\n".join([head, *(f.question_line(indent + "  ") for f in self.fields)])
 
-    def answer_tokens(self) -> int:
-        return -(-len(self.name) // 3) + 4 + sum(f.answer_tokens() for f in self.fields)
-
 
 @dataclass(frozen=True)
 class RecordType:
@@ -106,8 +102,6 @@ class RecordType:
     name: str
     fields: tuple[FieldSpec | ObjectSpec, ...]
     key: tuple[str, ...] = ()
-    min_items: int | None = None
-    max_items: int | None = None
     description: str | None = None
     item_schema: Mapping[str, Any] | None = None  # the items node without titles and x- keywords
 
@@ -303,13 +297,6 @@ def parse_object(path: str, node: Any, reserved: tuple[str, ...], depth: int) ->
     return tuple(out)
 
 
-def _count(path: str, node: Mapping[str, Any], word: str) -> int | None:
-    n = node.get(word)
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-        raise ValueError(f"{join(path, word)}: must be a whole number >= 0, got {show(n)}")
-    return n
-
-
 def clean(node: Any) -> Any:
     """A node without titles and ``x-`` keywords: what replies are validated and decoded against."""
     if not isinstance(node, dict):
@@ -328,9 +315,6 @@ def parse_record_type(path: str, name: str, node: dict[str, Any], reserved: tupl
                          f"{', '.join(sorted(RECORD_KEYWORDS))}")
     description = _description(path, node)
     fields = parse_object(join(path, "items"), node.get("items"), reserved, 1)
-    lo, hi = _count(path, node, "minItems"), _count(path, node, "maxItems")
-    if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"{join(path, 'minItems')}: minItems {lo} is over maxItems {hi}")
     key = node.get("x-key", [])
     kpath = join(path, "x-key")
     if not isinstance(key, list) or not all(isinstance(k, str) for k in key) or len(set(key)) != len(key):
@@ -343,7 +327,7 @@ def parse_record_type(path: str, name: str, node: dict[str, Any], reserved: tupl
         if isinstance(f, ObjectSpec) or f.kind not in SCALAR_KINDS or not f.required:
             raise ValueError(f"{kpath}: key property {k!r} must be a required scalar ({', '.join(SCALAR_KINDS)}) "
                              "of the items")
-    return RecordType(name, fields, tuple(key), lo, hi, description, clean(node["items"]))
+    return RecordType(name, fields, tuple(key), description, clean(node["items"]))
 
 
 def parse_schema(schema: Any, reserved: tuple[str, ...] = (),

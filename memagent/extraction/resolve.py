@@ -12,8 +12,9 @@ user's schema has it (:meth:`Resolved.assemble`) and to check it there (:meth:`R
   written as ``null`` where the user's schema requires the key). Other unions: scalars as the widest kind
   (integer|number -> number; with a string -> string; with a list of scalars -> string holding the JSON text),
   the branches kept for the grammar and validation, objects merged (properties of every branch, those all
-  branches require required), arrays by their items' union. A union of an object or array with a scalar is
-  refused.
+  branches require required), arrays by their items' union. A union no one column type holds (an array or an
+  object, an object or a string, ...) is a ``json`` column (``x-kind``): its JSON text, the branches kept
+  whole for the grammar and checked against the user's union.
 - ``const`` is a one-value ``enum``; an enum of integers, numbers or booleans keeps its type.
 - ``format`` ``date`` is the date kind; ``date-time``, ``time``, ``email``, ``uri`` become a
   ``pattern`` the grammar enforces, and every format is checked after decoding.
@@ -33,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from memagent.engines.json_schema import resolve_refs
+from memagent.json_refs import ref_cycle, resolve_refs
 from memagent.extraction.parse import MAX_NAME_CHARS, join
 from memagent.extraction.shape import NULLABLE, Link, Resolved, conform, validator, without_nulls
 
@@ -51,6 +52,7 @@ REFUSED = {"not": "negation", "if": "a conditional", "then": "a conditional", "e
            "prefixItems": "a tuple", "propertyNames": "a property-name schema", "contains": "an array 'contains'",
            "unevaluatedItems": "unevaluatedItems"}
 SCALARS = ("string", "number", "integer", "boolean")
+MAP_KEYWORDS = {"minProperties", "maxProperties"}  # kept inside a union held as JSON text (maps are allowed there)
 # Patterns the grammar enforces for formats it has no rule of its own for (checked again after decoding).
 FORMAT_PATTERNS = {
     "date-time": r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?"
@@ -88,36 +90,43 @@ def _where(path: str) -> str:
 
 
 def inline(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` (every ``$ref`` local) with no ``$ref``, ``allOf``, ``$defs`` or ``definitions``."""
+    """A copy of ``schema`` (every ``$ref`` local) with no ``$ref``, ``allOf``, ``$defs`` or ``definitions``;
+    ``ValueError`` naming a recursive ``$ref`` (the check the server's guard makes too: memagent.json_refs)."""
+    cycle = ref_cycle(schema)
+    if cycle:  # a value that contains itself has no end
+        ref, names = "#" + cycle[0], " -> ".join(c.rsplit("/", 1)[-1] for c in cycle)
+        raise ValueError(f"{_where(_dotted_ref(cycle[0]))}: recursive $ref {ref!r} ({names}): a value that contains "
+                         "itself has no end to extract; cut the recursion (e.g. list the children as records)")
     count = [0]
 
-    def walk(node: Any, path: str, chain: tuple[str, ...]) -> Any:
+    def walk(node: Any, path: str) -> Any:
         count[0] += 1
         if count[0] > MAX_INLINED_NODES:
             raise ValueError(f"{_where(path)}: the schema's $refs expand to more than {MAX_INLINED_NODES} nodes; "
                              "every field goes into every prompt: extract fewer fields")
         if isinstance(node, list):
-            return [walk(v, f"{path}[{i}]", chain) for i, v in enumerate(node)]
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
         if not isinstance(node, dict):
             return node
         node = {k: v for k, v in node.items() if k not in ("$defs", "definitions")}
         if isinstance(node.get("$ref"), str):
             ref = node.pop("$ref")
-            if ref in chain:
-                cycle = " -> ".join(r.rsplit("/", 1)[-1] for r in (*chain[chain.index(ref):], ref))
-                raise ValueError(f"{_where(path)}: recursive $ref {ref!r} ({cycle}): a value that contains itself "
-                                 "has no end to extract; cut the recursion (e.g. list the children as records)")
-            target = walk(_pointer(schema, ref, path), path, (*chain, ref))
-            node = {**(target if isinstance(target, dict) else {}), **walk(node, path, chain)}
+            target = walk(_pointer(schema, ref, path), path)
+            node = {**(target if isinstance(target, dict) else {}), **walk(node, path)}
         for key in ("allOf",):
             if key in node:
-                members = walk(node.pop(key), path, chain)
+                members = walk(node.pop(key), path)
                 for m in members:
                     node = _merge_all(node, m, path)
-        return {k: walk(v, f"{path}.{k}" if path else k, chain) if k != "enum" and k != "const" else v
+        return {k: walk(v, f"{path}.{k}" if path else k) if k != "enum" and k != "const" else v
                 for k, v in node.items()}
 
-    return walk(resolve_refs(schema), "", ())
+    return walk(resolve_refs(schema), "")
+
+
+def _dotted_ref(pointer: str) -> str:
+    """A JSON pointer (``/$defs/Node``) as the dotted path errors name (``$defs.Node``)."""
+    return ".".join(t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:])
 
 
 def _pointer(schema: Mapping[str, Any], ref: str, path: str) -> Any:
@@ -238,12 +247,33 @@ def _union(alts: list[dict[str, Any]], path: str) -> dict[str, Any]:
                     {"anyOf": [props[name], prop]}
         required = set.intersection(*(set(a.get("required") or []) for a in alts))
         return {"type": "object", "properties": props, "required": [n for n in props if n in required]}
-    if types == {"array"}:
+    if types == {"array"} and all(isinstance(a.get("items"), dict) for a in alts):
         items = [a.get("items") for a in alts]
         return {"type": "array", "items": items[0] if all(i == items[0] for i in items) else {"anyOf": items}}
-    shown = ", ".join(sorted(str(t) for t in types))
-    raise ValueError(f"{_where(path)}: a union of {shown} has no one column type; make it one type (or split it "
-                     "into separate properties)")
+    # No one column type (a list or an object of lists, an object or a text): the column holds the value's
+    # JSON text; the branches stay whole for the grammar and the check against the user's union.
+    return {"anyOf": [_json_branch(a, f"{path}[{i}]") for i, a in enumerate(alts)], KIND: "json"}
+
+
+def _json_branch(node: Any, path: str) -> Any:
+    """A union branch kept whole (objects, maps and arrays inside it too), annotations dropped; a refused
+    construct inside it refused as anywhere (:data:`REFUSED`)."""
+    if not isinstance(node, dict):
+        return node
+    for word, what in REFUSED.items():
+        if word in node:
+            raise ValueError(f"{path}: {word!r} ({what}) cannot be extracted; remove it")
+    out = {k: v for k, v in node.items() if k in KNOWN or k in MAP_KEYWORDS}
+    if isinstance(out.get("properties"), dict):
+        where = join(path, "properties")
+        out["properties"] = {k: _json_branch(v, join(where, k)) for k, v in out["properties"].items()}
+    for word in ("items", "additionalProperties"):
+        if isinstance(out.get(word), dict):
+            out[word] = _json_branch(out[word], join(path, word))
+    for word in ("anyOf", "oneOf"):
+        if isinstance(out.get(word), list):
+            out[word] = [_json_branch(b, f"{join(path, word)}[{i}]") for i, b in enumerate(out[word])]
+    return _leaf(out) if out.get("type") in SCALARS else out
 
 
 def _is_scalar_array(node: Mapping[str, Any]) -> bool:
@@ -396,8 +426,8 @@ def resolve(schema: Any) -> Resolved:
     except SchemaError as e:
         where = ".".join(map(str, e.absolute_path)) or "the schema"
         raise ValueError(f"{where}: not a valid JSON Schema: {e.message}"[:300]) from None
+    original = resolve_refs(schema)
     try:
-        original = resolve_refs(schema)
         root = inline(original)
     except RecursionError:
         raise ValueError("the schema's $refs nest too deeply to read") from None
@@ -407,10 +437,15 @@ def resolve(schema: Any) -> Resolved:
         raise ValueError(f"the schema must have \"type\": \"object\" (one object per document), got type "
                          f"{json.dumps(top.get('type'))}")
     doc = builder.object(top, "", (), None)
+    for name in sorted(set(doc["properties"]) & set(builder.types)):
+        raise ValueError(f"properties: field {name!r} and record type {name!r} (an array of objects at that path) "
+                         f"have one dotted name {name!r} (in field_evidence, the report and the records' folders); "
+                         "rename one")
     derived = {"type": "object", "properties": {**doc["properties"], **builder.types}, "required": doc["required"]}
     for word in ("description", "title"):
         if isinstance(schema.get(word), str):
             derived[word] = schema[word]
-    notes = builder.notes - {"title", "$schema", "$id", "$defs", "definitions", "$comment", "x-link", KIND}
+    notes = builder.notes - {"title", "$schema", "$id", "$defs", "definitions", "$comment", "x-link", KIND,
+                             "x-pydantic-model"}
     return Resolved(derived, original, dict(builder.links), tuple(sorted(notes)), _without_records(root),
                     builder.items)

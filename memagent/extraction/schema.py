@@ -1,30 +1,24 @@
-"""The extraction schema: a JSON Schema of what to pull out of every document, checked on load.
+"""The extraction schema: the user's JSON Schema (or Pydantic model) of what to pull out of every document.
 
-Supported is the subset people write by hand: an object whose ``properties`` are each a
-document-level **field** of one kind (one value per document; the kinds, their output columns
-and prompt words are the table in :mod:`memagent.extraction.kinds`)
+:class:`ExtractionSchema` holds the user's schema as given (a pydantic root model, so it sits inside
+:class:`memagent.config.AgentConfig` as ``extraction``, is recorded in the output's ``config`` column and in the
+resume fingerprint, and reads back equal). On load it is
 
-============================ ============== =========================
-JSON Schema                  kind           output column (nullable)
-============================ ============== =========================
-``{"type": "string"}``       string         string
-``"format": "date"`` string  date           date32
-``{"type": "number"}``       number         float64
-``{"type": "integer"}``      integer        int64
-``{"type": "boolean"}``      boolean        bool
-``{"enum": [strings]}``      enum           string
-``{"type": "array",          string_array   list<string>
-"items": {"type": "string"}}``
-============================ ============== =========================
+1. resolved by :func:`memagent.extraction.resolve.resolve`, the one place that decides what a schema means
+   (``$ref``/``allOf`` inlined, unions, formats, record types and their parents' keys, what is refused):
+   the *derived* schema and the way back to the user's shape (:meth:`ExtractionSchema.assemble`) and
+   its check (:meth:`ExtractionSchema.errors`);
+2. read into specs by :func:`memagent.extraction.parse.parse_schema`: document-level fields (leaves of one
+   kind of :mod:`memagent.extraction.kinds`, objects as structs) and record types (arrays of objects, named
+   by their dotted path), with the limits on names and sizes; two values with one dotted name are refused.
 
-or a **record type**: ``{"type": "array", "items": {"type": "object", "properties": ..., "required": [...]},
-"x-key": [...]}``, every record of that type the document states (``minItems`` other than 0 and ``maxItems`` are
-refused: nothing bounds the records a document states), its items holding fields and nested objects
-(:mod:`memagent.extraction.parse` has the grammar and the size limits). Descriptions (and titles) are allowed
-throughout. Any other keyword, type or format is an error naming its JSON path: a schema is loaded (and this
-validation runs) before any model does. :class:`ExtractionSchema` is the raw JSON Schema as a pydantic root
-model, so it sits inside :class:`memagent.config.AgentConfig` (``extraction``), is recorded in the
-output's ``config`` column and in the resume fingerprint, and reads back equal.
+Every problem is a one-line ``ValueError`` naming its JSON path, before any model loads. The schema then
+says what each call asks and is constrained to: the memory question (:meth:`ExtractionSchema.question`,
+:meth:`ExtractionSchema.memory_question`), the final answer in field groups (:meth:`ExtractionSchema.field_groups`)
+each bounded to its budget (:meth:`ExtractionSchema.answer_schemas`), the per-chunk records calls
+(:meth:`ExtractionSchema.records_schema`). :func:`load_schema` reads a file (with a byte bound) or
+``module:Model``; a model's schema names the model (``x-pydantic-model``) so each row is validated with it
+too (:mod:`memagent.extraction.model_check`).
 """
 
 from __future__ import annotations
@@ -37,8 +31,12 @@ from typing import Any, Mapping
 
 from pydantic import PrivateAttr, RootModel, model_validator
 
-from memagent.extraction.groups import FieldGroup, group_fields, group_schema, grouping_report
+from memagent.extraction.answer_bounds import answer_room_tokens, budgeted_json
+from memagent.extraction.groups import (
+    BRACES_TOKENS, FieldGroup, group_fields, group_schema, grouping_report, reply_tokens,
+)
 from memagent.extraction.kinds import FieldKind
+from memagent.extraction.model_check import load_model, model_named
 from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
     check_size, clean, iter_leaves, parse_schema,
@@ -59,6 +57,11 @@ MEMORY_TOKENS_PER_RECORD_TYPE = 48
 # Records one records call may return: a reply that fills it is overflow (the piece is split and re-read,
 # counted), never taken as complete. A bound keeps a looping reply short.
 RECORDS_PER_CALL = 50
+# A schema file is read up to this many bytes (JSON text may spend 4 bytes on a character of the schema).
+MAX_SCHEMA_FILE_BYTES = 4 * MAX_SCHEMA_CHARS
+# The root keyword that names the Pydantic model a schema came from (``module:Model``): each assembled object
+# is validated with it too (memagent.extraction.model_check), in every worker, from the recorded config.
+MODEL_KEYWORD = "x-pydantic-model"
 
 
 def _reserved_columns() -> tuple[str, ...]:
@@ -93,12 +96,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     def _parse(self) -> ExtractionSchema:
         self._resolved = resolve(self.root)
         self._fields, self._records = parse_schema(self._resolved.schema, _reserved_columns(), RECORD_COLUMNS)
-        for r in self._records:
-            for word, n in (("minItems", r.min_items or None), ("maxItems", r.max_items)):
-                if n is not None:  # a record type is the document's records, read per chunk: nothing bounds them
-                    raise ValueError(f"properties.{r.name}.{word}: a record type lists every record the document "
-                                     f"states, read chunk by chunk, so {word} cannot bound it; remove {word} "
-                                     "(count the records in the output instead)")
+        _check_dotted_names(self._fields, self._records)
         columns = {prefix + r.name: (what, r.name) for r in self._records
                    for prefix, what in ((N_RECORDS_PREFIX, "record count"), (RECORDS_PREFIX, "records"))}
         for f in self._fields:
@@ -129,6 +127,12 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     def errors(self, obj: Any) -> list[str]:
         """``path: message`` for each way ``obj`` (an :meth:`assemble` d object) fails the user's schema."""
         return self.resolved.errors(obj)
+
+    @property
+    def model(self) -> Any:
+        """The Pydantic model the schema came from (``x-pydantic-model``), imported; None for a JSON Schema."""
+        spec = self.root.get(MODEL_KEYWORD)
+        return model_named(spec) if isinstance(spec, str) else None
 
     @property
     def record_types(self) -> tuple[RecordType, ...]:
@@ -277,14 +281,27 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_TYPE * len(self._records)
 
     def answer_tokens_needed(self) -> int:
-        """A rough size of the whole reply (all document fields in one call)."""
-        return 2 + sum(f.answer_tokens() for f in self._fields)
+        """The most tokens the whole reply (all document fields in one call) takes at the least room a group
+        leaves each value (:func:`memagent.extraction.groups.reply_tokens`)."""
+        return BRACES_TOKENS + sum(map(reply_tokens, self._fields))
 
     def field_groups(self, answer_tokens: int) -> tuple[FieldGroup, ...]:
         """The document fields in final-answer groups of at most ``answer_tokens`` each
         (:mod:`memagent.extraction.groups`); one group when they fit (none without fields).
         ``ValueError`` naming the leaf that alone does not fit."""
         return group_fields(self._fields, answer_tokens) if self._fields else ()
+
+    def answer_schemas(self, group: FieldGroup, answer_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One final call's schemas: the group's decoding schema (replies are validated against it) and the one
+        the call is constrained to, bounded so every reply closes within ``answer_tokens``
+        (:mod:`memagent.extraction.answer_bounds`)."""
+        user = group_schema(self.decoding_schema()["properties"], group)
+        return user, budgeted_json(user, answer_tokens)
+
+    def answer_room_tokens(self) -> int:
+        """The answer budget a default gives this schema: room for each string of the reply
+        (:func:`memagent.extraction.answer_bounds.answer_room_tokens`); 0 without document fields."""
+        return answer_room_tokens(self.decoding_schema()) if self._fields else 0
 
     def group_decoding_schema_json(self, group: FieldGroup) -> str:
         """:meth:`decoding_schema_json` of one group's reply (its objects pruned to the group's share)."""
@@ -305,6 +322,24 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         self.field_groups(answer_tokens)
 
 
+def _check_dotted_names(fields: tuple[FieldSpec | ObjectSpec, ...], records: tuple[RecordType, ...]) -> None:
+    """Refuse two values with one dotted name (a top-level ``a.b`` beside an object ``a`` holding ``b``): the
+    evidence, the report and a record type's folder name each by that name."""
+    def leaves(specs: tuple[FieldSpec | ObjectSpec, ...], prefix: str, where: str) -> Any:
+        for f in specs:
+            if isinstance(f, ObjectSpec):
+                yield from leaves(f.fields, f"{prefix}{f.name}.", f"{where}{f.name!r} {{...}}: ")
+            else:
+                yield f"{prefix}{f.name}", f"{where}field {f.name!r}"
+
+    seen: dict[str, str] = {}
+    for path, what in [*leaves(fields, "", ""), *((r.name, f"record type {r.name!r}") for r in records)]:
+        other = seen.setdefault(path, what)
+        if other != what:
+            raise ValueError(f"properties: {other} and {what} have one dotted name {path!r} (in field_evidence, "
+                             "the report and the records' folders); rename one")
+
+
 _MISSING_AT = re.compile(r"^(.*): '(.+)' is a required property$")  # jsonschema's message, as Resolved writes it
 _MISSING = re.compile(r"^\(root\): '(.+)' is a required property$")
 
@@ -321,32 +356,20 @@ def _model_schema(data: Any) -> Any:
     from pydantic import BaseModel
 
     if isinstance(data, type) and issubclass(data, BaseModel):
-        return data.model_json_schema()
+        spec = f"{data.__module__}:{data.__qualname__}"
+        return {**data.model_json_schema(), **({MODEL_KEYWORD: spec} if _importable(spec, data) else {})}
     return data
 
 
-def load_model(spec: str) -> Any:
-    """The Pydantic model ``module:Model`` names (the module imported as ``python -m`` would, from the
-    working directory too); ``ValueError`` saying what is missing."""
-    import importlib
-    import sys
-
-    from pydantic import BaseModel
-
-    module_name, _, attr = spec.partition(":")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")
+def _importable(spec: str, model: type) -> bool:
+    """Whether ``module:Model`` imports ``model`` itself again (a worker reimports it from the config); a model
+    of ``__main__`` or defined in a function is not (its own validators are then not checked in the job)."""
+    if spec.startswith("__main__:") or "<locals>" in spec:
+        return False
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"schema {spec}: module {module_name!r} cannot be imported: {e}") from None
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ValueError(f"schema {spec}: module {module_name!r} has no {attr!r}")
-    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
-        raise ValueError(f"schema {spec}: {attr!r} is not a Pydantic model class")
-    return obj
+        return load_model(spec) is model
+    except ValueError:
+        return False
 
 
 def load_schema(path: str | PathLike[str] | type) -> ExtractionSchema:
@@ -359,11 +382,13 @@ def load_schema(path: str | PathLike[str] | type) -> ExtractionSchema:
         return schema_from(load_model(path), f"model {path}")
     path = Path(path).expanduser()
     try:
-        if path.stat().st_size > 4 * MAX_SCHEMA_CHARS:  # not read in full: JSON text this large is no schema
+        with path.open("rb") as f:  # read with a bound whatever the file is (a device's size reads 0)
+            raw = f.read(MAX_SCHEMA_FILE_BYTES + 1)
+        if len(raw) > MAX_SCHEMA_FILE_BYTES:  # not read in full: JSON text this large is no schema
             raise ValueError(f"schema file {path}: the schema is larger than {MAX_SCHEMA_CHARS // 1024} KiB of "
                              "JSON; every field goes into every prompt: extract fewer fields or shorten their "
                              "descriptions")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except RecursionError:
         raise ValueError(f"schema file {path}: the schema is nested more than {MAX_DEPTH} levels deep") from None
     except FileNotFoundError:

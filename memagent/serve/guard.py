@@ -11,13 +11,13 @@ import hmac
 import json
 import logging
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memagent.engines.json_schema import resolve_refs
 from memagent.engines.special_literals import special_literal
-from memagent.json_walk import dotted, json_pointer, walk_json
+from memagent.json_refs import local_refs, ref_cycle, resolve_refs
+from memagent.json_walk import dotted, walk_json
 from memagent.serve.protocol import APIError
 
 OPEN_PATHS = frozenset({"/health"})  # answered without a key
@@ -158,15 +158,12 @@ def check_schema(schema: Any, where: str, param: str = "response_format") -> dic
     deeper than MAX_SCHEMA_DEPTH, with a ``$ref`` outside it, or with a recursive ``$ref`` (a
     definition that reaches itself through references: the grammar of its replies would be
     infinite, and an unsatisfiable one makes the grammar parser fail mid-reply)."""
-    _local_refs(schema, where, param)  # the depth first: resolve_refs walks the whole schema
     try:
+        local_refs(schema, MAX_SCHEMA_DEPTH)  # the depth first: resolve_refs walks the whole schema
         schema = resolve_refs(schema)
     except ValueError as exc:
         raise APIError(400, f"{where}: {exc}", param=param, code="invalid_schema") from None
-    refs = _local_refs(schema, where, param)
-    # Definition T leads to U when a $ref to U stands inside T; a cycle is a recursive $ref.
-    edges = {t: sorted({u for at, u in refs if at == t or at.startswith(t + "/")}) for _, t in refs}
-    cycle = _cycle(edges)
+    cycle = ref_cycle(schema)
     if cycle:
         shown = " -> ".join("#" + n for n in cycle)
         raise APIError(400, f"{where}: recursive $ref ({shown}) is not supported: constrained decoding needs a "
@@ -183,36 +180,3 @@ def refuse_special_literals(schema: Any, specials: list[str], where: str, param:
         raise APIError(400, f"{dotted(path, where)}: the literal {text!r} holds the model's special token {token!r}, "
                        "which this engine cannot keep out of a constrained reply (decoded, it would end the reply "
                        "unparsed); leave the token out of the schema's literals", param=param, code="invalid_schema")
-
-
-def _local_refs(schema: Any, where: str, param: str) -> list[tuple[str, str]]:
-    """(where each local ``$ref`` stands, the pointer it names), as JSON pointers with ``~0``/``~1``
-    kept escaped; 400 for nesting deeper than MAX_SCHEMA_DEPTH."""
-    refs: list[tuple[str, str]] = []
-    for path, node in walk_json(schema):
-        if len(path) > MAX_SCHEMA_DEPTH:
-            raise APIError(400, f"{where}: nested deeper than {MAX_SCHEMA_DEPTH} levels", param=param,
-                           code="invalid_schema")
-        if isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
-            refs.append((json_pointer(path), unquote(node["$ref"][1:])))
-    return refs
-
-
-def _cycle(edges: dict[str, list[str]]) -> list[str] | None:
-    """A cycle of the graph ``edges`` (node -> successors) as [a, b, ..., a], or None (iterative DFS)."""
-    done: set[str] = set()
-    for start in edges:
-        if start in done:
-            continue
-        path, nexts = [start], [iter(edges[start])]
-        while path:
-            nxt = next(nexts[-1], None)
-            if nxt is None:
-                done.add(path.pop())
-                nexts.pop()
-            elif nxt in path:
-                return path[path.index(nxt):] + [nxt]
-            elif nxt not in done:
-                path.append(nxt)
-                nexts.append(iter(edges.get(nxt, ())))
-    return None

@@ -126,8 +126,10 @@ class LedgerOracle:
 
 
 def constrain(value: Any, schema: dict[str, Any]) -> Any:
-    """``value`` as a decoder constrained by ``schema`` would end it: arrays closed at ``maxItems``
-    (items and properties constrained in turn); the perfect model's values are otherwise valid."""
+    """``value`` as a decoder constrained by ``schema`` would end it: strings closed at ``maxLength``, arrays at
+    ``maxItems`` (items and properties constrained in turn); the perfect model's values are otherwise valid."""
+    if isinstance(value, str) and isinstance(schema.get("maxLength"), int):
+        return value[: schema["maxLength"]]
     if isinstance(value, list) and schema.get("type") == "array":
         items = value[: schema["maxItems"]] if "maxItems" in schema else value
         return [constrain(v, schema.get("items") or {}) for v in items]
