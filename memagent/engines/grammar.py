@@ -12,7 +12,7 @@ as fast as xgrammar, 1 GB lighter to install, and vLLM's ``guidance`` structured
 which the vllm engine selects, so hf and vLLM decode under the same grammar library. A matcher
 for a new reply is a ``deep_copy`` of a cached, warmed one. Works with llguidance 1.7 (vLLM 0.29
 pins ``<1.8``) as with 1.9. Schemas reach it with every ``$ref`` a local pointer
-(:func:`~memagent.engines.json_schema.resolve_refs`: references through an ``$id`` resolved).
+(:func:`~memagent.json_refs.resolve_refs`: references through an ``$id`` resolved).
 
 **Special tokens never spell a literal.** Where the grammar forces a literal (an ``enum`` or ``const``
 value, a property name, a pattern's fixed text) llguidance's mask offers the literal's canonical
