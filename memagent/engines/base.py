@@ -67,6 +67,9 @@ class Completion:
     completion_tokens: int
     finish_reason: FinishReason
     prompt_token_ids: list[int] | None = None
+    # Prompt tokens whose KV the engine reused from an earlier call instead of computing it
+    # (hf's prefix cache; vLLM / OpenAI servers when they report it; 0: none or cannot say).
+    cached_prompt_tokens: int = 0
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None  # one per token of token_ids, when asked for
     # Speculative decoding accounting (0 when the engine did not speculate or cannot say):
@@ -95,6 +98,7 @@ class EngineStats:
 
     requests: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those whose KV was reused (not prefilled again)
     completion_tokens: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
 
@@ -102,6 +106,7 @@ class EngineStats:
         """Count one answered request; returns it."""
         self.requests += 1
         self.prompt_tokens += completion.prompt_tokens
+        self.cached_prompt_tokens += completion.cached_prompt_tokens
         self.completion_tokens += completion.completion_tokens
         return completion
 
