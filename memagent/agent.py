@@ -329,7 +329,8 @@ class _Chain:
         self.steps = list(state.steps)
         self.records_call = _records_call(engine, question, config)  # None: no record types
         self.found = ChunkRecords(list(state.records), replace(state.records_tally))
-        self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs, seed=seed)
+        self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs, seed=seed,
+                                     call="memory")
         # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked for
         # (a long document would otherwise hold every prompt's ids until its answer).
         self.completions: list[Completion] = []
@@ -390,7 +391,7 @@ class _Chain:
         messages = final_answer_messages(self.question, self.state.memory, config.answer_style, config.instruction,
                                          config.prompts, schema.answer_instruction() if schema else None)
         params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, self.params.logprobs,
-                                priority=-1, seed=self.params.seed,
+                                priority=-1, call="answer", seed=self.params.seed,
                                 json_schema=schema.decoding_schema_json() if schema else None)
         reply = await self.engine.chat(messages, params)
         self._record("answer", None, self.state.memory, reply, t0)
@@ -409,7 +410,7 @@ class _Chain:
                                              config.instruction, config.prompts, schema.answer_instruction(group))
             return await self.engine.chat(messages, SamplingParams(
                 config.answer_tokens, config.temperature, config.top_p, self.params.logprobs, priority=-1,
-                seed=self.params.seed, json_schema=schema.group_decoding_schema_json(group)))
+                seed=self.params.seed, json_schema=schema.group_decoding_schema_json(group), call="answer"))
 
         answers = await answer_groups(ask, groups, config.answer_tokens)
         for reply in answers.replies:
@@ -426,7 +427,8 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
     schema = config.extraction
     if schema is None or not schema.record_types:
         return None
-    return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p),
+    return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p,
+                                                                call="records"),
                        config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere)
 
 

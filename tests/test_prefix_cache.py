@@ -182,3 +182,47 @@ def test_the_packaged_model_answers_the_same_with_a_shared_question_cached(smoll
     shared = lcp(with_cache[0].prompt_token_ids, with_cache[1].prompt_token_ids)
     assert with_cache[0].cached_prompt_tokens == 0
     assert all(c.cached_prompt_tokens == shared // BLOCK * BLOCK > 0 for c in with_cache[1:])
+
+
+def test_prefill_computed_and_reused_are_counted_per_call_kind_and_summed_over_actors():
+    """The metered engine books each reply's prompt tokens as computed or reused under its call kind, and the job
+    summary sums the actors' counts and prints them."""
+    from memagent.engines.base import Completion, Engine, EngineStats
+    from pipelines.engine_metrics import MeteredEngine
+    from pipelines.summary import BatchSummary
+
+    class Fixed(Engine):
+        name, context_window, tokenizer, stats = "fixed", 4096, None, EngineStats()
+
+        async def chat(self, messages, params):
+            return Completion("x", 100, 2, "stop", cached_prompt_tokens=64 if params.call == "records" else 0)
+
+    metered = MeteredEngine(Fixed())
+    for call in ("memory", "records", "records", ""):
+        asyncio.run(metered.chat([], SamplingParams(max_tokens=2, call=call)))
+    assert metered.prefill_by_call == {"memory": [100, 0], "records": [72, 128], "other": [100, 0]}
+    summary = BatchSummary(rows_in=1, skipped=0, rows_out=1, error_rows=0, accuracy=None, context_tokens=1,
+                           seconds=1.0, output="out")
+    snapshot = {"peak": 1, "first_start": None, "last_done": None, "integral": 0.0, "at": 0.0}
+    summary.add_actor_snapshots({"a": {**snapshot, "prefill_by_call": metered.prefill_by_call},
+                                 "b": {**snapshot, "prefill_by_call": {"records": [8, 32]}}}, max_in_flight=1)
+    assert summary.prefill_by_call == {"memory": [100, 0], "records": [80, 160], "other": [100, 0]}
+    assert "records 80 computed, 160 reused (67%)" in "\n".join(summary.lines())
+    assert summary.record()["prefill_by_call"] == summary.prefill_by_call
+
+
+def test_a_custom_template_that_defeats_reuse_still_loads_and_is_reported(tmp_path, caplog):
+    """A prompts file that puts the question after the chunk works as before and its lost reuse is logged; the
+    packaged templates put what every call shares first."""
+    from memagent.prompts import DEFAULT_PROMPTS, load_prompts, memory_update_messages, reuse_problems
+
+    assert reuse_problems(DEFAULT_PROMPTS) == []
+    path = tmp_path / "late.toml"
+    path.write_text('memory_update = "Memory: {memory}\\nSection: {chunk}\\nQuestion: {question}"\n'
+                    'final_answer = "{question} {memory}"\n', encoding="utf-8")
+    with caplog.at_level("WARNING", logger="memagent.prompts"):
+        prompts = load_prompts(path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"prompts file {path}: {p}" for p in reuse_problems(prompts)]
+    assert "'memory_update' puts {question} after {memory}" in caplog.records[0].getMessage()
+    assert memory_update_messages("Q?", "M", "C", prompts=prompts)[0]["content"] == "Memory: M\nSection: C\nQuestion: Q?"

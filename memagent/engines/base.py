@@ -40,6 +40,9 @@ class SamplingParams:
     # (kept, as EOS is). Lists are stored as tuples, so params stay hashable.
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # What the call is for ("memory", "records", "answer"; "" when unsaid): engines ignore it, the
+    # metered engine (pipelines.engine_metrics) counts prefill computed vs reused per kind.
+    call: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
