@@ -10,10 +10,14 @@ into one, so the question is ``>= 1,000`` tokens for the issue's figure); only t
 memory differ. Documents are
 generated contracts (:mod:`memagent.data.contracts`) of ``--doc-tokens`` tokens.
 
-Two engines on the packaged model (same dtype, same threads), the documents interleaved: document i
-with the cache, then without, so both see the same load. Headline: ``prefill_tokens_per_doc`` with and
-without (prompt tokens the engine computed; reused ones not counted) and their ratio; wall per
-document (median) with the load beside it; ``identical_replies``: whether the greedy replies matched.
+Two engines on the packaged model (same dtype, same threads). Every document is read with the
+cache; the first ``--wall-docs`` also without it, interleaved (document i with, then without, so
+both see the same load: the wall figures and the reply check come from those). Without the cache
+the engine computes every prompt token (``cached_prompt_tokens`` is 0: tests/test_prefix_cache.py),
+so its prefill per document is the prompt's length, counted for all documents. Headline:
+``prefill_tokens_per_doc`` with and without (prompt tokens the engine computed; reused ones not
+counted) and their ratio; wall per document (median, the wall documents) with the load beside it;
+``identical_replies``: whether the greedy replies matched on the wall documents.
 Replies are short (``--max-tokens``): prefill is what the cache saves. A measurement, never an assertion.
 """
 
@@ -83,6 +87,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=20)
     ap.add_argument("--doc-tokens", type=int, default=300)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--wall-docs", type=int, default=20, help="documents also read without the cache (wall)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     ap.add_argument("--out", default="benchmarks/results/prefix_cache.json")
     add_threads_option(ap)
@@ -96,20 +101,25 @@ def main() -> None:
         [{"role": "user", "content": load_schema(schema_path).question()}])
     params = SamplingParams(max_tokens=args.max_tokens)
     rows: dict[str, list[dict]] = {"with": [], "without": []}
-    for calls in prompts:  # interleaved: each document with, then without, under the same load
+    for i, calls in enumerate(prompts):  # interleaved: a wall document with, then without, under the same load
         rows["with"].append(run_doc(engines[True], calls, params))
-        rows["without"].append(run_doc(engines[False], calls, params))
-        print(f"doc {len(rows['with'])}: with {rows['with'][-1]['seconds']:.1f}s "
-              f"without {rows['without'][-1]['seconds']:.1f}s load {loadavg()[0]:.1f}", flush=True)
+        if i < args.wall_docs:
+            rows["without"].append(run_doc(engines[False], calls, params))
+        print(f"doc {i + 1}: with {rows['with'][-1]['seconds']:.1f}s "
+              + (f"without {rows['without'][-1]['seconds']:.1f}s " if i < args.wall_docs else "")
+              + f"load {loadavg()[0]:.1f}", flush=True)
+    walls = len(rows["without"])
+    prompt_tokens = [sum(engines[False].count_chat_tokens(m) for m in calls) for calls in prompts]
     summary = {}
     for name, rs in rows.items():
-        computed = [r["prompt_tokens"] - r["reused_tokens"] for r in rs]
-        summary[name] = {"prefill_tokens_per_doc": sum(computed) / len(rs),
-                         "prompt_tokens_per_doc": sum(r["prompt_tokens"] for r in rs) / len(rs),
+        computed = ([r["prompt_tokens"] - r["reused_tokens"] for r in rs] if name == "with" else prompt_tokens)
+        summary[name] = {"prefill_tokens_per_doc": sum(computed) / len(computed),
+                         "prompt_tokens_per_doc": sum(prompt_tokens) / len(prompt_tokens),
                          "reused_tokens_per_doc": sum(r["reused_tokens"] for r in rs) / len(rs),
-                         "wall_per_doc_median_s": median([r["seconds"] for r in rs]),
-                         "wall_total_s": sum(r["seconds"] for r in rs),
-                         "load_median": median([r["load"] for r in rs])}
+                         "wall_per_doc_median_s": median([r["seconds"] for r in rs[:walls]]),
+                         "wall_total_s": sum(r["seconds"] for r in rs[:walls]),
+                         "load_median": median([r["load"] for r in rs[:walls]])}
+    assert all(r["reused_tokens"] == 0 and r["prompt_tokens"] == n for r, n in zip(rows["without"], prompt_tokens))
     # The first document fills the cache: the steady state is every document after it.
     steady = [r["prompt_tokens"] - r["reused_tokens"] for r in rows["with"][1:]]
     data = {
@@ -121,7 +131,10 @@ def main() -> None:
         "prefill_ratio_after_first_doc": (summary["without"]["prefill_tokens_per_doc"] / (sum(steady) / len(steady))
                                           if steady else None),
         "wall_ratio": summary["without"]["wall_total_s"] / summary["with"]["wall_total_s"],
-        "identical_replies": [r["replies"] for r in rows["with"]] == [r["replies"] for r in rows["without"]],
+        "wall_ratio_after_first_doc": (sum(r["seconds"] for r in rows["without"][1:])
+                                       / sum(r["seconds"] for r in rows["with"][1:walls]) if walls > 1 else None),
+        "wall_docs": walls,
+        "identical_replies": [r["replies"] for r in rows["with"][:walls]] == [r["replies"] for r in rows["without"]],
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "prefix_cache_bytes_at_end": engines[True].prefix_cache.bytes,
         "per_doc": {name: [{k: v for k, v in r.items() if k != "replies"} for r in rs] for name, rs in rows.items()},

@@ -226,3 +226,19 @@ def test_a_custom_template_that_defeats_reuse_still_loads_and_is_reported(tmp_pa
         f"prompts file {path}: {p}" for p in reuse_problems(prompts)]
     assert "'memory_update' puts {question} after {memory}" in caplog.records[0].getMessage()
     assert memory_update_messages("Q?", "M", "C", prompts=prompts)[0]["content"] == "Memory: M\nSection: C\nQuestion: Q?"
+
+
+def test_a_servers_cached_prompt_tokens_reach_the_reply():
+    """An OpenAI-compatible server's usage.prompt_tokens_details.cached_tokens is the reply's cached_prompt_tokens."""
+    from types import SimpleNamespace
+
+    from memagent.engines.openai import OpenAIEngine
+
+    def reply(usage):
+        body = {"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}], "usage": usage}
+        return OpenAIEngine._completion(SimpleNamespace(endpoint="http://h/v1"), body, [], SamplingParams(max_tokens=2))
+
+    usage = {"prompt_tokens": 900, "completion_tokens": 1}
+    assert reply({**usage, "prompt_tokens_details": {"cached_tokens": 768}}).cached_prompt_tokens == 768
+    assert reply(usage).cached_prompt_tokens == 0
+    assert reply({**usage, "prompt_tokens_details": None}).cached_prompt_tokens == 0
