@@ -333,7 +333,8 @@ class _Chain:
         self.steps = list(state.steps)
         self.records_call = _records_call(engine, question, config)  # None: no record types
         self.found = ChunkRecords(list(state.records), replace(state.records_tally))
-        self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs, seed=seed)
+        self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs, seed=seed,
+                                     call="memory")
         # Each reply may carry its prompt's token ids (hf: ~36 bytes a token): kept only when asked for
         # (a long document would otherwise hold every prompt's ids until its answer).
         self.completions: list[Completion] = []
@@ -395,7 +396,7 @@ class _Chain:
         messages = final_answer_messages(self.question, self.state.memory, config.answer_style, config.instruction,
                                          config.prompts, None)
         params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, self.params.logprobs,
-                                priority=-1, seed=self.params.seed)
+                                priority=-1, call="answer", seed=self.params.seed)
         reply = await self.engine.chat(messages, params)
         self._record("answer", None, self.state.memory, reply, t0)
         return reply
@@ -419,7 +420,7 @@ class _Chain:
             user, bounded = schema.answer_schemas(group, config.answer_tokens)
             reply = await self.engine.chat(messages, SamplingParams(
                 config.answer_tokens, config.temperature, config.top_p, self.params.logprobs, priority=-1,
-                seed=self.params.seed, json_schema=json.dumps(bounded, ensure_ascii=False)))
+                seed=self.params.seed, json_schema=json.dumps(bounded, ensure_ascii=False), call="answer"))
             obj = reply_object(reply)
             cuts[id(reply)] = [] if obj is None else cut_values(user, bounded, obj, "", config.answer_tokens)
             return reply
@@ -440,7 +441,8 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
     schema = config.extraction
     if schema is None or not schema.record_types:
         return None
-    return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p),
+    return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p,
+                                                                call="records"),
                        config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere)
 
 

@@ -86,7 +86,7 @@ async def read_full_context(
     kept = truncate_middle(engine.tokenizer, context, document_budget(engine, question, config, window))
     t0 = time.perf_counter()
     messages = full_context_messages(question, kept.text, config.answer_style, config.instruction, config.prompts)
-    params = SamplingParams(config.answer_tokens, config.temperature, config.top_p)
+    params = SamplingParams(config.answer_tokens, config.temperature, config.top_p, call="answer")
     reply = await engine.chat(messages, params)
     step = Step(step=0, kind="answer", chunk_index=None, char_start=0, char_end=len(context), memory="",
                 prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,

@@ -3,7 +3,9 @@
 Memory update (one per chunk): instruction, question, previous memory, section -> new memory.
 Final answer (once): instruction, question, memory -> answer, in one of three styles.
 Static text comes first and the changing parts last, so an engine with prefix caching reuses
-the instruction and question across a document's calls.
+the instruction and question across every call of a job (the hf engine's prefix cache, vLLM's);
+:func:`reuse_problems` names a custom template that puts them after the memory or the chunk
+(:func:`load_prompts` logs it: the template still works, only its reuse is lost).
 
 The templates are configuration (:class:`PromptTemplates`, ``AgentConfig.prompts``), loadable
 from a TOML file with :func:`load_prompts`. Placeholders, ``{name}`` in ``str.format`` syntax
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import string
 import tomllib
@@ -135,6 +138,15 @@ PLACEHOLDERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 REQUIRED_KEYS = ("memory_update", "final_answer")  # keys a prompts file must have; the others are optional
 
+log = logging.getLogger(__name__)
+
+# For prefix reuse: the placeholders whose text every call of a job shares, and those whose text changes
+# from call to call. The agent's templates (not full_context, the one-call baseline) should hold the first
+# before the second. ({answer_instruction}, the format sentence, stays next to the answer in final_answer:
+# one call per document, a sentence or two recomputed.)
+SHARED_PLACEHOLDERS = ("instruction", "question")
+CHANGING_PLACEHOLDERS = ("memory", "chunk")
+
 
 def _braced(names: frozenset[str]) -> str:
     return " ".join(f"{{{n}}}" for n in sorted(names))
@@ -232,6 +244,21 @@ class PromptTemplates(BaseModel):
 DEFAULT_PROMPTS = PromptTemplates()
 
 
+def reuse_problems(prompts: PromptTemplates) -> list[str]:
+    """One sentence per agent template that puts a shared placeholder (``{question}``, ``{instruction}``) after a
+    changing one (``{memory}``, ``{chunk}``): an engine's prefix cache then recomputes it on every call."""
+    out = []
+    for name in ("memory_update", "memory_update_heads", "final_answer"):
+        order = [f for _, f, _, _ in string.Formatter().parse(getattr(prompts, name)) if f]
+        changing = [i for i, f in enumerate(order) if f in CHANGING_PLACEHOLDERS]
+        late = [f for f in order[changing[0]:] if f in SHARED_PLACEHOLDERS] if changing else []
+        if late:
+            out.append(f"template {name!r} puts {{{late[0]}}} after {{{order[changing[0]]}}}: the text from "
+                       f"{{{order[changing[0]]}}} on differs per call, so prefix caching cannot reuse {{{late[0]}}}; "
+                       "put the instruction and question first for a cheaper read")
+    return out
+
+
 def load_prompts(path: str | PathLike[str]) -> PromptTemplates:
     """Read prompt templates from a TOML file with the keys memory_update, final_answer, full_context.
 
@@ -259,9 +286,12 @@ def load_prompts(path: str | PathLike[str]) -> PromptTemplates:
         if key not in data:
             raise ValueError(f"prompts file {path}: missing key {key!r}; {keys}")
     try:
-        return PromptTemplates(**data)
+        prompts = PromptTemplates(**data)
     except ValidationError as e:  # one line: the first problem, as check_template words it
         raise ValueError(f"prompts file {path}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    for problem in reuse_problems(prompts):
+        log.warning("prompts file %s: %s", path, problem)
+    return prompts
 
 
 def _toml_string(text: str) -> str:

@@ -26,6 +26,8 @@ memagent_spec_acceptance_rate       gauge     drafted tokens the model kept / to
 memagent_tokens_per_decode_step     gauge     completion tokens / decode forward passes, since the
                                               actor started (1.0 without speculation; engines that
                                               report decode steps only)
+memagent_prefill_reused_ratio       gauge     prompt tokens whose KV the engine reused (its prefix
+                                              cache) / prompt tokens, since the actor started
 memagent_docs_done_total            counter   documents finished (error rows included)
 memagent_{prefill,decode}_tokens_total counter token totals (Prometheus ``rate()`` works on them)
 =================================== ========= ===================================================
@@ -55,6 +57,9 @@ class MeteredEngine(Engine):
         self.latencies: list[float] = []  # drained by the meter
         # Speculation totals from the replies (Completion.draft_tokens / accepted_tokens / decode_steps).
         self.draft_tokens = self.accepted_tokens = self.decode_steps = self.stepped_tokens = 0
+        # Per call kind (SamplingParams.call: memory, records, answer; "other" unsaid): prompt tokens the
+        # engine computed and those whose KV it reused (Completion.cached_prompt_tokens).
+        self.prefill_by_call: dict[str, list[int]] = {}
 
     @property
     def queued(self) -> int:
@@ -70,6 +75,9 @@ class MeteredEngine(Engine):
             self.outstanding -= 1
         self.latencies.append(time.perf_counter() - t0)
         self.draft_tokens += reply.draft_tokens
+        counts = self.prefill_by_call.setdefault(params.call or "other", [0, 0])
+        counts[0] += reply.prompt_tokens - reply.cached_prompt_tokens
+        counts[1] += reply.cached_prompt_tokens
         self.accepted_tokens += reply.accepted_tokens
         if reply.decode_steps:  # replies from engines that count their decode steps
             self.decode_steps += reply.decode_steps
@@ -118,6 +126,7 @@ class ActorMeter:
         self.loop_lag = g("memagent_loop_lag_s", "Seconds the actor's event loop woke late (last interval).")
         self.acceptance = g("memagent_spec_acceptance_rate", "Drafted tokens kept / drafted (speculation), cumulative.")
         self.tokens_per_step = g("memagent_tokens_per_decode_step", "Completion tokens per decode forward, cumulative.")
+        self.reused = g("memagent_prefill_reused_ratio", "Prompt tokens whose KV was reused / prompt tokens, cumulative.")
         self.lag_sum, self.lag_n, self.lag_max = 0.0, 0, 0.0
         self._task: asyncio.Task | None = None
 
@@ -144,7 +153,8 @@ class ActorMeter:
         """Speculation totals so far (the job summary sums them over actors)."""
         e = self.engine
         return {"draft_tokens": e.draft_tokens, "accepted_tokens": e.accepted_tokens,
-                "decode_steps": e.decode_steps, "stepped_tokens": e.stepped_tokens}
+                "decode_steps": e.decode_steps, "stepped_tokens": e.stepped_tokens,
+                "prefill_by_call": {k: list(v) for k, v in e.prefill_by_call.items()}}
 
     def publish(self) -> None:
         now = time.perf_counter()
@@ -170,6 +180,8 @@ class ActorMeter:
             self.acceptance.set(e.accepted_tokens / e.draft_tokens, self.tags)
         if e.decode_steps:
             self.tokens_per_step.set(e.stepped_tokens / e.decode_steps, self.tags)
+        if stats.prompt_tokens:
+            self.reused.set(stats.cached_prompt_tokens / stats.prompt_tokens, self.tags)
         latencies, e.latencies = e.latencies, []
         for x in latencies:
             self.latency.observe(x, self.tags)

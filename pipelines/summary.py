@@ -52,6 +52,9 @@ class BatchSummary:
     accepted_tokens: int = 0
     decode_steps: int | None = None
     stepped_tokens: int = 0  # completion tokens of the replies that reported decode steps
+    # Prefill per call kind (memory, records, answer), summed over actors: [tokens computed, tokens whose
+    # KV the engine reused] (the hf engine's prefix cache; engines that cannot say report none reused).
+    prefill_by_call: dict[str, list[int]] = field(default_factory=dict)
     # Chain checkpoints: rows whose read resumed inside the document, the chunks they did not
     # read again, and checkpoints found but not used (stale: the input or config changed).
     resumed_rows: int = 0
@@ -122,12 +125,17 @@ class BatchSummary:
         for key in ("draft_tokens", "accepted_tokens", "stepped_tokens"):
             setattr(self, key, sum(s.get(key, 0) for s in snapshots.values()))
         self.decode_steps = sum(s.get("decode_steps", 0) for s in snapshots.values()) or None
+        self.prefill_by_call = {}
+        for s in snapshots.values():
+            for kind, (computed, reused) in s.get("prefill_by_call", {}).items():
+                totals = self.prefill_by_call.setdefault(kind, [0, 0])
+                totals[0], totals[1] = totals[0] + computed, totals[1] + reused
 
     def record(self) -> dict[str, Any]:
         """The headline figures as plain JSON-able data (flow results, artifacts)."""
         keys = ("rows_in", "skipped", "rows_out", "error_rows", "infra_errors", "accuracy", "accuracy_answered",
                 "context_tokens", "resumed_rows", "resumed_chunks", "checkpoints_ignored", "records",
-                *RECORD_COUNT_COLUMNS, "require_grounding")
+                *RECORD_COUNT_COLUMNS, "require_grounding", "prefill_by_call")
         return {**{k: getattr(self, k) for k in keys}, "seconds": round(self.seconds, 2),
                 "tokens_per_second": round(self.tokens_per_second, 1), "output": self.output}
 
@@ -158,6 +166,7 @@ class BatchSummary:
             *self.evidence_lines(),
             *self.occupancy_lines(),
             *self.speculation_lines(),
+            *self.prefill_lines(),
         ]
 
     def resume_lines(self) -> list[str]:
@@ -200,6 +209,14 @@ class BatchSummary:
         return [f"evidence:       {self.evidence_read} known item(s) read, {self.evidence_captured} captured by the "
                 f"memory ({self.evidence_captured / self.evidence_read:.0%}), {self.evidence_retained} still held at "
                 f"the answer{kept}"]
+
+    def prefill_lines(self) -> list[str]:
+        """Prompt tokens computed vs reused per call kind (nothing when the engine reused none)."""
+        if not any(reused for _, reused in self.prefill_by_call.values()):
+            return []
+        parts = [f"{kind} {computed} computed, {reused} reused ({reused / max(computed + reused, 1):.0%})"
+                 for kind, (computed, reused) in sorted(self.prefill_by_call.items())]
+        return [f"prefill:        {'; '.join(parts)} (prompt tokens; reused: KV from the prefix cache)"]
 
     def speculation_lines(self) -> list[str]:
         if not self.decode_steps:

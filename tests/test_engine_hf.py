@@ -66,13 +66,15 @@ def test_greedy_is_deterministic_and_batch_invariant(tiny_engine, monkeypatch, p
     assert len(calls) == (2 if per_row_prefill else 0)  # alone and crowded both took the per-row path
 
 
-def test_cpu_prefills_padded_batches_row_by_row(tiny_engine):
+def test_cpu_prefills_padded_batches_row_by_row(tiny_engine, tiny_llama_dir):
     def reqs(*lengths):
         return [_Request(list(range(100, 100 + n)), SamplingParams(max_tokens=2), None) for n in lengths]
 
-    assert tiny_engine._prefill_per_row(reqs(5, 9))  # padding: per-row prefill
-    assert not tiny_engine._prefill_per_row(reqs(7, 7))  # no padding: no mask, one batched forward
-    assert not tiny_engine._prefill_per_row(reqs(4))
+    uncached = TransformersEngine.from_config(EngineConfig(model=str(tiny_llama_dir), enable_prefix_caching=False))
+    assert uncached._prefill_per_row(reqs(5, 9))  # padding: per-row prefill
+    assert not uncached._prefill_per_row(reqs(7, 7))  # no padding: no mask, one batched forward
+    assert not uncached._prefill_per_row(reqs(4))
+    assert tiny_engine._prefill_per_row(reqs(7, 7))  # the prefix cache: rows compute only what it lacks
     cache = tiny_engine._prefill_rows(reqs(5, 9), 9, 12)
     keys = cache.layers[0].keys  # [B, H_kv, L - 1, D], row 0 left-padded with zeros
     assert keys.shape[0] == 2 and keys.shape[2] == 8

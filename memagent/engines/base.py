@@ -41,6 +41,9 @@ class SamplingParams:
     # (kept, as EOS is). Lists are stored as tuples, so params stay hashable.
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # What the call is for ("memory", "records", "answer"; "" when unsaid): engines ignore it, the
+    # metered engine (pipelines.engine_metrics) counts prefill computed vs reused per kind.
+    call: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -68,6 +71,9 @@ class Completion:
     completion_tokens: int
     finish_reason: FinishReason
     prompt_token_ids: list[int] | None = None
+    # Prompt tokens whose KV the engine reused from an earlier call instead of computing it
+    # (hf's prefix cache; vLLM / OpenAI servers when they report it; 0: none or cannot say).
+    cached_prompt_tokens: int = 0
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None  # one per token of token_ids, when asked for
     # Speculative decoding accounting (0 when the engine did not speculate or cannot say):
@@ -96,6 +102,7 @@ class EngineStats:
 
     requests: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those whose KV was reused (not prefilled again)
     completion_tokens: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
 
@@ -103,6 +110,7 @@ class EngineStats:
         """Count one answered request; returns it."""
         self.requests += 1
         self.prompt_tokens += completion.prompt_tokens
+        self.cached_prompt_tokens += completion.cached_prompt_tokens
         self.completion_tokens += completion.completion_tokens
         return completion
 

@@ -118,8 +118,15 @@ class EngineConfig(BaseModel):
                                       json_schema_extra=_only("vllm"))
     quantization: str | None = Field(None, description="vllm: quantization method, e.g. 'fp8', 'awq', 'gguf'.",
                                      json_schema_extra=_only("vllm"))
-    enable_prefix_caching: bool = Field(True, description="vllm: reuse KV of shared prompt prefixes.",
-                                        json_schema_extra=_only("vllm", flag="prefix-caching"))
+    enable_prefix_caching: bool = Field(True, description=(
+        "hf, vllm: reuse the KV of prompt prefixes shared across calls (the template and question every call "
+        "of a job starts with) instead of computing it again (hf: up to prefix_cache_mib of it)."),
+        json_schema_extra=_only("hf", "vllm", flag="prefix-caching"))
+    prefix_cache_mib: int = Field(2048, gt=0, description=(
+        "hf: most MiB of prompt-prefix KV kept for reuse, least recently used evicted first. 2 GiB holds ~45K "
+        "tokens of SmolLM2-135M in fp32 (~90K in bf16), ~18K of Qwen3-1.7B in bf16: the question prefixes of "
+        "a job and its documents in flight, with room for the batch on a 24 GiB machine."),
+        json_schema_extra=_only("hf"))
     enable_sleep_mode: bool = Field(False, description="vllm: allow sleep()/wake_up() to share a GPU with a trainer.",
                                     json_schema_extra=_only("vllm", flag="sleep-mode"))
 

@@ -5,7 +5,10 @@ per event loop takes whatever is pending (up to ``max_batch_size``), prefills it
 reserved KV cache and runs the engine's own decode loop (:mod:`memagent.engines.hf_decode`)
 in a thread, so the event loop keeps accepting requests from other documents while the model
 works. On CPU, padded prompts are prefilled row by row (the causal attention kernel, no mask),
-and only decoding is batched. Each row keeps its own ``max_tokens``, sampling settings,
+and only decoding is batched. With the prefix cache (:mod:`memagent.engines.prefix_cache`, on by
+default) every batch is prefilled row by row, and each row computes only the part of its prompt
+whose KV is not cached already (the instructions and question every call of a job starts with are
+computed once). Each row keeps its own ``max_tokens``, sampling settings,
 log-probs and JSON-Schema constraint, so requests of any settings share a batch. Decoding
 speculates (:mod:`memagent.engines.speculation`): drafts by prompt lookup and by aligning the
 reply with its prompt, which holds the previous memory; the output is the model's.
@@ -30,6 +33,7 @@ from memagent.engines.constraint import TokenConstraint
 from memagent.engines.gqa_attention import use_gqa_sdpa
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
 from memagent.engines.kv_cache import ReservedCache
+from memagent.engines.prefix_cache import PrefixCache
 from memagent.engines.speculation import AcceptanceTracker, CostModel
 from memagent.engines.stop import StopStrings, cut_at_stop
 from memagent.models import quiet_weight_loading
@@ -124,6 +128,7 @@ class _Request:
     future: asyncio.Future
     constraint: TokenConstraint | None = None
     on_tokens: Callable[[list[int]], None] | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (set by the prefill)
 
 
 class TransformersEngine(Engine):
@@ -168,6 +173,9 @@ class TransformersEngine(Engine):
         self._sliding_window = bool(getattr(text_config, "sliding_window", None))
         self.num_layers = int(text_config.num_hidden_layers)
         self.stats = EngineStats()
+        # KV of prompt prefixes already prefilled (None: off); a sliding-window model decodes through generate.
+        self.prefix_cache = (PrefixCache(config.prefix_cache_mib * 2**20)
+                             if config.enable_prefix_caching and not self._sliding_window else None)
         self.speculation = Speculation.from_config(config)
         # Forward cost (adaptive draft length): the device's prior, refitted only with draft_learning.
         self.cost = CostModel.for_device(self.device)
@@ -292,7 +300,7 @@ class TransformersEngine(Engine):
         loop.run(rows, cache, prefix_mask)
         self.stats.batch_sizes[len(batch)] += 1
         return [self._completion(r.prompt_ids, row.tokens, row.stopped, row.token_logprobs if row.logprobs else None,
-                                 row, r.params.stop) for r, row in zip(batch, rows)]
+                                 row, r.params.stop, r.cached_tokens) for r, row in zip(batch, rows)]
 
     def _stop_strings(self, params: SamplingParams) -> StopStrings | None:
         if not params.stop:
@@ -306,7 +314,7 @@ class TransformersEngine(Engine):
         return torch.Generator(device=self.model.device).manual_seed(seed)
 
     def _completion(self, prompt_ids: list[int], tokens: list[int], stopped: bool, logprobs: list[float] | None,
-                    row: Row | None = None, stops: tuple[str, ...] = ()) -> Completion:
+                    row: Row | None = None, stops: tuple[str, ...] = (), cached_tokens: int = 0) -> Completion:
         """The reply of ``tokens``; its text ends before the first of ``stops`` (the tokens are all counted)."""
         return self.stats.count(Completion(
             text=cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), stops),
@@ -314,6 +322,7 @@ class TransformersEngine(Engine):
             completion_tokens=len(tokens),
             finish_reason="stop" if stopped else "length",
             prompt_token_ids=prompt_ids,
+            cached_prompt_tokens=cached_tokens,
             token_ids=tokens,
             logprobs=logprobs,
             draft_tokens=row.draft_tokens if row else 0,
@@ -392,13 +401,16 @@ class TransformersEngine(Engine):
         return completions
 
     def _prefill_per_row(self, batch: list[_Request]) -> bool:
-        """On CPU, padded prompts are prefilled one by one.
+        """On CPU, padded prompts are prefilled one by one; with the prefix cache, every batch is.
 
         A padded batch needs an explicit attention mask, which sends CPU attention down a path
         ~1.5× slower than the causal kernel at 4K tokens (benchmarks/README.md); prefill is compute-bound there anyway,
-        so batching it gains nothing, while decode (bandwidth-bound) still runs batched.
+        so batching it gains nothing, while decode (bandwidth-bound) still runs batched. With the
+        prefix cache each row computes only what the cache lacks, which a padded batch could not skip.
         """
         lengths = {len(r.prompt_ids) for r in batch}
+        if self.prefix_cache is not None:
+            return min(lengths) > 1
         return self.device == "cpu" and len(lengths) > 1 and min(lengths) > 1
 
     @torch.inference_mode()
@@ -411,9 +423,8 @@ class TransformersEngine(Engine):
         """
         rows = []
         for r in batch:
-            ids = torch.tensor([r.prompt_ids[:-1]], device=self.device)
-            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            rows.append(out.cache)
+            row_cache, r.cached_tokens = self._prefill_row(r.prompt_ids[:-1])
+            rows.append(row_cache)
         cache = ReservedCache(len(rows[0].layers), capacity)
         for idx, layer in enumerate(cache.layers):  # layer by layer: the KV is held ~once, not twice
             keys, values = (_left_pad([getattr(row.layers[idx], part)[0] for row in rows], prompt_len - 1)
@@ -422,6 +433,23 @@ class TransformersEngine(Engine):
             for row in rows:
                 row.layers[idx].keys = row.layers[idx].values = None
         return cache
+
+    def _prefill_row(self, ids: list[int]) -> tuple[ReservedCache, int]:
+        """One row's KV cache of ``ids`` (positions from 0), and how many of its tokens the prefix cache held.
+
+        The cached prefix's KV is copied in, the forward computes only the rest (its positions
+        continue the prefix's), and the row's whole blocks go back into the prefix cache.
+        """
+        cached, kv = self.prefix_cache.lookup(ids) if self.prefix_cache is not None else (0, None)
+        prefix = [(kv[i, 0][None], kv[i, 1][None]) for i in range(kv.shape[0])] if kv is not None else None
+        cache = ReservedCache(self.num_layers, len(ids), kv=prefix)
+        if cached < len(ids):
+            rest = torch.tensor([ids[cached:]], device=self.device)
+            positions = torch.arange(cached, len(ids), device=self.device)[None]
+            self.model(input_ids=rest, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(ids, [(layer.keys[0], layer.values[0]) for layer in cache.layers])
+        return cache, cached
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """RL weight sync: copy ``state_dict`` into the model in place (cast to its dtype/device).
@@ -434,4 +462,6 @@ class TransformersEngine(Engine):
         missing = [k for k in missing if not (tied and k == "lm_head.weight")]
         if missing or unexpected:
             raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # its KV was computed by the old weights
 

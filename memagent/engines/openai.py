@@ -228,6 +228,8 @@ class OpenAIEngine(Engine):
             completion_tokens=int(completion_tokens),
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
             logprobs=logprobs,
+            # Servers with a prompt cache say how much of the prompt it held (vLLM, OpenAI; llama.cpp does not).
+            cached_prompt_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
         )
 
     # -- transport --------------------------------------------------------------------------

@@ -207,6 +207,7 @@ def completion_from_output(output: Any) -> Completion:
         prompt_token_ids=prompt_ids,
         token_ids=token_ids,
         logprobs=logprobs,
+        cached_prompt_tokens=int(getattr(output, "num_cached_tokens", None) or 0),  # its prefix caching's hits
     )
 
 
