@@ -33,7 +33,9 @@ from memagent.extraction.groups import FieldGroup
 from memagent.extraction.record_grounding import MemoryTrail
 from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
     read_chunk_records, records_reach
+from memagent.extraction.record_groups import group_reply_tokens
 from memagent.extraction.records import Record
+from memagent.extraction.schema import ExtractionSchema
 from memagent.group_answers import answer_groups
 from memagent.heads import initial_memory, labelled, last_updated, next_head, unlabelled, write_head
 from memagent.prompts import (
@@ -162,9 +164,9 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
     final = final_answer_messages("", "", config.answer_style, config.instruction, config.prompts,
                                   schema.answer_instruction() if schema else None)
     overhead = max(template_overhead(engine, config.instruction, config.prompts), engine.count_chat_tokens(final),
-                   *(engine.count_chat_tokens(records_messages("", "", "", schema.records_instruction(r.name),
-                                                               config.instruction, config.prompts))
-                     for r in (schema.record_types if schema else ())))
+                   *(engine.count_chat_tokens(records_messages("", "", "", request, config.instruction, config.prompts))
+                     for request in _records_requests(schema, group_reply_tokens(config.memory_tokens,
+                                                                                 config.chunk_tokens))))
     if config.memory_heads > 1:  # the heads' template and labels (step numbers up to 6 digits) count as template
         k = config.memory_heads
         labels = labelled([""] * k, [999_999] * k)
@@ -172,12 +174,37 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
             "", labels, "", 0, k, config.instruction, config.prompts)))
     if schema is not None and schema.record_types:  # a split piece (half a chunk at most) reads two memories
         overhead += max(0, config.memory_tokens - config.chunk_tokens // 2)
-    config.check_fits(engine.context_window, overhead)
-    if schema is not None:  # the field list is every call's question: it must fit query_tokens
-        n = len(engine.tokenizer(schema.memory_question(config.answer_tokens), add_special_tokens=False)["input_ids"])
-        if n > config.query_tokens:
-            raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens="
-                             f"{config.query_tokens}; raise query_tokens to {n} or more (or shorten the descriptions)")
+        grouped = any(len(g.names) > 1 for g in schema.record_groups(group_reply_tokens(config.memory_tokens,
+                                                                                         config.chunk_tokens)))
+        if grouped:  # a group call's reply may be longer than any other call's
+            reply = max(config.memory_tokens, config.answer_tokens)
+            overhead += max(0, group_reply_tokens(config.memory_tokens, config.chunk_tokens) - reply)
+    if schema is None:
+        config.check_fits(engine.context_window, overhead)
+        return
+    # The field list is every call's question, the only one an extraction asks: counted with the model's
+    # tokenizer, it must fit query_tokens, and the window is checked with what it really takes.
+    question = schema.memory_question(config.answer_tokens)
+    n = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
+    if n > config.query_tokens:
+        raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens={config.query_tokens}"
+                         f" (its longest line: {_longest_line(engine, question)}); raise query_tokens to {n} or more "
+                         "(or shorten the descriptions)")
+    config.check_fits(engine.context_window, overhead, query_tokens=n)
+
+
+def _longest_line(engine: Engine, text: str) -> str:
+    """The line of ``text`` with the most tokens, as ``'line start…' (N tokens)``: the field or type to shorten."""
+    n, line = max((len(engine.tokenizer(ln, add_special_tokens=False)["input_ids"]), ln) for ln in text.splitlines())
+    return f"{line.strip()[:60]!r} ({n} tokens)"
+
+
+def _records_requests(schema: ExtractionSchema | None, reply_tokens: int) -> list[str]:
+    """The requests a read's records calls can make: each group's, and each type's alone (an overflow)."""
+    if schema is None or not schema.record_types:
+        return []
+    groups = [schema.group_records_instruction(g) for g in schema.record_groups(reply_tokens) if len(g.names) > 1]
+    return groups + [schema.records_instruction(r.name) for r in schema.record_types]
 
 
 def _step(n: int, kind: str, chunk: Chunk | None, memory: str, c: Completion, seconds: float) -> Step:
@@ -427,7 +454,8 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
     if schema is None or not schema.record_types:
         return None
     return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p),
-                       config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere)
+                       config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere,
+                       group_reply_tokens(config.memory_tokens, config.chunk_tokens))
 
 
 async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,

@@ -1,9 +1,11 @@
-"""Reading records per chunk: one constrained call per record type, grounded, split when it overflows.
+"""Reading records per chunk: one constrained call per group of record types, grounded, split when it overflows.
 
 For each chunk the memory agent reads (:func:`memagent.agent.read_document` with a schema that has
-record types), :func:`read_chunk_records` asks once per record type for the records that chunk
-states, a JSON array under :meth:`ExtractionSchema.records_schema` (``SamplingParams.json_schema``),
-given the memory the chunk's update reads. The prompt is the memory update's up to its chunk, then
+record types), :func:`read_chunk_records` asks once per group of record types
+(:mod:`memagent.extraction.record_groups`; a group of one type: a JSON array under
+:meth:`ExtractionSchema.records_schema`, ``SamplingParams.json_schema``) for the records that chunk
+states, given the memory the chunk's update reads. A group's type whose reply overflows is read alone,
+as below. The prompt is the memory update's up to its chunk, then
 the records request (:func:`memagent.prompts.records_messages`): the two calls share their prefix.
 
 **Overflow.** A reply cut at its budget (``finish_reason`` "length"), one that fills the call's
@@ -40,6 +42,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
+from memagent.extraction.record_groups import GROUP_REPLY_TOKENS, RecordGroup, read_group_reply
 from memagent.extraction.record_grounding import SENTENCE_END, MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
@@ -136,12 +139,14 @@ class ChunkRecords:
     tally: RecordsTally = field(default_factory=RecordsTally)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    calls: int = 0  # records calls made (groups, types read alone, split pieces)
 
     def add(self, other: ChunkRecords) -> None:
         self.emitted += other.emitted
         self.tally.add(other.tally)
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.calls += other.calls
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,7 @@ class RecordsCall:
     prompts: PromptTemplates | None = None
     require_grounding: bool = False  # AgentConfig.require_grounding: drop what is not found in the text, counted
     ground_elsewhere: bool = False  # AgentConfig.ground_elsewhere: search the whole document for what the window lacks
+    group_tokens: int = GROUP_REPLY_TOKENS  # a group call's reply budget (group_reply_tokens); one type's: params'
 
 
 @dataclass(frozen=True)
@@ -315,7 +321,8 @@ async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
     """The records of type ``name`` in ``piece``; its halves re-read when the reply overflows (module docstring)."""
     trail = await read.memory_for(piece)
     completion = await _ask(read, name, piece, trail)
-    out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens)
+    out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+                       calls=1)
     reply = read_reply(read.call.schema, name, completion)
     # Grounding searches the document (CPU work): off the event loop the other documents share.
     if reply.items is not None and not reply.overflow:
@@ -373,13 +380,53 @@ def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int, 
     return {k: (s.start, s.end, s.grounding) if s is not None else None for k, s in spans.items()}
 
 
+async def _read_group(read: ChunkRead, names: tuple[str, ...], piece: Piece) -> ChunkRecords:
+    """The records of the types ``names`` in ``piece``, one call for them all (a single type: :func:`_read_piece`).
+
+    The types whose arrays the reply closed are complete; the one it was writing when cut, or whose array filled
+    the call's limit, overflowed and is read alone (split by piece as a single type is); the types after it are
+    asked again as a group. A reply that closed no array is asked again in two halves of the types."""
+    if len(names) == 1:
+        return await _read_piece(read, names[0], piece)
+    call, group = read.call, RecordGroup(names)
+    trail = await read.memory_for(piece)
+    messages = records_messages(call.question, trail.memory, read.context[piece.start:piece.end],
+                                call.schema.group_records_instruction(group), call.instruction, call.prompts)
+    params = replace(call.params, max_tokens=call.group_tokens, json_schema=call.schema.group_records_schema_json(group),
+                     priority=read.priority)
+    completion = await call.engine.chat(messages, params)
+    out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+                       calls=1)
+    reply = read_group_reply(group, strip_thinking(completion.text))
+    alone: list[str] = []
+    for name, items in reply.arrays.items():
+        if len(items) >= RECORDS_PER_CALL:  # full: there may be more
+            alone.append(name)
+            continue
+        valid, invalid = call.schema.valid_records(name, items)
+        await asyncio.to_thread(_emit, read, name, piece, RecordsReply(valid, False, invalid), out, trail)
+    rest = tuple(n for n in names if n not in reply.arrays)
+    if rest and reply.arrays:  # the first unfinished type overflowed: alone; the others as a group again
+        alone.append(rest[0])
+        rest = rest[1:]
+    parts = [_read_piece(read, n, piece) for n in alone]
+    if rest:
+        mid = len(rest) // 2 if not reply.arrays else len(rest)  # no progress: halve the types
+        parts += [_read_group(read, g, piece) for g in (rest[:mid], rest[mid:]) if g]
+    for part in await asyncio.gather(*parts):
+        out.add(part)
+    return out
+
+
 async def read_chunk_records(read: ChunkRead, start: int, end: int, owned_from: int | None = None) -> ChunkRecords:
-    """Every record type's records in ``context[start:end]`` (memory step ``read.step``), concurrently;
-    those grounded only before ``owned_from`` are left to the call before (:func:`records_reach`)."""
+    """Every record type's records in ``context[start:end]`` (memory step ``read.step``): one call per group of
+    types (:meth:`ExtractionSchema.record_groups`), concurrently; those grounded only before ``owned_from`` are
+    left to the call before (:func:`records_reach`)."""
     piece = Piece(start, start if owned_from is None else owned_from, end)
-    parts = await asyncio.gather(*(_read_piece(read, r.name, piece) for r in read.call.schema.record_types))
+    groups = read.call.schema.record_groups(read.call.group_tokens)
+    parts = await asyncio.gather(*(_read_group(read, g.names, piece) for g in groups))
     out = ChunkRecords()
-    for p in parts:  # record-type order, then piece order: deterministic
+    for p in parts:  # group order (record-type order), then piece order: deterministic
         out.add(p)
     return out
 
