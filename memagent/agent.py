@@ -161,12 +161,13 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
     config.prompts.check_instruction(config.instruction)
     # The memory-update template bounds every call unless a custom final-answer one is longer.
     schema = config.extraction
+    question = schema.memory_question(config.answer_tokens) if schema is not None else ""
+    group_tokens = _group_tokens(config, engine, question) if schema is not None and schema.record_types else 0
     final = final_answer_messages("", "", config.answer_style, config.instruction, config.prompts,
                                   schema.answer_instruction() if schema else None)
     overhead = max(template_overhead(engine, config.instruction, config.prompts), engine.count_chat_tokens(final),
                    *(engine.count_chat_tokens(records_messages("", "", "", request, config.instruction, config.prompts))
-                     for request in _records_requests(schema, group_reply_tokens(config.memory_tokens,
-                                                                                 config.chunk_tokens))))
+                     for request in _records_requests(schema, group_tokens)))
     if config.memory_heads > 1:  # the heads' template and labels (step numbers up to 6 digits) count as template
         k = config.memory_heads
         labels = labelled([""] * k, [999_999] * k)
@@ -174,22 +175,18 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
             "", labels, "", 0, k, config.instruction, config.prompts)))
     if schema is not None and schema.record_types:  # a split piece (half a chunk at most) reads two memories
         overhead += max(0, config.memory_tokens - config.chunk_tokens // 2)
-        grouped = any(len(g.names) > 1 for g in schema.record_groups(group_reply_tokens(config.memory_tokens,
-                                                                                         config.chunk_tokens)))
-        if grouped:  # a group call's reply may be longer than any other call's
-            reply = max(config.memory_tokens, config.answer_tokens)
-            overhead += max(0, group_reply_tokens(config.memory_tokens, config.chunk_tokens) - reply)
+        if any(len(g.names) > 1 for g in schema.record_groups(group_tokens)):  # a group call's reply may be longer
+            overhead += max(0, group_tokens - max(config.memory_tokens, config.answer_tokens))
     if schema is None:
         config.check_fits(engine.context_window, overhead)
         return
     # The field list is every call's question, the only one an extraction asks: counted with the model's
     # tokenizer, it must fit query_tokens, and the window is checked with what it really takes.
-    question = schema.memory_question(config.answer_tokens)
     n = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
     if n > config.query_tokens:
-        raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens={config.query_tokens}"
-                         f" (its longest line: {_longest_line(engine, question)}); raise query_tokens to {n} or more "
-                         "(or shorten the descriptions)")
+        raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens={config.query_tokens}; "
+                         f"raise query_tokens to {n} or more (or shorten the descriptions; its longest line: "
+                         f"{_longest_line(engine, question)})")
     config.check_fits(engine.context_window, overhead, query_tokens=n)
 
 
@@ -197,6 +194,13 @@ def _longest_line(engine: Engine, text: str) -> str:
     """The line of ``text`` with the most tokens, as ``'line start…' (N tokens)``: the field or type to shorten."""
     n, line = max((len(engine.tokenizer(ln, add_special_tokens=False)["input_ids"]), ln) for ln in text.splitlines())
     return f"{line.strip()[:60]!r} ({n} tokens)"
+
+
+def _group_tokens(config: AgentConfig, engine: Engine, question: str) -> int:
+    """The reply budget of a group records call (:func:`~memagent.extraction.record_groups.group_reply_tokens`)
+    for the question every call asks."""
+    n = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
+    return group_reply_tokens(config.memory_tokens, config.chunk_tokens, engine.context_window, n)
 
 
 def _records_requests(schema: ExtractionSchema | None, reply_tokens: int) -> list[str]:
@@ -455,7 +459,7 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
         return None
     return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p),
                        config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere,
-                       group_reply_tokens(config.memory_tokens, config.chunk_tokens))
+                       _group_tokens(config, engine, question))
 
 
 async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,

@@ -39,7 +39,7 @@ def test_a_filings_52_lists_pack_into_at_most_3_groups_each_family_described_onc
     """Every record type is in exactly one group, at most 3 groups at the default reply budget, and each group's
     request states the shared metric definition's fields once, not once per list."""
     schema = schema_from(SCHEMA)
-    groups = schema.record_groups(group_reply_tokens(160, 1024))
+    groups = schema.record_groups(group_reply_tokens(160, 1024, 8192, 500))
     names = [n for g in groups for n in g.names]
     assert len(schema.record_types) == 52 and sorted(names) == sorted(r.name for r in schema.record_types)
     assert len(groups) <= 3
@@ -101,4 +101,6 @@ def test_a_sparse_chunk_is_read_in_one_call_per_group(tokenizer):
     result = asyncio.run(read_document(engine, None, text, cfg))
     assert result.n_chunks == 1 and sum(len(r) for r in result.records.values()) == len(statements)
     calls = sum(1 for kind, _ in engine.calls if kind == "records")
-    assert calls == len(schema.record_groups(group_reply_tokens(cfg.memory_tokens, cfg.chunk_tokens))) <= 3
+    n = len(tokenizer(schema.memory_question(cfg.answer_tokens), add_special_tokens=False)["input_ids"])
+    assert calls == len(schema.record_groups(group_reply_tokens(cfg.memory_tokens, cfg.chunk_tokens, 8192, n))) <= 3
+

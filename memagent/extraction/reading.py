@@ -42,7 +42,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
-from memagent.extraction.record_groups import GROUP_REPLY_TOKENS, RecordGroup, read_group_reply
+from memagent.extraction.record_groups import RecordGroup, read_group_reply
 from memagent.extraction.record_grounding import SENTENCE_END, MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
@@ -161,7 +161,7 @@ class RecordsCall:
     prompts: PromptTemplates | None = None
     require_grounding: bool = False  # AgentConfig.require_grounding: drop what is not found in the text, counted
     ground_elsewhere: bool = False  # AgentConfig.ground_elsewhere: search the whole document for what the window lacks
-    group_tokens: int = GROUP_REPLY_TOKENS  # a group call's reply budget (group_reply_tokens); one type's: params'
+    group_tokens: int | None = None  # a group call's reply budget (group_reply_tokens); None: params' (one type's)
 
 
 @dataclass(frozen=True)
@@ -392,7 +392,7 @@ async def _read_group(read: ChunkRead, names: tuple[str, ...], piece: Piece) -> 
     trail = await read.memory_for(piece)
     messages = records_messages(call.question, trail.memory, read.context[piece.start:piece.end],
                                 call.schema.group_records_instruction(group), call.instruction, call.prompts)
-    params = replace(call.params, max_tokens=call.group_tokens, json_schema=call.schema.group_records_schema_json(group),
+    params = replace(call.params, max_tokens=call.group_tokens or call.params.max_tokens, json_schema=call.schema.group_records_schema_json(group),
                      priority=read.priority)
     completion = await call.engine.chat(messages, params)
     out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
@@ -423,7 +423,7 @@ async def read_chunk_records(read: ChunkRead, start: int, end: int, owned_from: 
     types (:meth:`ExtractionSchema.record_groups`), concurrently; those grounded only before ``owned_from`` are
     left to the call before (:func:`records_reach`)."""
     piece = Piece(start, start if owned_from is None else owned_from, end)
-    groups = read.call.schema.record_groups(read.call.group_tokens)
+    groups = read.call.schema.record_groups(read.call.group_tokens or read.call.params.max_tokens)
     parts = await asyncio.gather(*(_read_group(read, g.names, piece) for g in groups))
     out = ChunkRecords()
     for p in parts:  # group order (record-type order), then piece order: deterministic

@@ -33,18 +33,25 @@ from memagent.extraction.groups import name_tokens
 from memagent.extraction.parse import RecordType
 
 GROUP_REPLY_SHARE = 2  # a group's keys and brackets take at most 1/2 of the reply budget
-GROUP_REPLY_TOKENS = 1024  # a group call's reply budget: the memory's, raised to this (at most the chunk's)
+GROUP_REPLY_CHUNKS = 3  # a group call's reply may be up to 3x its chunk (a dense table: ~45 tokens a figure)
 GROUP_REQUEST_TOKENS = 1024  # what a group's request (descriptions, fields) may add to its records call (estimate):
 # an eighth of an 8K window, so that the request, the compact question and the budgets fit such a model's window
+# The memory question is written in full (kinds, descriptions) while its estimate (3 bytes a token) is at most
+# this; past it, compact (names only; the descriptions go to the calls that decode those fields): its share.
+MEMORY_QUESTION_TOKENS = 1024
+TEMPLATE_TOKENS = 256  # the prompt template's own tokens, on the high side
 KEY_TOKENS = 4  # ``"key":[],`` beside the name itself
 DESCRIPTION_CHARS = 80  # a list's description in a group request, cut here (one line each)
 FIELD_DESCRIPTION_CHARS = 120  # a shared field's description in a group request, cut here
 
 
-def group_reply_tokens(memory_tokens: int, chunk_tokens: int) -> int:
-    """The reply budget of a group's records call: the memory's (a single type's call has it), raised to
-    :data:`GROUP_REPLY_TOKENS` but not past the chunk (a chunk states at most about its length in records)."""
-    return max(memory_tokens, min(chunk_tokens, GROUP_REPLY_TOKENS))
+def group_reply_tokens(memory_tokens: int, chunk_tokens: int, context_window: int, question_tokens: int) -> int:
+    """The reply budget of a group's records call: up to :data:`GROUP_REPLY_CHUNKS` chunks' worth (what a dense
+    table's records take as JSON) where the window has room for it beside the chunk, the memory, the question
+    (``question_tokens``, counted), the request's share and the template; never below the memory's budget (a
+    single type's call has it)."""
+    room = context_window - chunk_tokens - memory_tokens - question_tokens - GROUP_REQUEST_TOKENS - TEMPLATE_TOKENS
+    return max(memory_tokens, min(GROUP_REPLY_CHUNKS * chunk_tokens, room))
 
 
 @dataclass(frozen=True)

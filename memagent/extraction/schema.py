@@ -40,7 +40,7 @@ from pydantic import PrivateAttr, RootModel, model_validator
 from memagent.extraction.groups import FieldGroup, group_fields, group_schema, grouping_report
 from memagent.extraction.kinds import FieldKind
 from memagent.extraction.record_groups import (
-    RecordFamily, RecordGroup, compact_record_lines, group_instruction, group_record_types, record_families,
+    MEMORY_QUESTION_TOKENS, RecordFamily, RecordGroup, compact_record_lines, group_instruction, group_record_types, record_families,
 )
 from memagent.extraction.record_groups import group_schema as records_group_schema
 from memagent.extraction.parse import (
@@ -61,9 +61,6 @@ INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
 # later chunks must carry to read its records (the keys of the records already known, aliases, an open record).
 MEMORY_TOKENS_PER_FIELD = 24
 MEMORY_TOKENS_PER_RECORD_TYPE = 48  # per family of record types, not per type: the names are in the question
-# The memory question is written in full (kinds, descriptions) while its estimate (3 bytes a token) is at most
-# this; past it, compact (names only; the descriptions go to the calls that decode those fields).
-MEMORY_QUESTION_TOKENS = 1024
 # Records one records call may return: a reply that fills it is overflow (the piece is split and re-read,
 # counted), never taken as complete. A bound keeps a looping reply short.
 RECORDS_PER_CALL = 50
