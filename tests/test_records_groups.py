@@ -65,8 +65,9 @@ def _gold(doc: dict) -> Counter:
 @pytest.mark.parametrize("seed", [1, 7])
 def test_a_perfect_reader_gets_every_gold_metric_of_a_filing_in_few_calls(tokenizer, seed):
     """With the job's default preset and the packaged model's window, a generated filing's every gold metric comes
-    out exactly once, the object validates against the filing schema, and the records calls are far fewer than one
-    per list per chunk (dense tables overflow a group's reply: those lists are read alone, nothing is lost)."""
+    out exactly once, the object validates against the filing schema, the records calls are far fewer than one per
+    list per chunk (dense tables overflow a group's reply: those lists are read alone, nothing is lost), and the
+    result counts each of them with its tokens."""
     doc = filing(seed)
     schema = schema_from(SCHEMA)
     cfg = AgentConfig(preset="small", extraction=schema)
@@ -77,8 +78,10 @@ def test_a_perfect_reader_gets_every_gold_metric_of_a_filing_in_few_calls(tokeni
     assert got == _gold(doc)
     obj = schema.assemble(json.loads(result.response), {n: [r.values for r in rs] for n, rs in result.records.items()})
     assert schema.errors(obj) == []
-    calls = sum(1 for kind, _ in engine.calls if kind == "records")
-    assert calls < 52 * result.n_chunks / 4 and result.records_tally.failed == 0
+    calls = [n for kind, n in engine.calls if kind == "records"]
+    assert len(calls) < 52 * result.n_chunks / 4 and result.records_tally.failed == 0
+    # The row counts every records call and its tokens (groups, lists read alone), beside its steps.
+    assert result.records_tally.calls == len(calls) and result.records_tally.prompt_tokens == sum(calls)
 
 
 def test_a_sparse_chunk_is_read_in_one_call_per_group(tokenizer):

@@ -121,6 +121,9 @@ class RecordsTally:
     dropped_values: int = 0  # require_grounding: values not found where the record was read, removed
     dropped_records: int = 0  # require_grounding: records whose key values (or all values) were not found there
     incomplete: int = 0  # merged records dropped at the document's end: a required value never stated (or grounded)
+    calls: int = 0  # records calls made (a group's, a type read alone, each split piece's)
+    prompt_tokens: int = 0  # their prompt tokens, as the engine counted them
+    completion_tokens: int = 0  # their reply tokens
 
     def add(self, other: RecordsTally) -> None:
         for f in fields(self):
@@ -137,16 +140,16 @@ class ChunkRecords:
 
     emitted: list[Emitted] = field(default_factory=list)
     tally: RecordsTally = field(default_factory=RecordsTally)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    calls: int = 0  # records calls made (groups, types read alone, split pieces)
+
+    @staticmethod
+    def of_call(completion: Completion) -> ChunkRecords:
+        """Nothing found yet, one call counted with its tokens."""
+        return ChunkRecords(tally=RecordsTally(calls=1, prompt_tokens=completion.prompt_tokens,
+                                               completion_tokens=completion.completion_tokens))
 
     def add(self, other: ChunkRecords) -> None:
         self.emitted += other.emitted
         self.tally.add(other.tally)
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.calls += other.calls
 
 
 @dataclass(frozen=True)
@@ -321,8 +324,7 @@ async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
     """The records of type ``name`` in ``piece``; its halves re-read when the reply overflows (module docstring)."""
     trail = await read.memory_for(piece)
     completion = await _ask(read, name, piece, trail)
-    out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
-                       calls=1)
+    out = ChunkRecords.of_call(completion)
     reply = read_reply(read.call.schema, name, completion)
     # Grounding searches the document (CPU work): off the event loop the other documents share.
     if reply.items is not None and not reply.overflow:
@@ -395,8 +397,7 @@ async def _read_group(read: ChunkRead, names: tuple[str, ...], piece: Piece) -> 
     params = replace(call.params, max_tokens=call.group_tokens or call.params.max_tokens, json_schema=call.schema.group_records_schema_json(group),
                      priority=read.priority)
     completion = await call.engine.chat(messages, params)
-    out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
-                       calls=1)
+    out = ChunkRecords.of_call(completion)
     reply = read_group_reply(group, strip_thinking(completion.text))
     alone: list[str] = []
     for name, items in reply.arrays.items():
