@@ -107,3 +107,41 @@ def test_a_sparse_chunk_is_read_in_one_call_per_group(tokenizer):
     n = len(tokenizer(schema.memory_question(cfg.answer_tokens), add_special_tokens=False)["input_ids"])
     assert calls == len(schema.record_groups(group_reply_tokens(cfg.memory_tokens, cfg.chunk_tokens, 8192, n))) <= 3
 
+
+
+@pytest.mark.slow
+def test_the_hf_engine_with_its_grammar_reads_every_gold_metric_of_a_filing():
+    """On the hf path (the real engine, its chat template and grammar, over the perfect filing reader) a generated
+    filing's every gold metric comes out once and the object validates against the filing schema."""
+    from tests.oracle.filings import FilingReader
+    from tests.oracle.scripted_lm import scripted_engine
+
+    doc = filing(5, filler=0)
+    reader = FilingReader([doc])
+    engine = scripted_engine(reader.reply)
+    schema = schema_from(SCHEMA)
+    cfg = AgentConfig(preset="small", extraction=schema)
+    check_config(engine, cfg)
+    result = asyncio.run(read_document(engine, None, doc["text"], cfg))
+    got = Counter((name, json.dumps(r.values, sort_keys=True)) for name, recs in result.records.items() for r in recs)
+    assert got == _gold(doc)
+    obj = schema.assemble(json.loads(result.response), {n: [r.values for r in rs] for n, rs in result.records.items()})
+    assert schema.errors(obj) == [] and result.records_tally.calls == reader.calls.count("records")
+
+
+def test_synth_filings_writes_documents_whose_gold_validates(tmp_path, capsys):
+    """``memagent synth filings`` writes id, context and gold columns; each gold object is valid under the
+    filing schema and lists its metrics once."""
+    import pyarrow.parquet as pq
+
+    from memagent_cli.main import main
+
+    out = tmp_path / "filings.parquet"
+    assert main(["synth", "filings", "--out", str(out), "--docs", "2", "--seed", "4"]) == 0
+    rows = pq.read_table(out).to_pylist()
+    schema = schema_from(SCHEMA)
+    assert [r["id"] for r in rows] == ["filing-4", "filing-5"]
+    for row in rows:
+        gold = json.loads(row["gold"])
+        assert schema.errors(gold) == [] and row["context"] == filing(int(row["id"].split("-")[1]))["text"]
+    assert json.loads(capsys.readouterr().out)["metrics"] == sum(_gold(filing(s)).total() for s in (4, 5))

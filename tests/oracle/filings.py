@@ -23,6 +23,10 @@ from typing import Any, Iterable
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 from tests.wide_schemas import group_keys
 
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # as a grammar writes it
+
+
 SINGLE = re.compile(r"Reply with a JSON array of the (\S+) records")
 
 
@@ -30,14 +34,13 @@ def _section(prompt: str) -> str:
     return prompt.split("<section>\n", 1)[1].rsplit("\n</section>", 1)[0] if "<section>\n" in prompt else ""
 
 
-class FilingOracle(Engine):
-    """The perfect reader of the registered filings (module docstring)."""
+class FilingReader:
+    """The perfect reader's replies to prompts (module docstring), as a scripted model's ``reply`` function too;
+    ``calls`` logs each call's kind."""
 
-    def __init__(self, tokenizer: Any, docs: Iterable[dict[str, Any]], context_window: int = 8192):
-        self.name, self.tokenizer, self.context_window, self.stats = "filing-oracle", tokenizer, context_window, \
-            EngineStats()
+    def __init__(self, docs: Iterable[dict[str, Any]]):
         self.docs = list(docs)
-        self.calls: list[tuple[str, int]] = []
+        self.calls: list[str] = []
 
     def _records(self, passage: str) -> list[dict[str, Any]]:
         for doc in self.docs:
@@ -47,25 +50,39 @@ class FilingOracle(Engine):
                         for r in s["records"]]
         return []
 
-    def _meta(self) -> dict[str, Any]:
-        return self.docs[0]["gold"]["meta"] if self.docs else {}
+    def reply(self, prompt: str) -> str:
+        found = self._records(_section(prompt))
+        single = SINGLE.search(prompt)
+        if single:
+            self.calls.append("records")
+            return _compact([r["record"] for r in found if r["type"] == single.group(1)])
+        if "Reply with a JSON object of record lists" in prompt:
+            def of(key: str) -> list[dict[str, Any]]:
+                return [r["record"] for r in found if r["type"] == key or r["type"].rsplit(".", 1)[-1] == key]
+            self.calls.append("records")
+            return _compact({key: of(key) for key in group_keys(prompt)})
+        if "Updated memory:" in prompt:
+            self.calls.append("memory")
+            return "The filing's figures are read per chunk."
+        self.calls.append("answer")
+        return _compact({"meta": self.docs[0]["gold"]["meta"] if self.docs else {}})
+
+
+class FilingOracle(Engine):
+    """The perfect reader as an in-process engine: replies cut at ``max_tokens`` as a server's are; ``calls``
+    logs ``(kind, prompt_tokens)``."""
+
+    def __init__(self, tokenizer: Any, docs: Iterable[dict[str, Any]], context_window: int = 8192):
+        self.name, self.tokenizer, self.context_window, self.stats = "filing-oracle", tokenizer, context_window, \
+            EngineStats()
+        self.reader = FilingReader(docs)
+        self.calls: list[tuple[str, int]] = []
 
     async def chat(self, messages: list[dict[str, str]], params: SamplingParams) -> Completion:
         prompt = messages[-1]["content"]
         n_prompt = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        found = self._records(_section(prompt))
-        single = SINGLE.search(prompt)
-        if single:
-            kind, text = "records", json.dumps([r["record"] for r in found if r["type"] == single.group(1)])
-        elif "Reply with a JSON object of record lists" in prompt:
-            def of(key: str) -> list[dict[str, Any]]:
-                return [r["record"] for r in found if r["type"] == key or r["type"].rsplit(".", 1)[-1] == key]
-            kind, text = "records", json.dumps({key: of(key) for key in group_keys(prompt)})
-        elif "Updated memory:" in prompt:
-            kind, text = "memory", "The filing's figures are read per chunk."
-        else:
-            kind, text = "answer", json.dumps({"meta": self._meta()})
-        self.calls.append((kind, n_prompt))
+        text = self.reader.reply(prompt)
+        self.calls.append((self.reader.calls[-1], n_prompt))
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > params.max_tokens:
             cut = self.tokenizer.decode(ids[: params.max_tokens])
