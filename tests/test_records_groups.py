@@ -145,3 +145,26 @@ def test_synth_filings_writes_documents_whose_gold_validates(tmp_path, capsys):
         gold = json.loads(row["gold"])
         assert schema.errors(gold) == [] and row["context"] == filing(int(row["id"].split("-")[1]))["text"]
     assert json.loads(capsys.readouterr().out)["metrics"] == sum(_gold(filing(s)).total() for s in (4, 5))
+
+
+@pytest.mark.slow
+def test_the_openai_engine_over_http_reads_every_gold_metric_of_a_filing(tokenizer):
+    """On the openai path (the real engine over HTTP, a server replying as the perfect filing reader under the
+    request's schema and max_tokens) a generated filing's every gold metric comes out once, the object valid."""
+    from memagent.engines.openai import OpenAIEngine
+    from tests.oracle.filings import FilingReader
+    from tests.oracle.servers import oracle_app
+    from tests.reliability_helpers import free_port, serving
+
+    doc = filing(6, filler=1)
+    reader = FilingReader([doc])
+    schema = schema_from(SCHEMA)
+    cfg = AgentConfig(preset="small", extraction=schema)
+    with serving(oracle_app(reader.reply, tokenizer), free_port()) as url:
+        engine = OpenAIEngine(url, "oracle", tokenizer, 8192)
+        check_config(engine, cfg)
+        result = asyncio.run(read_document(engine, None, doc["text"], cfg))
+    got = Counter((name, json.dumps(r.values, sort_keys=True)) for name, recs in result.records.items() for r in recs)
+    assert got == _gold(doc)
+    obj = schema.assemble(json.loads(result.response), {n: [r.values for r in rs] for n, rs in result.records.items()})
+    assert schema.errors(obj) == [] and result.records_tally.calls == reader.calls.count("records")
