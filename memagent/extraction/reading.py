@@ -38,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
+from memagent.extraction.pieces import TAIL_CHARS, Piece, halves, records_reach, sentence_end, split_point  # noqa: F401
 from memagent.extraction.record_groups import RecordGroup, read_group_reply
-from memagent.extraction.record_grounding import SENTENCE_END, MemoryTrail, ground_chunk
+from memagent.extraction.record_grounding import MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
@@ -51,44 +52,8 @@ from memagent.prompts import PromptTemplates, parse_json_answer, records_message
 MIN_SPLIT_CHARS = 64  # a piece this short is not split again
 MAX_SPLIT_DEPTH = 6  # a chunk's records call becomes at most 2**6 pieces (a 5,000-token chunk: ~350 characters each)
 RUNAWAY_RECORDS = 3  # dropped records that make an overflowing reply a runaway (runs_away)
-TAIL_CHARS = 400  # how far a records call reads past its piece to finish a cut sentence
 LOOP_MAX_PERIOD = 200  # characters: the longest unit a looping reply is checked for
 LOOP_MIN_CHARS = 64  # a repeated tail shorter than this is not a loop
-
-
-class HasCharSpan(Protocol):
-    char_start: int
-    char_end: int
-
-
-def sentence_end(text: str, pos: int, limit: int) -> int:
-    """Where the sentence that ``pos`` cuts ends: ``pos`` itself when a sentence or line ends there
-    (or at the text's end), else after the first sentence end in ``(pos, min(limit, pos + TAIL_CHARS)]``,
-    else ``pos`` (no end near: the cut stays where it is)."""
-    if pos <= 0 or pos >= len(text):
-        return pos
-    m = SENTENCE_END.search(text, pos - 1, min(limit, pos + TAIL_CHARS, len(text)))
-    return m.end() if m is not None else pos
-
-
-def records_reach(text: str, chunks: Sequence[HasCharSpan], k: int) -> tuple[int, int, int]:
-    """``(start, owned_from, end)``: chunk ``k``'s records call reads ``text[start:end]`` (the chunk and the
-    rest of the sentence its end cuts) and leaves out the records whose values grounded in that text
-    all lie before ``owned_from`` (the end of the sentence its start cuts, read whole by the call before).
-
-    Each boundary's sentence end is computed the same way from both sides, and may lie chunks further
-    on (a long sentence in small chunks), so the owned parts ``[owned_from, end)`` of consecutive chunks
-    tile the text. A boundary where chunks are not contiguous (the middle dropped by ``max_chunks``)
-    is not crossed.
-    """
-    c = chunks[k]
-    owned_from = c.char_start
-    if k > 0 and chunks[k - 1].char_end == c.char_start:
-        owned_from = sentence_end(text, c.char_start, len(text))
-    end = c.char_end
-    if k + 1 < len(chunks) and chunks[k + 1].char_start == c.char_end:
-        end = max(end, sentence_end(text, c.char_end, len(text)))
-    return c.char_start, owned_from, end
 
 
 @dataclass(frozen=True)
@@ -202,17 +167,6 @@ def joined_memory(before: str, after: str) -> str:
 
 
 @dataclass(frozen=True)
-class Piece:
-    """The text one records call reads, ``context[start:end]``; it owns the records stated from ``owned_from``
-    on (:func:`records_reach`) and is ``depth`` splits below its chunk."""
-
-    start: int
-    owned_from: int
-    end: int
-    depth: int = 0
-
-
-@dataclass(frozen=True)
 class RecordsReply:
     """A records reply read: its valid items (None: no JSON array), whether it overflowed (cut at its
     budget, or as many items as the call allows), and how many items failed validation."""
@@ -277,39 +231,6 @@ def runs_away(read: ChunkRead, name: str, piece: Piece, text: str, trail: Memory
     grounded = ground_chunk(schema.record_type(name), items, read.context, (piece.start, piece.end), trail=trail,
                             require_grounding=True)
     return grounded.dropped_records >= RUNAWAY_RECORDS and 2 * grounded.dropped_records > len(items)
-
-
-_BREAKS = ("\n\n", "\n", ". ", "。", " ")  # preferred cuts: paragraph, line, sentence, word
-
-
-def split_point(text: str) -> int:
-    """Where to cut ``text`` in two: after the break nearest the middle, paragraphs before lines before
-    sentences before words, within the middle half; the middle itself when there is none."""
-    mid, lo, hi = len(text) // 2, len(text) // 4, 3 * len(text) // 4
-    for sep in _BREAKS:
-        best = None
-        i = text.find(sep, lo)
-        while i != -1 and i + len(sep) <= hi:
-            if best is None or abs(i + len(sep) - mid) < abs(best - mid):
-                best = i + len(sep)
-            i = text.find(sep, i + 1)
-        if best is not None and 0 < best < len(text):
-            return best
-    return mid
-
-
-def halves(context: str, piece: Piece) -> tuple[Piece, Piece]:
-    """A piece cut in two at :func:`split_point`; the first half reads on to the end of the sentence the
-    cut falls in (when that leaves it shorter than the piece), which the second half then leaves to it.
-    When that sentence runs to the piece's end, the cut moves back to where it begins instead, so that
-    the second half holds it whole (cut inside, neither half would read it)."""
-    cut = piece.start + split_point(context[piece.start:piece.end])
-    reach = sentence_end(context, cut, piece.end + 1)  # + 1: a sentence ending at the piece's end is seen to end
-    if reach >= piece.end:
-        back = max((m.end() for m in SENTENCE_END.finditer(context, piece.start, cut)), default=piece.start)
-        cut = reach = back if piece.start < back < cut else cut
-    return (Piece(piece.start, piece.owned_from, reach, piece.depth + 1),
-            Piece(cut, max(piece.owned_from, reach), piece.end, piece.depth + 1))
 
 
 async def _ask(read: ChunkRead, name: str, piece: Piece, trail: MemoryTrail) -> Completion:

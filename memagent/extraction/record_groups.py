@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from memagent.extraction.groups import name_tokens
-from memagent.extraction.parse import RecordType
+from memagent.extraction.parse import FieldSpec, ObjectSpec, RecordType
 
 GROUP_REPLY_SHARE = 2  # a group's keys and brackets take at most 1/2 of the reply budget
 GROUP_REPLY_CHUNKS = 3  # a group call's reply may be up to 3x its chunk (a dense table: ~45 tokens a figure)
@@ -65,16 +65,18 @@ class RecordFamily:
     @property
     def fields(self) -> str:
         """The family's fields in one line: ``unit, scale, value``; an object's fields in braces."""
-        return ", ".join(map(_compact, self.types[0].fields))
+        return ", ".join(map(compact_name, self.types[0].fields))
 
     @property
     def key(self) -> tuple[str, ...]:
         return self.types[0].key
 
 
-def _compact(spec: Any) -> str:
-    inner = getattr(spec, "fields", None)
-    return f"{spec.name} {{{', '.join(map(_compact, inner))}}}" if inner else spec.name
+def compact_name(spec: FieldSpec | ObjectSpec) -> str:
+    """A field in a compact list: its name, an object's fields in braces (``costs {cogs, opex}``)."""
+    if isinstance(spec, ObjectSpec):
+        return f"{spec.name} {{{', '.join(map(compact_name, spec.fields))}}}"
+    return spec.name
 
 
 def _item_identity(record: RecordType) -> str:

@@ -40,7 +40,8 @@ from pydantic import PrivateAttr, RootModel, model_validator
 from memagent.extraction.groups import FieldGroup, group_fields, group_schema, grouping_report
 from memagent.extraction.kinds import FieldKind
 from memagent.extraction.record_groups import (
-    MEMORY_QUESTION_TOKENS, RecordFamily, RecordGroup, compact_record_lines, group_instruction, group_record_types, record_families,
+    MEMORY_QUESTION_TOKENS, RecordFamily, RecordGroup, compact_name, compact_record_lines, group_instruction,
+    group_record_types, record_families,
 )
 from memagent.extraction.record_groups import group_schema as records_group_schema
 from memagent.extraction.parse import (
@@ -60,7 +61,7 @@ INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
 # candidate value and where it was seen); a family of record types (one item schema: record_groups), what
 # later chunks must carry to read its records (the keys of the records already known, aliases, an open record).
 MEMORY_TOKENS_PER_FIELD = 24
-MEMORY_TOKENS_PER_RECORD_TYPE = 48  # per family of record types, not per type: the names are in the question
+MEMORY_TOKENS_PER_RECORD_FAMILY = 48  # per family of record types, not per type: the names are in the question
 # Records one records call may return: a reply that fills it is overflow (the piece is split and re-read,
 # counted), never taken as complete. A bound keeps a looping reply short.
 RECORDS_PER_CALL = 50
@@ -232,15 +233,17 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
 
     def memory_question(self, answer_tokens: int) -> str:
         """The question of every memory update and records call: :meth:`question`, or for a wide schema (one
-        whose final answer splits into several groups at ``answer_tokens``) the compact field list: names only,
-        an object's fields in braces, each kind and description left to the group call that asks for it."""
+        whose final answer splits into several groups at ``answer_tokens``, or whose full question is over its
+        share of the window, :data:`MEMORY_QUESTION_TOKENS` at 3 bytes a token) the compact field list: names
+        only, an object's fields in braces, record types one line per family (its fields once, its lists'
+        names), each kind and description left to the call that decodes it (a group call, a records call)."""
         full = self.question()
         if len(self.field_groups(answer_tokens)) <= 1 and len(full.encode()) <= 3 * MEMORY_QUESTION_TOKENS:
             return full
         text = ""
         if self._fields:
             text = ("Extract these fields from the document (an object's fields in braces):\n"
-                    + "\n".join(f"- {_compact(f)}" for f in self._fields)
+                    + "\n".join(f"- {compact_name(f)}" for f in self._fields)
                     + "\nFor each field keep every candidate value with where it was seen; "
                     "a later correction or amendment replaces an earlier value.")
         if self._records:
@@ -284,7 +287,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     def memory_tokens_needed(self) -> int:
         """The memory the fields need (a value and where it was seen each) and what later chunks must carry
         per family of record types (keys seen, aliases, an open record), not a share per type."""
-        return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_TYPE * len(self._families)
+        return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_FAMILY * len(self._families)
 
     @property
     def record_families(self) -> tuple[RecordFamily, ...]:
@@ -340,13 +343,6 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
 
 _MISSING_AT = re.compile(r"^(.*): '(.+)' is a required property$")  # jsonschema's message, as Resolved writes it
 _MISSING = re.compile(r"^\(root\): '(.+)' is a required property$")
-
-
-def _compact(spec: FieldSpec | ObjectSpec) -> str:
-    """A field in the compact list: its name, an object's fields in braces."""
-    if isinstance(spec, ObjectSpec):
-        return f"{spec.name} {{{', '.join(map(_compact, spec.fields))}}}"
-    return spec.name
 
 
 def _model_schema(data: Any) -> Any:
