@@ -57,7 +57,10 @@ def check_config(engine: Engine, config: AgentConfig) -> None:
         raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens={config.query_tokens}; "
                          f"raise query_tokens to {n} or more (or shorten the descriptions; its longest line: "
                          f"{_longest_line(engine, question)})")
-    config.check_fits(engine.context_window, overhead, query_tokens=n)
+    try:
+        config.check_fits(engine.context_window, overhead, query_tokens=n)
+    except ValueError as e:  # name what in the schema takes the most: the line to shorten
+        raise ValueError(f"{e}; the field list's longest line: {_longest_line(engine, question)}") from None
 
 
 def _longest_line(engine: Engine, text: str) -> str:

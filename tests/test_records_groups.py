@@ -168,3 +168,21 @@ def test_the_openai_engine_over_http_reads_every_gold_metric_of_a_filing(tokeniz
     assert got == _gold(doc)
     obj = schema.assemble(json.loads(result.response), {n: [r.values for r in rs] for n, rs in result.records.items()})
     assert schema.errors(obj) == [] and result.records_tally.calls == reader.calls.count("records")
+
+
+def test_a_schema_that_cannot_fit_is_refused_in_one_line_naming_its_longest_line(tokenizer):
+    """A schema whose compact field list alone overflows the window is refused with one line that names the
+    budget and the schema's longest line (the type whose names take the most)."""
+    from memagent.engines.budget import TokenBudget
+
+    metric = {"type": "object", "properties": {"value": {"type": "number"}}}
+    names = {f"line_item_number_{i}_of_the_consolidated_statement": {"type": "array", "items": {"$ref": "#/$defs/m"}}
+             for i in range(600)}
+    wide = {"type": "object", "$defs": {"m": metric}, "properties": {"statement": {"type": "object",
+                                                                                   "properties": names}}}
+    cfg = AgentConfig(preset="small", extraction=wide)
+    with pytest.raises(ValueError) as err:
+        check_config(TokenBudget(tokenizer, 8192), cfg)
+    message = str(err.value)
+    assert "\n" not in message and "context window of 8192 tokens" in message
+    assert "longest line: '- each of these lists holds m records (value): statement.{li' (" in message
