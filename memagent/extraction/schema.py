@@ -88,6 +88,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     _records: tuple[RecordType, ...] = PrivateAttr(default=())
     _resolved: Resolved | None = PrivateAttr(default=None)
     _families: tuple[RecordFamily, ...] = PrivateAttr(default=())
+    _groups: dict[int, tuple[RecordGroup, ...]] = PrivateAttr(default_factory=dict)  # record_groups per reply budget
 
     @model_validator(mode="before")
     @classmethod
@@ -296,8 +297,11 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
 
     def record_groups(self, reply_tokens: int) -> tuple[RecordGroup, ...]:
         """The record types packed into the groups one records call each asks for, for replies of
-        ``reply_tokens`` (:func:`~memagent.extraction.record_groups.group_record_types`)."""
-        return group_record_types(self._families, reply_tokens)
+        ``reply_tokens`` (:func:`~memagent.extraction.record_groups.group_record_types`); computed once per budget
+        (asked for every chunk)."""
+        if reply_tokens not in self._groups:
+            self._groups[reply_tokens] = group_record_types(self._families, reply_tokens)
+        return self._groups[reply_tokens]
 
     def group_records_instruction(self, group: RecordGroup) -> str:
         """The request of a records call: a single type's (:meth:`records_instruction`) or a group's."""
