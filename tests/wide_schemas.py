@@ -183,9 +183,8 @@ def group_keys(prompt: str) -> list[str]:
     """The reply keys a group records call lists (after "The lists (reply key: what it holds):"), in order."""
     request = prompt.rsplit("\n\n", 1)[-1]
     keys: list[str] = []
-    for part in request.split("The lists (reply key: what it holds):\n")[1:]:
-        block = part.split("\n", 1)[0] if not part.startswith("  - ") else part
-        for line in block.splitlines():
+    for part in request.split("The lists (reply key: what it holds):\n")[1:]:  # one part per family
+        for line in part.splitlines():
             if not line.startswith("  - "):
                 break
             keys.append(LIST_KEY.match(line).group(1))
