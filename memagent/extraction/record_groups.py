@@ -13,10 +13,11 @@ family's fields) stays under :data:`GROUP_REQUEST_TOKENS`. A group of one type i
 (one JSON array, :meth:`ExtractionSchema.records_schema`).
 
 **Families.** Record types whose items have one schema (a shared ``$defs`` entry) form a family, described
-once, named after the definition (``metric_entry``) when the user's schema names one: "each of these 26
-lists holds ``metric_entry`` records, fields …". The memory update's question lists the families with the
-names of their lists only (:func:`compact_record_lines`); descriptions are in the records calls that
-decode those fields.
+once, named after the definition (``metric``) when the user's schema names one: "Each of these lists holds
+metric records, with the fields: …" then each list's key and description (:func:`group_instruction`). The
+memory update's question lists the families with their fields and the names of their lists only
+(:func:`compact_record_lines`); descriptions are in the records calls that decode those fields. A group
+call's reply budget (:func:`group_reply_tokens`) is up to three chunks' worth where the window has room.
 
 **A reply read** (:func:`read_group_reply`): the types whose arrays closed are complete (a cut reply keeps
 them); the type being written when the reply was cut, or whose array filled its limit, overflowed and is
