@@ -186,3 +186,36 @@ def test_a_schema_that_cannot_fit_is_refused_in_one_line_naming_its_longest_line
     message = str(err.value)
     assert "\n" not in message and "context window of 8192 tokens" in message
     assert "longest line: '- each of these lists holds m records (value): statement.{li' (" in message
+
+
+def test_a_group_reply_that_loops_leaves_the_rest_to_single_type_calls(tokenizer):
+    """A model that loops inside a group reply until its budget is asked for the remaining lists one at a time (at
+    the memory's budget), never as a group again, and the records of the lists it closed are kept."""
+    from memagent.engines.base import Completion, EngineStats
+
+    from tests.oracle.filings import FilingReader
+
+    doc = filing(2)
+    reader = FilingReader([doc])
+
+    class Looping(FilingOracle):
+        group_calls = 0
+
+        async def chat(self, messages, params):
+            if "Reply with a JSON object of record lists" in messages[-1]["content"]:
+                Looping.group_calls += 1
+                good = json.loads(reader.reply(messages[-1]["content"]))
+                first = next(iter(good))
+                text = json.dumps({first: good[first]})[:-1] + ', "' + next(iter(list(good)[1:])) + '": [' \
+                    + '{"unit": "USD", "scale": 1, ' * 400
+                return Completion(text=text, prompt_tokens=1, completion_tokens=params.max_tokens,
+                                  finish_reason="length")
+            return await super().chat(messages, params)
+
+    schema = schema_from(SCHEMA)
+    cfg = AgentConfig(preset="small", extraction=schema)
+    engine = Looping(tokenizer, [doc])
+    result = asyncio.run(read_document(engine, None, doc["text"], cfg))
+    got = Counter((name, json.dumps(r.values, sort_keys=True)) for name, recs in result.records.items() for r in recs)
+    assert got == _gold(doc)
+    assert Looping.group_calls == 2 * result.n_chunks  # 2 groups of 26 lists: one call each per chunk, no regrouping

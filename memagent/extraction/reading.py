@@ -308,7 +308,8 @@ async def _read_group(read: ChunkRead, names: tuple[str, ...], piece: Piece) -> 
 
     The types whose arrays the reply closed are complete; the one it was writing when cut, or whose array filled
     the call's limit, overflowed and is read alone (split by piece as a single type is); the types after it are
-    asked again as a group. A reply that closed no array is asked again in two halves of the types."""
+    asked again as a group, unless the cut reply loops (:func:`repeats_itself`: the rest are read alone, each
+    call at the memory's budget). A reply that closed no array is asked again in two halves of the types."""
     if len(names) == 1:
         return await _read_piece(read, names[0], piece)
     call, group = read.call, RecordGroup(names)
@@ -328,7 +329,10 @@ async def _read_group(read: ChunkRead, names: tuple[str, ...], piece: Piece) -> 
         valid, invalid = call.schema.valid_records(name, items)
         await asyncio.to_thread(_emit, read, name, piece, RecordsReply(valid, False, invalid), out, trail)
     rest = tuple(n for n in names if n not in reply.arrays)
-    if rest and reply.arrays:  # the first unfinished type overflowed: alone; the others as a group again
+    if rest and completion.finish_reason == "length" and repeats_itself(completion.text):
+        alone += rest  # a looping model would loop again over the whole budget: the rest read alone, bounded
+        rest = ()
+    elif rest and reply.arrays:  # the first unfinished type overflowed: alone; the others as a group again
         alone.append(rest[0])
         rest = rest[1:]
     parts = [_read_piece(read, n, piece) for n in alone]
