@@ -36,17 +36,17 @@ from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, Record
 from memagent.extraction.records import Record
 from memagent.extraction.answer_bounds import cut_values
 from memagent.group_answers import answer_groups, reply_object
-from memagent.heads import initial_memory, labelled, last_updated, next_head, unlabelled, write_head
+from memagent.heads import initial_memory, last_updated, next_head, unlabelled, write_head
 from memagent.prompts import (
     Messages,
-    PromptTemplates,
     extract_answer,
     final_answer_messages,
     memory_heads_messages,
     memory_update_messages,
-    records_messages,
     strip_thinking,
 )
+# check_config and template_overhead live beside the window check; imported from here by the jobs and the CLI.
+from memagent.window_check import check_config, group_tokens, template_overhead  # noqa: F401
 
 
 class InputError(ValueError):
@@ -147,40 +147,6 @@ def _describe(value: object) -> str:
     if isinstance(value, str):
         return "an empty string" if not value.strip() else repr(value[:40])
     return f"a value of type {type(value).__name__}"
-
-
-def template_overhead(engine: Engine, instruction: str | None = None, prompts: PromptTemplates | None = None) -> int:
-    """Tokens of the memory-update prompt (``prompts``' template) with empty question, memory and chunk."""
-    return engine.count_chat_tokens(memory_update_messages("", "", "", instruction, prompts))
-
-
-def check_config(engine: Engine, config: AgentConfig) -> None:
-    """Reject a config whose worst-case call does not fit ``engine``'s context window.
-
-    Also rejects an ``instruction`` that the configured templates have no ``{instruction}`` for.
-    """
-    config.prompts.check_instruction(config.instruction)
-    # The memory-update template bounds every call unless a custom final-answer one is longer.
-    schema = config.extraction
-    final = final_answer_messages("", "", config.answer_style, config.instruction, config.prompts,
-                                  schema.answer_instruction() if schema else None)
-    overhead = max(template_overhead(engine, config.instruction, config.prompts), engine.count_chat_tokens(final),
-                   *(engine.count_chat_tokens(records_messages("", "", "", schema.records_instruction(r.name),
-                                                               config.instruction, config.prompts))
-                     for r in (schema.record_types if schema else ())))
-    if config.memory_heads > 1:  # the heads' template and labels (step numbers up to 6 digits) count as template
-        k = config.memory_heads
-        labels = labelled([""] * k, [999_999] * k)
-        overhead = max(overhead, engine.count_chat_tokens(memory_heads_messages(
-            "", labels, "", 0, k, config.instruction, config.prompts)))
-    if schema is not None and schema.record_types:  # a split piece (half a chunk at most) reads two memories
-        overhead += max(0, config.memory_tokens - config.chunk_tokens // 2)
-    config.check_fits(engine.context_window, overhead)
-    if schema is not None:  # the field list is every call's question: it must fit query_tokens
-        n = len(engine.tokenizer(schema.memory_question(config.answer_tokens), add_special_tokens=False)["input_ids"])
-        if n > config.query_tokens:
-            raise ValueError(f"the extraction schema's field list is {n} tokens, over query_tokens="
-                             f"{config.query_tokens}; raise query_tokens to {n} or more (or shorten the descriptions)")
 
 
 def _step(n: int, kind: str, chunk: Chunk | None, memory: str, c: Completion, seconds: float) -> Step:
@@ -443,7 +409,8 @@ def _records_call(engine: Engine, question: str, config: AgentConfig) -> Records
         return None
     return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p,
                                                                 call="records"),
-                       config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere)
+                       config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere,
+                       group_tokens(config, engine, question))
 
 
 async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,

@@ -153,19 +153,23 @@ class AgentConfig(BaseModel):
                              "schema): give a schema that has some, or leave it off")
         return self
 
-    def max_prompt_tokens(self, template_tokens: int) -> int:
-        """Worst-case prompt length of a memory-update call, given the template's own tokens."""
-        return template_tokens + self.query_tokens + self.memory_tokens + self.chunk_tokens
+    def max_prompt_tokens(self, template_tokens: int, query_tokens: int | None = None) -> int:
+        """Worst-case prompt length of a memory-update call, given the template's own tokens (and the question's,
+        when it is known: an extraction's field list counted with the model's tokenizer)."""
+        query = self.query_tokens if query_tokens is None else min(query_tokens, self.query_tokens)
+        return template_tokens + query + self.memory_tokens + self.chunk_tokens
 
-    def check_fits(self, context_window: int, template_tokens: int) -> None:
-        """Reject budgets whose worst-case call (prompt + reply) exceeds the model's window.
+    def check_fits(self, context_window: int, template_tokens: int, query_tokens: int | None = None) -> None:
+        """Reject budgets whose worst-case call (prompt + reply) exceeds the model's window; ``query_tokens``:
+        the one question every call asks, counted (an extraction's), else ``self.query_tokens`` is assumed.
 
         Raises ``ValueError`` naming the numbers and what to change.
         """
+        query = self.query_tokens if query_tokens is None else min(query_tokens, self.query_tokens)
         # Chunks are cut on the full document's tokens and re-tokenised inside the prompt;
         # boundaries can shift a few tokens, so keep a small slack.
         slack = 16
-        need = self.max_prompt_tokens(template_tokens) + max(self.memory_tokens, self.answer_tokens) + slack
+        need = self.max_prompt_tokens(template_tokens, query) + max(self.memory_tokens, self.answer_tokens) + slack
         if need > context_window:
             # The advice is a value that passes every check: chunk_tokens > 0 and memory_tokens at
             # most 4x chunk_tokens (_budgets_are_sane); when none fits, say so instead.
@@ -186,7 +190,7 @@ class AgentConfig(BaseModel):
                                "this model's window (extract fewer fields or shorten their descriptions)")
             raise ValueError(
                 f"budgets do not fit the model's context window of {context_window} tokens: "
-                f"template {template_tokens} + query {self.query_tokens} + memory {self.memory_tokens} + "
+                f"template {template_tokens} + query {query} + memory {self.memory_tokens} + "
                 f"chunk {self.chunk_tokens} + reply {max(self.memory_tokens, self.answer_tokens)} (+{slack} slack) "
                 f"= {need}; {advice}"
             )

@@ -57,10 +57,16 @@ RECORD_SPLITS_COLUMN, RECORD_FAILED_COLUMN = "record_splits", "record_failed_pie
 RECORD_RUNAWAY_COLUMN, RECORD_INVALID_COLUMN = "record_runaway_pieces", "record_invalid_items"
 DROPPED_VALUES_COLUMN, DROPPED_RECORDS_COLUMN = "grounding_dropped_values", "grounding_dropped_records"
 RECORD_INCOMPLETE_COLUMN = "record_incomplete"
+# The records calls a row's read made (groups, types read alone, split pieces) and their tokens: not in ``steps``
+# (which holds the memory updates and the final calls), so a row's cost is its steps' tokens plus these.
+RECORD_CALLS_COLUMN, RECORD_PROMPT_TOKENS_COLUMN = "record_calls", "record_prompt_tokens"
+RECORD_COMPLETION_TOKENS_COLUMN = "record_completion_tokens"
 TALLY_COLUMNS = {"splits": RECORD_SPLITS_COLUMN, "failed": RECORD_FAILED_COLUMN, "runaway": RECORD_RUNAWAY_COLUMN,
                  "invalid_items": RECORD_INVALID_COLUMN, "dropped_values": DROPPED_VALUES_COLUMN,
                  "dropped_records": DROPPED_RECORDS_COLUMN,
-                 "incomplete": RECORD_INCOMPLETE_COLUMN}  # RecordsTally field -> row column
+                 "incomplete": RECORD_INCOMPLETE_COLUMN, "calls": RECORD_CALLS_COLUMN,
+                 "prompt_tokens": RECORD_PROMPT_TOKENS_COLUMN,
+                 "completion_tokens": RECORD_COMPLETION_TOKENS_COLUMN}  # RecordsTally field -> row column
 # Per record type: the row's records (``records_<type>``, a list of structs: pipelines/records_output.py) and
 # their count (``n_records_<type>``).
 RECORDS_PREFIX, N_RECORDS_PREFIX = "records_", "n_records_"

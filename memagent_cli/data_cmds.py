@@ -1,4 +1,4 @@
-"""Data commands: ``memagent synth hotpotqa|ruler|statements|contracts`` and ``memagent filter``.
+"""Data commands: ``memagent synth hotpotqa|ruler|statements|filings|contracts`` and ``memagent filter``.
 
 Each calls the one implementation of its stage (``pipelines.synthesize.write_hotpotqa`` /
 ``write_ruler``, ``memagent.data.filter.run_filter``), which the train flow calls too.
@@ -70,6 +70,26 @@ def cmd_synth_statements(args: argparse.Namespace) -> int:
     pq.write_table(pa.Table.from_pylist(rows), args.out)
     return _report({"rows": len(rows), "out": args.out, "records": sum(len(d["gold"]) for d in docs),
                     "chars": sum(len(d["text"]) for d in docs)})
+
+
+def cmd_synth_filings(args: argparse.Namespace) -> int:
+    """Generated quarterly-filing-like documents (memagent.data.filings): an input for ``memagent batch --schema
+    docs/schemas/filing.json``; ``gold`` holds each document's object in that schema's shape (JSON text)."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memagent.data.filings import filings
+
+    if args.docs < 1 or args.filler < 0:
+        raise ValueError("--docs must be at least 1 and --filler at least 0")
+    docs = filings(args.docs, args.seed, args.filler)
+    rows = [{"id": d["id"], "context": d["text"], "gold": json.dumps(d["gold"], ensure_ascii=False)} for d in docs]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), args.out)
+    metrics = sum(len(m) for d in docs for sec, props in d["gold"].items() if sec != "meta" for m in props.values())
+    return _report({"rows": len(rows), "out": args.out, "metrics": metrics, "chars": sum(len(d["text"]) for d in docs)})
 
 
 def cmd_synth_contracts(args: argparse.Namespace) -> int:
@@ -150,6 +170,15 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     stm.add_argument("--tokens", type=parse_int, default=1024, help="about this many tokens each (default 1024)")
     stm.add_argument("--seed", type=int, default=0, help="the corpus is a function of the seed (default 0)")
     stm.set_defaults(func=cmd_synth_statements)
+
+    fil = kinds.add_parser("filings", parents=[common],
+                           help="quarterly-filing-like documents (statement tables with scale lines, a segment table, "
+                                "prose, footnotes, restated prior periods, guidance) for docs/schemas/filing.json")
+    fil.add_argument("--out", required=True, help="output Parquet file (columns id, context, gold)")
+    fil.add_argument("--docs", type=int, default=2, help="documents (default 2)")
+    fil.add_argument("--filler", type=int, default=2, help="filler paragraphs after each statement (default 2)")
+    fil.add_argument("--seed", type=int, default=0, help="the corpus is a function of the seed (default 0)")
+    fil.set_defaults(func=cmd_synth_filings)
 
     con = kinds.add_parser("contracts", parents=[common],
                            help="services agreements with five typed fields planted among near misses and amendments, "

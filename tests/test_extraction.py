@@ -143,7 +143,8 @@ def test_output_columns_are_typed():
                      "record_failed_pieces": pa.int32(), "record_runaway_pieces": pa.int32(),
                      "record_invalid_items": pa.int32(),
                      "grounding_dropped_values": pa.int32(), "grounding_dropped_records": pa.int32(),
-                     "record_incomplete": pa.int32()}
+                     "record_incomplete": pa.int32(), "record_calls": pa.int32(),
+                     "record_prompt_tokens": pa.int32(), "record_completion_tokens": pa.int32()}
     assert [f.name for f in types["field_evidence"].value_type] == ["field", "value", "step", "char_start", "char_end"]
     assert result_schema(CFG).names[:len(RESULT_COLUMNS)] == list(RESULT_COLUMNS)
 

@@ -104,3 +104,25 @@ def test_grounded_chunks_feed_the_merge():
     assert doc[rec.evidence["amount"].char_start:rec.evidence["amount"].char_end] == "1,250.00"
     assert rec.evidence["status"].step == 1 and rec.evidence["status"].char_start == doc.rindex("paid")
     assert rec.evidence["payer"].char_start == doc.index("Harlow") and rec.mentions == 2
+
+
+def test_a_default_key_never_merges_mentions_that_differ_in_a_stated_value():
+    """With no x-key (the key chosen only to tie child types to the parent), seven citations sharing only their
+    year stay seven records, and a later mention that agrees with one of them (adding a value) joins it."""
+    from memagent.extraction import schema_from
+
+    schema = schema_from({"type": "object", "properties": {"citations": {"type": "array", "items": {
+        "type": "object", "required": ["year"], "properties": {
+            "year": {"type": "integer"}, "title": {"type": "string"}, "venue": {"type": "string"},
+            "authors": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}}}}}}})
+    record = schema.record_type("citations")
+    assert record.key == ("year",) and record.default_key
+    mentions = [Mention(0, {"year": 2020, "title": f"Paper {i}"}) for i in range(7)]
+    mentions.append(Mention(1, {"year": 2020, "title": "Paper 3", "venue": "ACL"}))
+    merged = merge_records(record, mentions)
+    assert [r.values["title"] for r in merged] == [f"Paper {i}" for i in range(7)]
+    assert merged[3].values["venue"] == "ACL" and merged[3].mentions == 2 and not merged[3].conflicts
+    keyed = schema_from({"type": "object", "properties": {"citations": {"type": "array", "x-key": ["year"], "items": {
+        "type": "object", "required": ["year"], "properties": {"year": {"type": "integer"},
+                                                                "title": {"type": "string"}}}}}})
+    assert len(merge_records(keyed.record_type("citations"), mentions[:7])) == 1  # a named key is an identity

@@ -61,7 +61,8 @@ def test_a_record_schema_loads_beside_document_fields():
                                                        "n_records_payments", "record_splits", "record_failed_pieces",
                                                        "record_runaway_pieces", "record_invalid_items",
                                                        "grounding_dropped_values", "grounding_dropped_records",
-                                                       "record_incomplete", "records_payments"]
+                                                       "record_incomplete", "record_calls", "record_prompt_tokens",
+                                                       "record_completion_tokens", "records_payments"]
     question = schema.question()
     assert "- account (text, required)" in question and "- payments: records identified by payer, date" in question
     assert "  - address (object)" in question and "    - city (text, required)" in question

@@ -164,14 +164,18 @@ def test_a_leaf_that_cannot_fit_is_refused_naming_it_and_the_flag(tmp_path, caps
 
 
 def test_the_memory_question_of_a_wide_schema_is_compact_and_complete():
-    """A schema split into groups asks its memory updates with every leaf named once (objects in braces);
-    one that fits asks with the full question, as before."""
+    """A schema split into groups, or whose full question is over its share of the window, asks its memory updates
+    with every leaf named once (objects in braces); one that fits both asks with the full question, as before."""
+    from memagent.extraction.schema import MEMORY_QUESTION_TOKENS
+
     schema = schema_from(wide_schema(200, 3, 1))
     q = schema.memory_question(200)
     assert q != schema.question() and len(q) < len(schema.question()) / 2
     for path, _, _ in iter_leaves(schema.fields, {}):
         assert path.rsplit(".", 1)[-1] in q
-    assert schema.memory_question(10**6) == schema.question()
+    assert len(schema.question().encode()) > 3 * MEMORY_QUESTION_TOKENS and schema.memory_question(10**6) == q
+    small = schema_from(wide_schema(20, 3, 1))
+    assert small.memory_question(10**6) == small.question()
 
 
 def test_the_batch_command_reports_the_grouping_before_the_job(tmp_path, capsys, monkeypatch):

@@ -176,6 +176,21 @@ def prune(gold: dict[str, Any], tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+LIST_KEY = re.compile(r"^  - (\S+?)(?::|$)", re.MULTILINE)
+
+
+def group_keys(prompt: str) -> list[str]:
+    """The reply keys a group records call lists (after "The lists (reply key: what it holds):"), in order."""
+    request = prompt.rsplit("\n\n", 1)[-1]
+    keys: list[str] = []
+    for part in request.split("The lists (reply key: what it holds):\n")[1:]:  # one part per family
+        for line in part.splitlines():
+            if not line.startswith("  - "):
+                break
+            keys.append(LIST_KEY.match(line).group(1))
+    return keys
+
+
 class WideReader:
     """A perfect reader of one gold object (``doc``: its document-level values; ``records``: per type)."""
 
@@ -187,10 +202,17 @@ class WideReader:
         asked = re.search(r"Reply with a JSON array of the (\S+) records", prompt)
         if asked:
             return compact(self.records.get(asked.group(1), []))
+        if "Reply with a JSON object of record lists" in prompt:  # a group of record types: each list's records
+            return compact({key: self._records_of(key) for key in group_keys(prompt)})
         if "Reply with one JSON object" in prompt:
             self.final_calls += 1
             return compact(prune(self.doc, asked_tree(prompt)))
         return "The memory holds every value the document states."
+
+    def _records_of(self, key: str) -> list[dict[str, Any]]:
+        """The gold records of the type a group reply key names (its name, or its name's last segment)."""
+        names = [n for n in self.records if n == key or n.rsplit(".", 1)[-1] == key]
+        return self.records[names[0]] if names else []
 
 
 def reader_config(schema: dict[str, Any], answer_tokens: int) -> Any:

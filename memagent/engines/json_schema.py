@@ -23,7 +23,6 @@ import re
 from typing import Any
 
 from memagent.json_refs import resolve_refs
-from memagent.json_walk import walk_json
 
 MAX_STRING_CHARS = 200  # a free-text value longer than this is a loop, not an extraction
 MAX_ARRAY_ITEMS = 20

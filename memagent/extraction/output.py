@@ -76,7 +76,8 @@ def output_fields(schema: ExtractionSchema) -> list[pa.Field]:
     """The extraction's output columns: one per document-level field, ``extraction``, ``field_evidence``,
     ``schema_errors``, ``values_cut``, one ``n_records_<type>`` per record type, the records calls' tally (``record_splits``,
     ``record_failed_pieces``, ``record_runaway_pieces``, ``record_invalid_items``,
-    ``grounding_dropped_values``, ``grounding_dropped_records``, ``record_incomplete``) and one
+    ``grounding_dropped_values``, ``grounding_dropped_records``, ``record_incomplete``, ``record_calls``,
+    ``record_prompt_tokens``, ``record_completion_tokens``) and one
     ``records_<type>`` per record type (the records themselves)."""
     return [*(_arrow_field(f) for f in schema.fields),
             pa.field(EXTRACTION_COLUMN, pa.string()), pa.field(FIELD_EVIDENCE_COLUMN, pa.list_(EVIDENCE_TYPE)),

@@ -58,7 +58,7 @@ TOP_KEYWORDS = {"type", "properties", "required", "description", "title", "$sche
 CONSTRAINT_KEYWORDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
                        "minLength", "maxLength", "minItems", "maxItems", "uniqueItems"}
 PROPERTY_KEYWORDS = {"type", "description", "title", "format", "enum", "items", "anyOf"} | CONSTRAINT_KEYWORDS
-RECORD_KEYWORDS = {"type", "items", "description", "title", "x-key"}  # what resolve.py writes of a record type
+RECORD_KEYWORDS = {"type", "items", "description", "title", "x-key", "x-key-default"}  # what resolve.py writes
 OBJECT_KEYWORDS = {"type", "properties", "required", "description", "title", "additionalProperties"}
 SUPPORTED = ("string, number, integer, boolean, string with format date, enum, "
              "array of strings, object, array of objects (a record type)")
@@ -104,6 +104,7 @@ class RecordType:
     key: tuple[str, ...] = ()
     description: str | None = None
     item_schema: Mapping[str, Any] | None = None  # the items node without titles and x- keywords
+    default_key: bool = False  # the key was not named (x-key) but chosen to tie child types to their parent
 
     def leaves(self, values: Mapping[str, Any]) -> Iterator[tuple[str, FieldSpec, Any]]:
         """``(dotted path, field, value)`` of every leaf of a record (absent leaves as None)."""
@@ -327,7 +328,7 @@ def parse_record_type(path: str, name: str, node: dict[str, Any], reserved: tupl
         if isinstance(f, ObjectSpec) or f.kind not in SCALAR_KINDS or not f.required:
             raise ValueError(f"{kpath}: key property {k!r} must be a required scalar ({', '.join(SCALAR_KINDS)}) "
                              "of the items")
-    return RecordType(name, fields, tuple(key), description, clean(node["items"]))
+    return RecordType(name, fields, tuple(key), description, clean(node["items"]), node.get("x-key-default") is True)
 
 
 def parse_schema(schema: Any, reserved: tuple[str, ...] = (),

@@ -1,9 +1,11 @@
-"""Reading records per chunk: one constrained call per record type, grounded, split when it overflows.
+"""Reading records per chunk: one constrained call per group of record types, grounded, split when it overflows.
 
 For each chunk the memory agent reads (:func:`memagent.agent.read_document` with a schema that has
-record types), :func:`read_chunk_records` asks once per record type for the records that chunk
-states, a JSON array under :meth:`ExtractionSchema.records_schema` (``SamplingParams.json_schema``),
-given the memory the chunk's update reads. The prompt is the memory update's up to its chunk, then
+record types), :func:`read_chunk_records` asks once per group of record types
+(:mod:`memagent.extraction.record_groups`; a group of one type: a JSON array under
+:meth:`ExtractionSchema.records_schema`, ``SamplingParams.json_schema``) for the records that chunk
+states, given the memory the chunk's update reads. A group's type whose reply overflows is read alone,
+as below. The prompt is the memory update's up to its chunk, then
 the records request (:func:`memagent.prompts.records_messages`): the two calls share their prefix.
 
 **Overflow.** A reply cut at its budget (``finish_reason`` "length"), one that fills the call's
@@ -36,11 +38,13 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
-from memagent.extraction.record_grounding import SENTENCE_END, MemoryTrail, ground_chunk
+from memagent.extraction.pieces import TAIL_CHARS, Piece, halves, records_reach, sentence_end, split_point  # noqa: F401
+from memagent.extraction.record_groups import RecordGroup, read_group_reply
+from memagent.extraction.record_grounding import MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
@@ -48,44 +52,8 @@ from memagent.prompts import PromptTemplates, parse_json_answer, records_message
 MIN_SPLIT_CHARS = 64  # a piece this short is not split again
 MAX_SPLIT_DEPTH = 6  # a chunk's records call becomes at most 2**6 pieces (a 5,000-token chunk: ~350 characters each)
 RUNAWAY_RECORDS = 3  # dropped records that make an overflowing reply a runaway (runs_away)
-TAIL_CHARS = 400  # how far a records call reads past its piece to finish a cut sentence
 LOOP_MAX_PERIOD = 200  # characters: the longest unit a looping reply is checked for
 LOOP_MIN_CHARS = 64  # a repeated tail shorter than this is not a loop
-
-
-class HasCharSpan(Protocol):
-    char_start: int
-    char_end: int
-
-
-def sentence_end(text: str, pos: int, limit: int) -> int:
-    """Where the sentence that ``pos`` cuts ends: ``pos`` itself when a sentence or line ends there
-    (or at the text's end), else after the first sentence end in ``(pos, min(limit, pos + TAIL_CHARS)]``,
-    else ``pos`` (no end near: the cut stays where it is)."""
-    if pos <= 0 or pos >= len(text):
-        return pos
-    m = SENTENCE_END.search(text, pos - 1, min(limit, pos + TAIL_CHARS, len(text)))
-    return m.end() if m is not None else pos
-
-
-def records_reach(text: str, chunks: Sequence[HasCharSpan], k: int) -> tuple[int, int, int]:
-    """``(start, owned_from, end)``: chunk ``k``'s records call reads ``text[start:end]`` (the chunk and the
-    rest of the sentence its end cuts) and leaves out the records whose values grounded in that text
-    all lie before ``owned_from`` (the end of the sentence its start cuts, read whole by the call before).
-
-    Each boundary's sentence end is computed the same way from both sides, and may lie chunks further
-    on (a long sentence in small chunks), so the owned parts ``[owned_from, end)`` of consecutive chunks
-    tile the text. A boundary where chunks are not contiguous (the middle dropped by ``max_chunks``)
-    is not crossed.
-    """
-    c = chunks[k]
-    owned_from = c.char_start
-    if k > 0 and chunks[k - 1].char_end == c.char_start:
-        owned_from = sentence_end(text, c.char_start, len(text))
-    end = c.char_end
-    if k + 1 < len(chunks) and chunks[k + 1].char_start == c.char_end:
-        end = max(end, sentence_end(text, c.char_end, len(text)))
-    return c.char_start, owned_from, end
 
 
 @dataclass(frozen=True)
@@ -118,6 +86,9 @@ class RecordsTally:
     dropped_values: int = 0  # require_grounding: values not found where the record was read, removed
     dropped_records: int = 0  # require_grounding: records whose key values (or all values) were not found there
     incomplete: int = 0  # merged records dropped at the document's end: a required value never stated (or grounded)
+    calls: int = 0  # records calls made (a group's, a type read alone, each split piece's)
+    prompt_tokens: int = 0  # their prompt tokens, as the engine counted them
+    completion_tokens: int = 0  # their reply tokens
 
     def add(self, other: RecordsTally) -> None:
         for f in fields(self):
@@ -134,14 +105,16 @@ class ChunkRecords:
 
     emitted: list[Emitted] = field(default_factory=list)
     tally: RecordsTally = field(default_factory=RecordsTally)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+
+    @staticmethod
+    def of_call(completion: Completion) -> ChunkRecords:
+        """Nothing found yet, one call counted with its tokens."""
+        return ChunkRecords(tally=RecordsTally(calls=1, prompt_tokens=completion.prompt_tokens,
+                                               completion_tokens=completion.completion_tokens))
 
     def add(self, other: ChunkRecords) -> None:
         self.emitted += other.emitted
         self.tally.add(other.tally)
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
 
 
 @dataclass(frozen=True)
@@ -156,6 +129,7 @@ class RecordsCall:
     prompts: PromptTemplates | None = None
     require_grounding: bool = False  # AgentConfig.require_grounding: drop what is not found in the text, counted
     ground_elsewhere: bool = False  # AgentConfig.ground_elsewhere: search the whole document for what the window lacks
+    group_tokens: int | None = None  # a group call's reply budget (group_reply_tokens); None: params' (one type's)
 
 
 @dataclass(frozen=True)
@@ -190,17 +164,6 @@ def joined_memory(before: str, after: str) -> str:
     kept = set(after.splitlines())
     dropped = [line for line in before.splitlines() if line.strip() and line not in kept]
     return "\n".join([after, *dropped]) if dropped else after
-
-
-@dataclass(frozen=True)
-class Piece:
-    """The text one records call reads, ``context[start:end]``; it owns the records stated from ``owned_from``
-    on (:func:`records_reach`) and is ``depth`` splits below its chunk."""
-
-    start: int
-    owned_from: int
-    end: int
-    depth: int = 0
 
 
 @dataclass(frozen=True)
@@ -270,39 +233,6 @@ def runs_away(read: ChunkRead, name: str, piece: Piece, text: str, trail: Memory
     return grounded.dropped_records >= RUNAWAY_RECORDS and 2 * grounded.dropped_records > len(items)
 
 
-_BREAKS = ("\n\n", "\n", ". ", "。", " ")  # preferred cuts: paragraph, line, sentence, word
-
-
-def split_point(text: str) -> int:
-    """Where to cut ``text`` in two: after the break nearest the middle, paragraphs before lines before
-    sentences before words, within the middle half; the middle itself when there is none."""
-    mid, lo, hi = len(text) // 2, len(text) // 4, 3 * len(text) // 4
-    for sep in _BREAKS:
-        best = None
-        i = text.find(sep, lo)
-        while i != -1 and i + len(sep) <= hi:
-            if best is None or abs(i + len(sep) - mid) < abs(best - mid):
-                best = i + len(sep)
-            i = text.find(sep, i + 1)
-        if best is not None and 0 < best < len(text):
-            return best
-    return mid
-
-
-def halves(context: str, piece: Piece) -> tuple[Piece, Piece]:
-    """A piece cut in two at :func:`split_point`; the first half reads on to the end of the sentence the
-    cut falls in (when that leaves it shorter than the piece), which the second half then leaves to it.
-    When that sentence runs to the piece's end, the cut moves back to where it begins instead, so that
-    the second half holds it whole (cut inside, neither half would read it)."""
-    cut = piece.start + split_point(context[piece.start:piece.end])
-    reach = sentence_end(context, cut, piece.end + 1)  # + 1: a sentence ending at the piece's end is seen to end
-    if reach >= piece.end:
-        back = max((m.end() for m in SENTENCE_END.finditer(context, piece.start, cut)), default=piece.start)
-        cut = reach = back if piece.start < back < cut else cut
-    return (Piece(piece.start, piece.owned_from, reach, piece.depth + 1),
-            Piece(cut, max(piece.owned_from, reach), piece.end, piece.depth + 1))
-
-
 async def _ask(read: ChunkRead, name: str, piece: Piece, trail: MemoryTrail) -> Completion:
     call = read.call
     messages = records_messages(call.question, trail.memory, read.context[piece.start:piece.end],
@@ -315,7 +245,7 @@ async def _read_piece(read: ChunkRead, name: str, piece: Piece) -> ChunkRecords:
     """The records of type ``name`` in ``piece``; its halves re-read when the reply overflows (module docstring)."""
     trail = await read.memory_for(piece)
     completion = await _ask(read, name, piece, trail)
-    out = ChunkRecords(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens)
+    out = ChunkRecords.of_call(completion)
     reply = read_reply(read.call.schema, name, completion)
     # Grounding searches the document (CPU work): off the event loop the other documents share.
     if reply.items is not None and not reply.overflow:
@@ -373,13 +303,56 @@ def _plain_spans(spans: Mapping[str, Span | None]) -> dict[str, tuple[int, int, 
     return {k: (s.start, s.end, s.grounding) if s is not None else None for k, s in spans.items()}
 
 
+async def _read_group(read: ChunkRead, names: tuple[str, ...], piece: Piece) -> ChunkRecords:
+    """The records of the types ``names`` in ``piece``, one call for them all (a single type: :func:`_read_piece`).
+
+    The types whose arrays the reply closed are complete; the one it was writing when cut, or whose array filled
+    the call's limit, overflowed and is read alone (split by piece as a single type is); the types after it are
+    asked again as a group, unless the cut reply loops (:func:`repeats_itself`: the rest are read alone, each
+    call at the memory's budget). A reply that closed no array is asked again in two halves of the types."""
+    if len(names) == 1:
+        return await _read_piece(read, names[0], piece)
+    call, group = read.call, RecordGroup(names)
+    trail = await read.memory_for(piece)
+    messages = records_messages(call.question, trail.memory, read.context[piece.start:piece.end],
+                                call.schema.group_records_instruction(group), call.instruction, call.prompts)
+    params = replace(call.params, max_tokens=call.group_tokens or call.params.max_tokens, json_schema=call.schema.group_records_schema_json(group),
+                     priority=read.priority)
+    completion = await call.engine.chat(messages, params)
+    out = ChunkRecords.of_call(completion)
+    reply = read_group_reply(group, strip_thinking(completion.text))
+    alone: list[str] = []
+    for name, items in reply.arrays.items():
+        if len(items) >= RECORDS_PER_CALL:  # full: there may be more
+            alone.append(name)
+            continue
+        valid, invalid = call.schema.valid_records(name, items)
+        await asyncio.to_thread(_emit, read, name, piece, RecordsReply(valid, False, invalid), out, trail)
+    rest = tuple(n for n in names if n not in reply.arrays)
+    if rest and completion.finish_reason == "length" and repeats_itself(completion.text):
+        alone += rest  # a looping model would loop again over the whole budget: the rest read alone, bounded
+        rest = ()
+    elif rest and reply.arrays:  # the first unfinished type overflowed: alone; the others as a group again
+        alone.append(rest[0])
+        rest = rest[1:]
+    parts = [_read_piece(read, n, piece) for n in alone]
+    if rest:
+        mid = len(rest) // 2 if not reply.arrays else len(rest)  # no progress: halve the types
+        parts += [_read_group(read, g, piece) for g in (rest[:mid], rest[mid:]) if g]
+    for part in await asyncio.gather(*parts):
+        out.add(part)
+    return out
+
+
 async def read_chunk_records(read: ChunkRead, start: int, end: int, owned_from: int | None = None) -> ChunkRecords:
-    """Every record type's records in ``context[start:end]`` (memory step ``read.step``), concurrently;
-    those grounded only before ``owned_from`` are left to the call before (:func:`records_reach`)."""
+    """Every record type's records in ``context[start:end]`` (memory step ``read.step``): one call per group of
+    types (:meth:`ExtractionSchema.record_groups`), concurrently; those grounded only before ``owned_from`` are
+    left to the call before (:func:`records_reach`)."""
     piece = Piece(start, start if owned_from is None else owned_from, end)
-    parts = await asyncio.gather(*(_read_piece(read, r.name, piece) for r in read.call.schema.record_types))
+    groups = read.call.schema.record_groups(read.call.group_tokens or read.call.params.max_tokens)
+    parts = await asyncio.gather(*(_read_group(read, g.names, piece) for g in groups))
     out = ChunkRecords()
-    for p in parts:  # record-type order, then piece order: deterministic
+    for p in parts:  # group order (record-type order), then piece order: deterministic
         out.add(p)
     return out
 

@@ -20,6 +20,10 @@ the char span of each value: :func:`memagent.extraction.record_grounding.ground_
   nothing else.
 - ``mentions`` counts the merged mentions; ``first_chunk``/``last_chunk`` are the least and
   greatest step among them. Records come out in the order their first mention was emitted.
+- **A default key** (the record type holds child types but names no ``x-key``: its first required scalar ties
+  the children to it, :mod:`memagent.extraction.resolve`) is no identity by itself: a mention joins the first
+  record of its key whose stated values it agrees with (none differs), else it is a record of its own. Seven
+  citations that share only ``year`` stay seven; a later mention adding a value to one of them joins it.
 - **Without a key**: every mention is a record, except that an exact duplicate of an earlier
   record of the same step (equal values, as JSON) is dropped and counted in that record's
   ``mentions``. Equal records of different chunks are kept: nothing says they are one.
@@ -176,6 +180,16 @@ def _first_item(evidence: Mapping[str, Evidence], path: str) -> Evidence:
     return next((e for k, e in sorted(evidence.items()) if k.startswith(path + ".")), Evidence(-1))
 
 
+def _agrees(record: RecordType, into: Record, mention: Mention) -> bool:
+    """No value the mention states differs from one the record holds (after normalisation)."""
+    current = {p: v for p, _, v in record.leaves(into.values)}
+    for path, spec, value in record.leaves(mention.values):
+        old = current.get(path)
+        if _stated(value) and _stated(old) and KINDS[spec.kind].normalise(old) != KINDS[spec.kind].normalise(value):
+            return False
+    return True
+
+
 def _canonical(values: Mapping[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
 
@@ -184,16 +198,18 @@ def merge_records(record: RecordType, mentions: Iterable[Mention]) -> list[Recor
     """The records of one record type from every chunk's mentions (the rule: the module docstring)."""
     ordered = sorted(mentions, key=lambda m: m.step)  # stable: a step's own order is kept
     out: list[Record] = []
-    by_key: dict[tuple[Any, ...], Record] = {}
+    by_key: dict[tuple[Any, ...], list[Record]] = {}
     seen: dict[tuple[int, str], Record] = {}  # unkeyed: (step, canonical values) -> record
     for mention in ordered:
         key = record_key(record, mention.values)
         if key is not None:
-            if key in by_key:
-                _amend(record, by_key[key], mention)
+            same = by_key.setdefault(key, [])
+            into = next((r for r in same if not record.default_key or _agrees(record, r, mention)), None)
+            if into is not None:
+                _amend(record, into, mention)
             else:
-                by_key[key] = _start(record, mention)
-                out.append(by_key[key])
+                same.append(_start(record, mention))
+                out.append(same[-1])
             continue
         ident = (mention.step, _canonical(mention.values))
         if ident in seen:

@@ -389,7 +389,11 @@ class _Builder:
                     item["required"].append(k)
                     item["properties"][k].pop(NULLABLE, None)
         key = [*(a for a, _ in links), *own] if isinstance(own, list) and own else own
+        # A key the user did not name ties children to their parent only: never an identity that merges
+        # mentions differing in a stated value (records.merge_records).
+        defaulted = bool(pending) and not (array.get("x-key") or item_node.get("x-key"))
         self.types[name] = {"type": "array", "items": item, **({"x-key": key} if key else {}),
+                            **({"x-key-default": True} if defaulted else {}),
                             **({"description": array["description"]} if "description" in array else {})}
         self.links[name] = Link(parent, names, links)
         for child, where, child_names in pending:

@@ -37,6 +37,11 @@ from memagent.extraction.groups import (
 )
 from memagent.extraction.kinds import FieldKind
 from memagent.extraction.model_check import load_model, model_named
+from memagent.extraction.record_groups import (
+    MEMORY_QUESTION_TOKENS, RecordFamily, RecordGroup, compact_name, compact_record_lines, group_instruction,
+    group_record_types, record_families,
+)
+from memagent.extraction.record_groups import group_schema as records_group_schema
 from memagent.extraction.parse import (
     MAX_DEPTH, MAX_SCHEMA_CHARS, PROPERTY_KEYWORDS, SUPPORTED, TOP_KEYWORDS, FieldSpec, ObjectSpec, RecordType,
     check_size, clean, iter_leaves, parse_schema,
@@ -51,9 +56,10 @@ __all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSche
 INPUT_COLUMNS = ("id", "question", "context", "answers", "metric")
 
 # Rough budget sizes (tokens) for the up-front checks: what one field takes in the memory (a
-# candidate value and where it was seen); a record type, the keys of the records already known.
+# candidate value and where it was seen); a family of record types (one item schema: record_groups), what
+# later chunks must carry to read its records (the keys of the records already known, aliases, an open record).
 MEMORY_TOKENS_PER_FIELD = 24
-MEMORY_TOKENS_PER_RECORD_TYPE = 48
+MEMORY_TOKENS_PER_RECORD_FAMILY = 48  # per family of record types, not per type: the names are in the question
 # Records one records call may return: a reply that fills it is overflow (the piece is split and re-read,
 # counted), never taken as complete. A bound keeps a looping reply short.
 RECORDS_PER_CALL = 50
@@ -84,6 +90,8 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
     _fields: tuple[FieldSpec | ObjectSpec, ...] = PrivateAttr(default=())
     _records: tuple[RecordType, ...] = PrivateAttr(default=())
     _resolved: Resolved | None = PrivateAttr(default=None)
+    _families: tuple[RecordFamily, ...] = PrivateAttr(default=())
+    _groups: dict[int, tuple[RecordGroup, ...]] = PrivateAttr(default_factory=dict)  # record_groups per reply budget
 
     @model_validator(mode="before")
     @classmethod
@@ -97,6 +105,7 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         self._resolved = resolve(self.root)
         self._fields, self._records = parse_schema(self._resolved.schema, _reserved_columns(), RECORD_COLUMNS)
         _check_dotted_names(self._fields, self._records)
+        self._families = record_families(self.root, self._records)
         columns = {prefix + r.name: (what, r.name) for r in self._records
                    for prefix, what in ((N_RECORDS_PREFIX, "record count"), (RECORDS_PREFIX, "records"))}
         for f in self._fields:
@@ -229,20 +238,23 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
 
     def memory_question(self, answer_tokens: int) -> str:
         """The question of every memory update and records call: :meth:`question`, or for a wide schema (one
-        whose final answer splits into several groups at ``answer_tokens``) the compact field list: names only,
-        an object's fields in braces, each kind and description left to the group call that asks for it."""
-        if len(self.field_groups(answer_tokens)) <= 1:
-            return self.question()
+        whose final answer splits into several groups at ``answer_tokens``, or whose full question is over its
+        share of the window, :data:`MEMORY_QUESTION_TOKENS` at 3 bytes a token) the compact field list: names
+        only, an object's fields in braces, record types one line per family (its fields once, its lists'
+        names), each kind and description left to the call that decodes it (a group call, a records call)."""
+        full = self.question()
+        if len(self.field_groups(answer_tokens)) <= 1 and len(full.encode()) <= 3 * MEMORY_QUESTION_TOKENS:
+            return full
         text = ""
         if self._fields:
             text = ("Extract these fields from the document (an object's fields in braces):\n"
-                    + "\n".join(f"- {_compact(f)}" for f in self._fields)
+                    + "\n".join(f"- {compact_name(f)}" for f in self._fields)
                     + "\nFor each field keep every candidate value with where it was seen; "
                     "a later correction or amendment replaces an earlier value.")
         if self._records:
-            text += "\nList every record of these types the document states:\n" + "\n".join(
-                f"- {r.name}: records" + (f" identified by {', '.join(r.key)}" if r.key else "")
-                + f": {', '.join(map(_compact, r.fields))}" for r in self._records)
+            text += "\n" if text else ""
+            text += ("List every record of these types the document states (the records of a list hold the "
+                     "fields in parentheses):\n" + compact_record_lines(self._families))
             text += ("\nKeep what later passages need to read records: names and their aliases or roles, "
                      "definitions, amendments, and the keys of the records already seen.")
         return text
@@ -278,7 +290,35 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
                 "[] when it states none.")
 
     def memory_tokens_needed(self) -> int:
-        return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_TYPE * len(self._records)
+        """The memory the fields need (a value and where it was seen each) and what later chunks must carry
+        per family of record types (keys seen, aliases, an open record), not a share per type."""
+        return MEMORY_TOKENS_PER_FIELD * len(self._fields) + MEMORY_TOKENS_PER_RECORD_FAMILY * len(self._families)
+
+    @property
+    def record_families(self) -> tuple[RecordFamily, ...]:
+        """The record types in families sharing one item schema (:mod:`memagent.extraction.record_groups`)."""
+        return self._families
+
+    def record_groups(self, reply_tokens: int) -> tuple[RecordGroup, ...]:
+        """The record types packed into the groups one records call each asks for, for replies of
+        ``reply_tokens`` (:func:`~memagent.extraction.record_groups.group_record_types`); computed once per budget
+        (asked for every chunk)."""
+        if reply_tokens not in self._groups:
+            self._groups[reply_tokens] = group_record_types(self._families, reply_tokens)
+        return self._groups[reply_tokens]
+
+    def group_records_instruction(self, group: RecordGroup) -> str:
+        """The request of a records call: a single type's (:meth:`records_instruction`) or a group's."""
+        if len(group.names) == 1:
+            return self.records_instruction(group.names[0])
+        return group_instruction([self.record_type(n) for n in group.names], self._families)
+
+    def group_records_schema_json(self, group: RecordGroup) -> str:
+        """The decoding schema of a records call: a single type's array, or a group's object of arrays."""
+        if len(group.names) == 1:
+            return self.records_schema_json(group.names[0])
+        arrays = {n: self.records_schema(n) for n in group.names}
+        return json.dumps(records_group_schema(group, arrays), ensure_ascii=False)
 
     def answer_tokens_needed(self) -> int:
         """The most tokens the whole reply (all document fields in one call) takes at the least room a group
@@ -342,13 +382,6 @@ def _check_dotted_names(fields: tuple[FieldSpec | ObjectSpec, ...], records: tup
 
 _MISSING_AT = re.compile(r"^(.*): '(.+)' is a required property$")  # jsonschema's message, as Resolved writes it
 _MISSING = re.compile(r"^\(root\): '(.+)' is a required property$")
-
-
-def _compact(spec: FieldSpec | ObjectSpec) -> str:
-    """A field in the compact list: its name, an object's fields in braces."""
-    if isinstance(spec, ObjectSpec):
-        return f"{spec.name} {{{', '.join(map(_compact, spec.fields))}}}"
-    return spec.name
 
 
 def _model_schema(data: Any) -> Any:
