@@ -39,7 +39,7 @@ if __package__ in (None, ""):
 
 from benchmarks.common import loadavg, machine, print_table, resolve_bench_model, write_json  # noqa: E402
 # The engine that kills its own actor at its n-th call, once: the crash tests' build_engine seam.
-from tests.pipeline_helpers import CrashOnce as KillAt  # noqa: E402
+from memagent_testing.engine_faults import CrashOnce as KillAt  # noqa: E402
 
 
 class SegmentWatcher:

@@ -3,7 +3,7 @@
     python -m benchmarks.documents --out benchmarks/results/documents.json [--extraction]
 
 1. **PDF readers** (pypdf, pypdfium2, pdfplumber, and memagent's converter: pypdfium2 + pdfplumber's
-   table finder on ruled pages) on PDFs rendered from known content (tests/document_files.py): a
+   table finder on ruled pages) on PDFs rendered from known content (memagent_testing/document_files.py): a
    500-page text file (speed), a two-column file with a ruled table (fidelity). Per reader: pages/s
    on one core (one process, one thread), ``order`` (share of paragraphs found whole and in order,
    whitespace aside), ``rows_one_line`` (share of table rows whose cells are on one line, in order),
@@ -33,7 +33,7 @@ from pathlib import Path
 from benchmarks.common import loadavg, machine, print_table, write_json
 from memagent.documents import convert
 from memagent.documents.layout import table_row
-from tests.document_files import SAMPLE_TABLE, render_docx, render_html, render_pdf, sample_paragraphs
+from memagent_testing.document_files import SAMPLE_TABLE, render_docx, render_html, render_pdf, sample_paragraphs
 
 
 def _flat(text: str) -> str:

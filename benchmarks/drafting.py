@@ -8,7 +8,7 @@ of text: a few ids everywhere, most rare). Each decode step appends 1–8 kept t
 size is tried: the scan's worst case), ``copy`` steps append a span copied from earlier in the
 history (the lookup hits). The index (:class:`~memagent.engines.speculation.NgramIndex`, the
 hf engine's drafter) is timed as the decode loop drives it (``observe`` + ``propose``); the full
-scan (the old ``find_draft``, kept as the oracle in tests/test_speculation.py) with the history
+scan (the old ``find_draft``, kept as the oracle in memagent_testing/drafts.py) with the history
 concatenated per step, as the loop did before. Every step's drafts are compared.
 
 Headline keys: ``index_ms_per_step[L]`` (target ≤ 0.05 ms per row at L = 200,000) and
@@ -27,7 +27,7 @@ import numpy as np
 
 from benchmarks.common import loadavg, print_table, write_json
 from memagent.engines.speculation import NgramDrafter, TokenHistory
-from tests.test_speculation import find_draft as full_scan
+from memagent_testing.drafts import find_draft as full_scan
 
 VOCAB, N_MIN, N_MAX, MAX_DRAFT = 49_152, 2, 4, 8
 

@@ -3,9 +3,9 @@
 
     nice python -m benchmarks.faults --out benchmarks/results/faults.json [--sequences 200] [--every 10]
 
-The suite's harness (``tests/faults.py``: the product's driver, ``pipelines.driver.run_phases``, with an
+The suite's harness (``memagent_testing/faults.py``: the product's driver, ``pipelines.driver.run_phases``, with an
 in-process row phase in place of Ray Data's that calls the actor's and writer's product functions, every
-store call through ``tests/fault_fs.py``; a perfect ledger reader, no model) reads
+store call through ``memagent_testing/fault_fs.py``; a perfect ledger reader, no model) reads
 three generated ledgers (``--scale`` 4: about 28, 56 and 32 chunks of 64 tokens, a checkpoint every
 ``--every`` memory updates) under ``--sequences`` random fault sequences on each of local disk and S3
 (moto's server on loopback). A sequence is the machine lost at a random checkpoint write of run 1 (a
@@ -33,8 +33,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import loadavg, machine, print_table, write_json  # noqa: E402
-from tests.fault_fs import FAULTS, SITES, applies  # noqa: E402
-from tests.faults import documents, run_job, steps_without_times, write_input  # noqa: E402
+from memagent_testing.fault_fs import FAULTS, SITES, applies  # noqa: E402
+from memagent_testing.faults import documents, run_job, steps_without_times, write_input  # noqa: E402
 
 
 def sequences(where: str, output_root: str, s3, tokenizer, docs, input_dir: str, n: int, every: int,

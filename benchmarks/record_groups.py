@@ -4,7 +4,7 @@
 
 Generated filings (memagent/data/filings.py, seeds 0..N-1: statement tables, a segment table, prose, guidance;
 103 metrics each) are read with the filing schema (docs/schemas/filing.json: 52 lists of one shared ``metric``)
-by the perfect filing reader (tests/oracle/filings.py) with the packaged SmolLM2 tokenizer, the ``small``
+by the perfect filing reader (memagent_testing/oracle/filings.py) with the packaged SmolLM2 tokenizer, the ``small``
 preset's budgets derived from the schema (the job's default flags) and the 8,192-token window checked:
 
 - ``grouped``: as the job reads (:meth:`ExtractionSchema.record_groups`; a list whose reply overflows is read
@@ -63,7 +63,7 @@ def read(docs: list[dict], tokenizer: Any, per_type: bool) -> dict[str, Any]:
     from memagent.data.filings import SCHEMA
     from memagent.extraction.record_groups import RecordGroup
     from memagent.extraction.schema import ExtractionSchema, schema_from
-    from tests.oracle.filings import FilingOracle
+    from memagent_testing.oracle.filings import FilingOracle
 
     schema = schema_from(SCHEMA)
     cfg = AgentConfig(preset="small", extraction=schema)

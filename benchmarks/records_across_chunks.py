@@ -3,14 +3,14 @@
 
     nice python -m benchmarks.records_across_chunks --out benchmarks/results/records_across_chunks.json
 
-Documents: :func:`tests.oracle.invoices.invoices` (seeded; the default seeded spellings: ``1,037.50``,
+Documents: :func:`memagent_testing.oracle.invoices.invoices` (seeded; the default seeded spellings: ``1,037.50``,
 ``EUR 1.037,50``, ``$1 037.50``, ``2021-03-14``, ``14 March 2021``, ``March 14, 2021``, ``14.03.2021``).
 Each has 4 settled invoices and one never settled (open), their two sentences the distance's filler
 lines apart (calibrated on the first document so that the median measured chunk distance is the
 target; measured on every document, below), the settlement first for every other invoice,
 3 filler lines between invoices, and every other document ends with a summary table restating every
-settled invoice. Read in process (:class:`tests.oracle.servers.OracleEngine`, which cuts a reply at
-``max_tokens`` as a server does) by :class:`tests.oracle.invoices.MemoryOracle`: a perfect model that
+settled invoice. Read in process (:class:`memagent_testing.oracle.servers.OracleEngine`, which cuts a reply at
+``max_tokens`` as a server does) by :class:`memagent_testing.oracle.invoices.MemoryOracle`: a perfect model that
 keeps each half-seen invoice in its memory (canonically, or in every other document as the text spells
 it); in half the documents it also writes a half record as soon as it sees one half (``partial``: the
 halves merge by key, and the open invoices' halves are dropped incomplete at the end), else it writes a
@@ -69,7 +69,7 @@ def peak_rss_mb() -> float:
 
 
 def lines_per_chunk(tokenizer: Any) -> float:
-    from tests.oracle.invoices import FILLER
+    from memagent_testing.oracle.invoices import FILLER
 
     per_line = statistics.mean(len(tokenizer(f + "\n", add_special_tokens=False)["input_ids"]) for f in FILLER)
     return CHUNK_TOKENS / per_line
@@ -92,7 +92,7 @@ def calibrate(distance: int, tokenizer: Any, schema: Any, per_line: float) -> tu
 
 def document(distance: int, k: int, gap: int) -> tuple[Any, Any]:
     """The ``k``-th document of a distance (seeded) and its perfect memory-keeping reader."""
-    from tests.oracle.invoices import InvoiceSpec, MemoryOracle, invoices
+    from memagent_testing.oracle.invoices import InvoiceSpec, MemoryOracle, invoices
 
     spec = InvoiceSpec(gaps=(gap,) * INVOICES, settled_first=(k % 2 == 0, k % 2 == 1), stagger=STAGGER, open=OPEN,
                        table=k % 2 == 0)
@@ -101,7 +101,7 @@ def document(distance: int, k: int, gap: int) -> tuple[Any, Any]:
 
 
 def read_one(distance: int, k: int, gap: int, tokenizer: Any, schema: Any) -> dict[str, Any]:
-    from tests.oracle.servers import OracleEngine
+    from memagent_testing.oracle.servers import OracleEngine
 
     doc, oracle = document(distance, k, gap)
     result = asyncio.run(read_document(OracleEngine(oracle.reply, tokenizer), None, doc.text, config(schema)))
@@ -110,7 +110,7 @@ def read_one(distance: int, k: int, gap: int, tokenizer: Any, schema: Any) -> di
 
 def score(distance: int, k: int, doc: Any, result: Any, oracle: Any | None) -> dict[str, Any]:
     """One document's row: gold against the records ``result`` holds (``oracle``: the reader, when it is one)."""
-    from tests.oracle.invoices import allowed_spans, gold
+    from memagent_testing.oracle.invoices import allowed_spans, gold
 
     seed = 1000 * distance + k
     ends = [s.char_end for s in result.steps if s.kind == "memory"]
@@ -302,7 +302,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from memagent.models import resolve_model
-    from tests.oracle.invoices import SCHEMA
+    from memagent_testing.oracle.invoices import SCHEMA
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
     schema = schema_from(SCHEMA)

@@ -42,7 +42,7 @@ PAYERS = ["Acme Ltd", "Birch Ltd", "Cedar Ltd", "Dune Ltd", "Elm Ltd", "Fern Ltd
 
 def lake(n: int, start: int, seed: int) -> list[dict]:
     """``n`` statements of 1-3 planted payments each, ids from ``start``."""
-    from tests.records_helpers import document, payment
+    from memagent_testing.records_helpers import document, payment
 
     rng = random.Random(seed + start)
     rows = []
@@ -118,7 +118,7 @@ def runs(fs, s3, a: argparse.Namespace) -> dict:
     from pipelines import records_output, storage
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
     from pipelines.job import JobConfig
-    from tests.records_helpers import CONFIG, records_engine
+    from memagent_testing.records_helpers import CONFIG, records_engine
 
     tokenizer = str(resolve_model("smollm2-135m"))
     build = functools.partial(records_engine, {"tokenizer": tokenizer})

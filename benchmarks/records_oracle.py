@@ -3,11 +3,11 @@
     nice python -m benchmarks.records_oracle --out benchmarks/results/records_oracle.json
     nice python -m benchmarks.records_oracle --langextract-python PY --out benchmarks/results/records_oracle.json
 
-Documents: :mod:`tests.oracle.ledger` (seeded): a dense table of 260 payments and a list of 220, each
+Documents: :mod:`memagent_testing.oracle.ledger` (seeded): a dense table of 260 payments and a list of 220, each
 in one chunk (8,000 tokens); a long mixed ledger (prose in several date and amount spellings, CJK
 sentences, aliases defined once and used by role, keys stated again with other amounts, near
 misses, long lines) read in 5,000-token chunks. Each is read twice by the memory agent with the
-**perfect model** of tests/oracle in place of the model (it answers each call from the ground
+**perfect model** of memagent_testing/oracle in place of the model (it answers each call from the ground
 truth, honours the request's schema and ``max_tokens`` like a structured-outputs server): once
 plain, once inventing one record per call from values stated only outside the passage. Budgets:
 the paper's memory (1,024 tokens; a records reply's budget), ``--require-grounding``.
@@ -37,7 +37,7 @@ from benchmarks.common import loadavg, print_table, write_json
 from memagent.agent import read_document
 from memagent.config import AgentConfig
 from memagent.extraction import schema_from
-from tests.oracle.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
+from memagent_testing.oracle.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
 
 DOCS = {  # id -> (spec, seed, chunk tokens): the dense pages fit one chunk
     "dense-table-260": (LedgerSpec(prose=0, table_rows=260, near_misses=0, filler=0), 42, 8000),
@@ -66,8 +66,8 @@ def score(doc: Ledger, records: list[tuple[str, str, float]]) -> dict[str, Any]:
 
 
 def read_ours(doc: Ledger, invent: bool, tokenizer: Any, chunk_tokens: int) -> dict[str, Any]:
-    from tests.oracle.records_oracle import LedgerOracle
-    from tests.oracle.servers import OracleEngine
+    from memagent_testing.oracle.records_oracle import LedgerOracle
+    from memagent_testing.oracle.servers import OracleEngine
 
     oracle = LedgerOracle([doc], invent=invent, seed=7)
     engine = OracleEngine(oracle.reply, tokenizer)
@@ -94,7 +94,7 @@ def read_ours(doc: Ledger, invent: bool, tokenizer: Any, chunk_tokens: int) -> d
 def langextract_reply(doc: Ledger) -> Any:
     """LangExtract prompt -> (reply, stats): the statements wholly inside the prompt's chunk."""
     from benchmarks.langextract_peer import CLASS, prompt_chunk
-    from tests.oracle.records_oracle import DEFINITION
+    from memagent_testing.oracle.records_oracle import DEFINITION
 
     def reply(prompt: str) -> tuple[str, dict[str, int]]:
         chunk = prompt_chunk(prompt)

@@ -2,9 +2,9 @@
 
     nice python -m benchmarks.wide_schema --out benchmarks/results/wide_schema.json
 
-A 400-leaf schema (tests/wide_schemas.py: sections of nested objects, top-level leaves; seed 5) and a
+A 400-leaf schema (memagent_testing/wide_schemas.py: sections of nested objects, top-level leaves; seed 5) and a
 gold object stated one sentence per section (about 4,000 tokens) are read by the perfect reader of
-tests/wide_schemas.py behind the in-process oracle engine, counting every call's prompt tokens (the
+memagent_testing/wide_schemas.py behind the in-process oracle engine, counting every call's prompt tokens (the
 packaged SmolLM2 tokenizer's chat template) and reply tokens:
 
 - ``grouped``: the memory agent with the whole schema and the ``small`` preset's budgets derived from it
@@ -39,8 +39,8 @@ from memagent.extraction import schema_from
 from memagent.extraction.output import parse_reply
 from memagent.extraction.parse import iter_leaves
 from memagent.extraction.resolve import without_nulls
-from tests.oracle.servers import OracleEngine
-from tests.wide_schemas import WideReader, count_leaves, gold_for, statement, wide_schema
+from memagent_testing.oracle.servers import OracleEngine
+from memagent_testing.wide_schemas import WideReader, count_leaves, gold_for, statement, wide_schema
 
 
 class CountingEngine(OracleEngine):

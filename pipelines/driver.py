@@ -5,7 +5,7 @@
         ─► write the rows ─► export the records ─► sweep stray logs ─► summary
 
 :func:`run_batch_qa <pipelines.batch_qa.run_batch_qa>` calls :func:`run_phases` with Ray Data's row
-phase (the actors and the writer); the fault harness (tests/faults.py) with an in-process one, so the
+phase (the actors and the writer); the fault harness (memagent_testing/faults.py) with an in-process one, so the
 faults it injects land in this order, not in a copy of it.
 """
 

@@ -8,7 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -18,6 +18,7 @@ from memagent.config import AgentConfig
 from memagent.data.demo import niah_row
 from memagent.engines import EngineConfig
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
+from memagent_testing.engine_faults import CrashOnce, FaultAtCall  # noqa: F401 (the tests' crash seams)
 
 # Small enough that a random tiny model reads a document in well under a second.
 FAST_AGENT = AgentConfig(chunk_tokens=64, memory_tokens=8, answer_tokens=6, query_tokens=64)
@@ -46,41 +47,6 @@ def read_output(path: str | Path, filesystem=None) -> list[dict]:
     ds = pads.dataset(str(path), format="parquet", filesystem=filesystem, exclude_invalid_files=False,
                       ignore_prefixes=["_", "."])
     return ds.to_table().to_pylist()
-
-
-class CrashOnce:
-    """The batch job's ``build_engine`` seam, for crash tests: the engine it builds kills its own
-    process (the Ray actor) at its ``at_call``-th conversation, once per ``marker`` file."""
-
-    fault = "crash"
-
-    def __init__(self, at_call: int, marker: Path, build: Callable[[Any], Any] | None = None):
-        self.at_call, self.marker, self.build = at_call, str(marker), build
-
-    def __call__(self, engine_config: Any) -> Any:
-        from memagent.engines import make_engine
-
-        return FaultAtCall((self.build or make_engine)(engine_config), self.at_call, self.marker, self.fault)
-
-
-class FaultAtCall:
-    """Delegates to ``inner``; its ``at_call``-th conversation ``crash``es the process or is ``refuse``d as
-    an endpoint that went away would be (``ConnectionRefusedError``), once per ``marker`` file."""
-
-    def __init__(self, inner: Any, at_call: int, marker: str, fault: str):
-        self.inner, self.at_call, self.marker, self.fault, self.calls = inner, at_call, marker, fault, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def chat(self, messages: Any, params: Any) -> Any:
-        self.calls += 1
-        if self.calls == self.at_call and not os.path.exists(self.marker):
-            Path(self.marker).write_text(f"{self.fault} at call {self.calls} on pid {os.getpid()}\n")
-            if self.fault == "crash":
-                os._exit(1)
-            raise ConnectionRefusedError("injected: the endpoint went away mid-chain")
-        return await self.inner.chat(messages, params)
 
 
 class KillInRollout:

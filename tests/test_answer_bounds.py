@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from memagent.engines.json_schema import (
     MIN_BUDGET_CHARS, TEXT_PATTERN, bound_to_budget, budget_bounds, longest_bytes, render_schema, text_bounded,
 )
-from tests.oracle.records_oracle import constrain
+from memagent_testing.oracle.records_oracle import constrain
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=0, max_size=400)
 LEAVES = st.sampled_from([
@@ -126,7 +126,7 @@ def test_a_model_looping_inside_a_string_still_gives_a_row_with_its_values():
 
     from memagent.batch import answer_row
     from memagent.config import AgentConfig
-    from tests.oracle.scripted_lm import scripted_engine
+    from memagent_testing.oracle.scripted_lm import scripted_engine
 
     looping = ('{"championship":"European Masters Championships 2024","event_details":{"sex":"Women",'
                '"length":"100m","category":"Masters ' + "25-29 " * 300 + '"}}')

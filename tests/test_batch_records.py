@@ -68,7 +68,7 @@ def test_records_left_unread_are_a_column_and_a_summary_line(tiny_engine):
     """A piece whose records reply never fits, even at the smallest split, loses its records: the row says
     how many pieces (``record_failed_pieces``) and the job's summary says so in words."""
     from pipelines.summary import BatchSummary
-    from tests.records_helpers import CONFIG, RecordsEngine, document, payment
+    from memagent_testing.records_helpers import CONFIG, RecordsEngine, document, payment
 
     text = document([payment("Acme Ltd", 100, "2021-03-14")], [payment("Birch Ltd", 7, "2021-04-01")])
     row = [{"id": "d", "question": "", "context": text}]

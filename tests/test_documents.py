@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from memagent.documents import Document, DocumentError, DocumentLimits, convert, converter_version, pages_of
 from memagent.documents.layout import table_row
 from memagent.documents.model import PageSpan
-from tests.document_files import (
+from memagent_testing.document_files import (
     FOOTER_PREFIX, HEADER, SAMPLE_TABLE, render_blank_pdf, render_docx, render_encrypted_pdf, render_html, render_pdf,
     render_scanned_pdf, sample_paragraphs,
 )

@@ -14,7 +14,7 @@ from memagent.engines import EngineConfig
 from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 from pipelines.documents_cache import CACHE_DIR
 from pipelines.job import JobConfig
-from tests.document_files import (
+from memagent_testing.document_files import (
     SAMPLE_TABLE, render_docx, render_encrypted_pdf, render_html, render_pdf, render_scanned_pdf, sample_paragraphs,
 )
 from tests.pipeline_helpers import FAST_AGENT, read_output

@@ -1,4 +1,4 @@
-"""The fault harness (tests/faults.py) runs the product's driver, :func:`pipelines.driver.run_phases`, so its
+"""The fault harness (memagent_testing/faults.py) runs the product's driver, :func:`pipelines.driver.run_phases`, so its
 faults land in the product's order, not in a copy's (issue 52: the copy had no output check before its lease)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines import driver
-from tests.faults import documents, run_job, write_input
+from memagent_testing.faults import documents, run_job, write_input
 
 
 @pytest.fixture(scope="module")

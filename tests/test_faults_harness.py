@@ -1,5 +1,5 @@
 """Faults at every store call of the batch job (checkpoints, records, output files, the lease), then plain
-reruns: nothing lost, doubled, mixed or stuck (tests/faults.py runs the job, tests/fault_fs.py injects)."""
+reruns: nothing lost, doubled, mixed or stuck (memagent_testing/faults.py runs the job, memagent_testing/fault_fs.py injects)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fault_fs import FAULTS, LISTS, WRITES, applies
-from tests.faults import documents, run_job, steps_without_times, write_input
+from memagent_testing.fault_fs import FAULTS, LISTS, WRITES, applies
+from memagent_testing.faults import documents, run_job, steps_without_times, write_input
 
 EVERY = 2  # checkpoint interval (memory updates)
 # The scenario every fault lands in: run 1's actor dies in its first checkpoint write (Ray retries the row,

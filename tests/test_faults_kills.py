@@ -2,10 +2,10 @@
 
 Every process of ``memagent batch`` (the CLI driver, the local Ray it starts, its actors and write-task
 workers) runs with tests/fault_hook on its ``PYTHONPATH``: with ``FAULT_PLAN_FILE`` set, the job's stores
-go through tests/fault_fs.py's injector, whose kill is a SIGKILL (the driver, started in a new session,
+go through memagent_testing/fault_fs.py's injector, whose kill is a SIGKILL (the driver, started in a new session,
 takes its process group, so its local Ray, with it; an actor or a write-task worker dies alone and Ray
 restarts it and retries). The engine is the real OpenAI engine over HTTP to a perfect ledger reader in
-this process (tests/oracle), whose memory updates also carry ``chain <sha256(prompt)[:8]>``: a trace mixed
+this process (memagent_testing/oracle), whose memory updates also carry ``chain <sha256(prompt)[:8]>``: a trace mixed
 from two chains differs from the fault-free one; the server counts memory updates (chunks read).
 
 Invariant, after the faulty run and at most 3 reruns without faults: every input id is in the output
@@ -29,9 +29,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.oracle.ledger import SCHEMA, LedgerSpec, ledger
-from tests.oracle.records_oracle import ChainTaggingOracle, LedgerOracle
-from tests.oracle.servers import oracle_app
+from memagent_testing.oracle.ledger import SCHEMA, LedgerSpec, ledger
+from memagent_testing.oracle.records_oracle import ChainTaggingOracle, LedgerOracle
+from memagent_testing.oracle.servers import oracle_app
 from tests.pipeline_helpers import read_output, write_rows
 from tests.reliability_helpers import free_port, serving
 
@@ -84,7 +84,7 @@ class Job:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def counts(self) -> dict:
-        from tests.fault_fs import FileCounts
+        from memagent_testing.fault_fs import FileCounts
 
         return FileCounts(str(self.tmp / "fault" / "counts.json")).read()
 

@@ -6,8 +6,8 @@ its bound is kept cut there and named in ``values_cut``. A reply that breaks any
 bounds) has its group asked again in halves, for any number of groups, and a leaf that breaks even alone is left
 out and named while the rest of the row is kept.
 
-Read by a perfect model in process (tests/oracle/servers.OracleEngine, which honours the request's bounds and
-cuts a reply at ``max_tokens`` as a server does) of generated wide schemas (tests/wide_schemas.py) whose
+Read by a perfect model in process (memagent_testing/oracle/servers.OracleEngine, which honours the request's bounds and
+cuts a reply at ``max_tokens`` as a server does) of generated wide schemas (memagent_testing/wide_schemas.py) whose
 free-text values are drawn near the grammar's 200-character bound, far past the size the groups are packed by.
 """
 
@@ -28,9 +28,9 @@ from memagent.extraction.groups import smallest_group_tokens
 from memagent.extraction.parse import iter_leaves
 from memagent.extraction.resolve import without_nulls
 from memagent.group_answers import halves
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.servers import OracleEngine
 from tests.test_schema_resolve import flatten
-from tests.wide_schemas import WideReader, gold_for, reader_config, statement, wide_schema
+from memagent_testing.wide_schemas import WideReader, gold_for, reader_config, statement, wide_schema
 
 WIDE = st.tuples(st.integers(50, 300), st.integers(0, 10**6))
 QUICK = settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],

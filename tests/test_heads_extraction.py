@@ -1,6 +1,6 @@
 """Extraction with a memory of K heads: records assembled across chunks come out as with one memory.
 
-The perfect memory-keeping reader (:class:`tests.oracle.invoices.MemoryOracle`) is shown every head and
+The perfect memory-keeping reader (:class:`memagent_testing.oracle.invoices.MemoryOracle`) is shown every head and
 writes its whole state (the half-seen invoices, the cut line) into the head the step rewrites. A records
 call reads the heads without their labels, so a label's digits can ground no value.
 """
@@ -19,9 +19,9 @@ from memagent.agent import read_document
 from memagent.config import AgentConfig
 from memagent.extraction.record_grounding import MemoryTrail, ground_value
 from memagent.heads import labelled, split_heads, unlabelled
-from tests.oracle.invoices import InvoiceDoc, InvoiceSpec, MemoryOracle, invoices
-from tests.oracle.records_oracle import CUT_MARK, RECORDS_REQUEST, between
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.invoices import InvoiceDoc, InvoiceSpec, MemoryOracle, invoices
+from memagent_testing.oracle.records_oracle import CUT_MARK, RECORDS_REQUEST, between
+from memagent_testing.oracle.servers import OracleEngine
 from tests.test_records_across_chunks import INVOICES, check_invoices, documents
 
 HEAD_PROMPT = re.compile(r"New text of head (\d+):\s*$")
@@ -144,8 +144,8 @@ def test_a_split_piece_reads_every_head_the_step_wrote(tokenizer, monkeypatch):
     """A records reply cut at its budget is split; each piece reads the memory its step wrote, all heads
     (the rewritten one and the carried one) without labels, not the rewritten head's text alone."""
     from memagent.extraction import reading, schema_from
-    from tests.oracle.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
-    from tests.oracle.records_oracle import LedgerOracle
+    from memagent_testing.oracle.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
+    from memagent_testing.oracle.records_oracle import LedgerOracle
 
     monkeypatch.setattr(reading, "MAX_SPLIT_DEPTH", 1)
     doc = ledger("d", LedgerSpec(prose=0, table_rows=260, near_misses=0, filler=0), 3)

@@ -180,3 +180,25 @@ def test_cycle_finder_sees_type_checking_and_function_imports(tmp_path):
     graph = {name: import_edges(name, path, modules) for name, path in modules.items()}
     assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.b"}}
     assert find_cycles(graph) == [(["pkg.a", "pkg.b", "pkg.a"], ["pkg.a", "pkg.b"])]
+
+
+def roots_imported(path: Path) -> set[str]:
+    """The top-level names of every import in ``path``'s source (anywhere: a lazy import counts too)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_oracles_live_in_memagent_testing():
+    """Benchmarks and the oracles import nothing from tests/; the product imports neither tests/ nor the
+    oracles (memagent_testing: perfect readers, fault harness, generators shared by tests and benchmarks)."""
+    users = {"benchmarks": {"tests"}, "memagent_testing": {"tests"},
+             **{package: {"tests", "memagent_testing"} for package in PROJECT_PACKAGES}}
+    bad = [f"{path.relative_to(ROOT)} imports {sorted(roots_imported(path) & forbidden)}"
+           for package, forbidden in users.items() for path in sorted((ROOT / package).rglob("*.py"))
+           if roots_imported(path) & forbidden]
+    assert bad == []

@@ -1,4 +1,4 @@
-"""The scripted perfect model (tests/oracle/scripted_lm.py) behind the real hf engine: its replies
+"""The scripted perfect model (memagent_testing/oracle/scripted_lm.py) behind the real hf engine: its replies
 come back through the chat template, batching, KV cache, speculation, grammar and max_tokens."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from memagent.engines.base import SamplingParams
 from memagent.engines.config import EngineConfig
-from tests.oracle.scripted_lm import MODEL, in_json_string, scripted_engine
+from memagent_testing.oracle.scripted_lm import MODEL, in_json_string, scripted_engine
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 USER = "<|im_start|>user\n"

@@ -1,7 +1,7 @@
 """Records assembled across chunks (issue 51): values carried by the memory, mentions merged in any order,
 and no record written that breaks its schema.
 
-The invariant against a perfect memory-keeping reader (tests/oracle/invoices.py), in process, over HTTP
+The invariant against a perfect memory-keeping reader (memagent_testing/oracle/invoices.py), in process, over HTTP
 through the OpenAI engine and through the hf engine's grammar: every settled invoice comes out exactly
 once with every required value, each value grounded (window or memory) inside a sentence that states it,
 under ``require_grounding`` too; open invoices are counted incomplete (when mentioned), never written;
@@ -23,8 +23,8 @@ from memagent.extraction import schema_from
 from memagent.extraction.reading import ChunkRecords, Emitted, finish_records
 from memagent.extraction.record_grounding import MemoryTrail, ground_chunk, ground_value
 from memagent.extraction.records import Mention, merge_records
-from tests.oracle.invoices import SCHEMA, InvoiceSpec, MemoryOracle, allowed_spans, gold, invoices
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.invoices import SCHEMA, InvoiceSpec, MemoryOracle, allowed_spans, gold, invoices
+from memagent_testing.oracle.servers import OracleEngine
 from tests.spellings import Written, amounts, dates, written_dates, written_numbers
 
 INVOICES = schema_from(SCHEMA)
@@ -220,7 +220,7 @@ class Swappable:
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    from tests.oracle.servers import oracle_app
+    from memagent_testing.oracle.servers import oracle_app
     from tests.reliability_helpers import free_port, serving
 
     swap = Swappable()
@@ -243,7 +243,7 @@ def test_openai_engine_against_a_perfect_memory_keeping_server(server, tokenizer
 
 @pytest.fixture(scope="module")
 def hf_engine():
-    from tests.oracle.scripted_lm import scripted_engine
+    from memagent_testing.oracle.scripted_lm import scripted_engine
 
     swap = Swappable()
     return swap, scripted_engine(swap.reply)

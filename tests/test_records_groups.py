@@ -1,6 +1,6 @@
 """Record types read together: a filing's 52 lists asked for in a few group calls per chunk, nothing lost.
 
-Checked against the perfect filing reader (tests/oracle/filings.py) on generated filings
+Checked against the perfect filing reader (memagent_testing/oracle/filings.py) on generated filings
 (memagent/data/filings.py), with the packaged model's tokenizer and 8K window and the job's default preset.
 """
 
@@ -18,7 +18,7 @@ from memagent.config import AgentConfig
 from memagent.data.filings import SCHEMA, filing
 from memagent.extraction.record_groups import RecordGroup, group_reply_tokens, read_group_reply
 from memagent.extraction.schema import schema_from
-from tests.oracle.filings import FilingOracle
+from memagent_testing.oracle.filings import FilingOracle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,8 +113,8 @@ def test_a_sparse_chunk_is_read_in_one_call_per_group(tokenizer):
 def test_the_hf_engine_with_its_grammar_reads_every_gold_metric_of_a_filing():
     """On the hf path (the real engine, its chat template and grammar, over the perfect filing reader) a generated
     filing's every gold metric comes out once and the object validates against the filing schema."""
-    from tests.oracle.filings import FilingReader
-    from tests.oracle.scripted_lm import scripted_engine
+    from memagent_testing.oracle.filings import FilingReader
+    from memagent_testing.oracle.scripted_lm import scripted_engine
 
     doc = filing(5, filler=0)
     reader = FilingReader([doc])
@@ -152,8 +152,8 @@ def test_the_openai_engine_over_http_reads_every_gold_metric_of_a_filing(tokeniz
     """On the openai path (the real engine over HTTP, a server replying as the perfect filing reader under the
     request's schema and max_tokens) a generated filing's every gold metric comes out once, the object valid."""
     from memagent.engines.openai import OpenAIEngine
-    from tests.oracle.filings import FilingReader
-    from tests.oracle.servers import oracle_app
+    from memagent_testing.oracle.filings import FilingReader
+    from memagent_testing.oracle.servers import oracle_app
     from tests.reliability_helpers import free_port, serving
 
     doc = filing(6, filler=1)
@@ -193,7 +193,7 @@ def test_a_group_reply_that_loops_leaves_the_rest_to_single_type_calls(tokenizer
     the memory's budget), never as a group again, and the records of the lists it closed are kept."""
     from memagent.engines.base import Completion
 
-    from tests.oracle.filings import FilingReader
+    from memagent_testing.oracle.filings import FilingReader
 
     doc = filing(2)
     reader = FilingReader([doc])

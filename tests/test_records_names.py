@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from memagent.extraction import schema_from
 from memagent.extraction.records import Evidence, Record
 from pipelines.records_output import RECORDS_DIR, read_records
-from tests.records_helpers import write_documents
+from memagent_testing.records_helpers import write_documents
 
 # The building blocks of hostile names: dots, separators, CJK (3 UTF-8 bytes each), combining marks
 # and precomposed letters (equal after NFC), compatibility forms (equal after NFKC: the fi ligature,

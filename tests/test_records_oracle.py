@@ -1,5 +1,5 @@
 """Records against a perfect model: generated ledgers with every case a user's documents hold, read by
-the memory agent with a constrained oracle (tests/oracle) in place of the model.
+the memory agent with a constrained oracle (memagent_testing/oracle) in place of the model.
 
 The invariant: with a perfect model, every stated record comes out exactly once, with its values,
 the amounts its key's other statements gave as conflicts, and each value's span inside a sentence
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from memagent.agent import read_document
 from memagent.config import AgentConfig
 from memagent.extraction import schema_from
-from tests.oracle.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
-from tests.oracle.records_oracle import LedgerOracle
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.ledger import SCHEMA, Ledger, LedgerSpec, gold, ledger
+from memagent_testing.oracle.records_oracle import LedgerOracle
+from memagent_testing.oracle.servers import OracleEngine
 
 SPECS = st.builds(
     LedgerSpec, prose=st.integers(0, 12), table_rows=st.integers(0, 60), bullets=st.integers(0, 20),

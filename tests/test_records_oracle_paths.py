@@ -1,7 +1,7 @@
 """The perfect-model invariant on the other engine paths: the real OpenAI-compatible engine over HTTP to a
 server that replies as a constrained perfect model; the real hf engine (chat template, batching, KV
 cache, speculation, the JSON-Schema grammar, ``max_tokens``) over a scripted perfect causal LM
-(tests/oracle/scripted_lm.py); and the batch job end to end (``memagent batch --engine openai
+(memagent_testing/oracle/scripted_lm.py); and the batch job end to end (``memagent batch --engine openai
 --schema ... --require-grounding``) writing the records output.
 
 Invariant (as tests/test_records_oracle.py): every stated record comes out exactly once with its
@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from memagent.agent import read_document
 from memagent.engines.openai import OpenAIEngine
-from tests.oracle.ledger import SCHEMA, LedgerSpec, gold, ledger
-from tests.oracle.records_oracle import LedgerOracle
-from tests.oracle.servers import oracle_app
+from memagent_testing.oracle.ledger import SCHEMA, LedgerSpec, gold, ledger
+from memagent_testing.oracle.records_oracle import LedgerOracle
+from memagent_testing.oracle.servers import oracle_app
 from tests.reliability_helpers import free_port, serving
 from tests.test_records_oracle import SPECS, check_against_gold, check_span, config
 
@@ -67,7 +67,7 @@ def test_openai_engine_against_a_perfect_server(server, tokenizer, spec, seed, c
 
 @pytest.fixture(scope="module")
 def hf_engine():
-    from tests.oracle.scripted_lm import scripted_engine
+    from memagent_testing.oracle.scripted_lm import scripted_engine
 
     swap = Swappable()
     return swap, scripted_engine(swap.reply)

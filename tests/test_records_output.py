@@ -24,9 +24,9 @@ from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 from pipelines.job import JobConfig
 from pipelines.records_output import RECORDS_DIR, EarlierLayout, export_records, read_records
 from pipelines.storage import S3Options
-from tests.fault_fs import FAULTS, Injector, Killed, applies, faulty
+from memagent_testing.fault_fs import FAULTS, Injector, Killed, applies, faulty
 from tests.pipeline_helpers import read_output, write_rows
-from tests.records_helpers import CONFIG, document, payment, records_engine
+from memagent_testing.records_helpers import CONFIG, document, payment, records_engine
 
 PAYMENTS = CONFIG.extraction.record_types[0]
 COLUMN = "records_payments"

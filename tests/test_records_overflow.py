@@ -16,9 +16,9 @@ from memagent.config import AgentConfig
 from memagent.extraction import schema_from
 from memagent.extraction import reading
 from memagent.extraction.reading import complete_items, repeats_itself
-from tests.oracle.ledger import SCHEMA, LedgerSpec, gold, ledger
-from tests.oracle.records_oracle import LedgerOracle
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.ledger import SCHEMA, LedgerSpec, gold, ledger
+from memagent_testing.oracle.records_oracle import LedgerOracle
+from memagent_testing.oracle.servers import OracleEngine
 
 CFG = AgentConfig(chunk_tokens=8000, memory_tokens=4000, answer_tokens=16, query_tokens=400,
                   extraction=schema_from(SCHEMA), require_grounding=True)

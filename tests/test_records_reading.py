@@ -20,7 +20,7 @@ from memagent.extraction import record_items, records_arrow_schema, schema_from
 from memagent.extraction.record_grounding import MemoryTrail
 from memagent.extraction.reading import ChunkRead, RecordsCall, read_chunk_records, records_reach, sentence_end, \
     split_point
-from tests.records_helpers import CONFIG, FILLER, SCHEMA, RecordsEngine, document, payment, planted, section
+from memagent_testing.records_helpers import CONFIG, FILLER, SCHEMA, RecordsEngine, document, payment, planted, section
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from memagent.extraction import schema_from
 from memagent.extraction.records import Evidence, Record
 from pipelines.records_output import RECORDS_DIR
 from pipelines.report import build_report
-from tests.records_helpers import write_documents
+from memagent_testing.records_helpers import write_documents
 from tests.test_report_records import page_data, schema
 
 BIG = 100_000  # characters of one hostile value

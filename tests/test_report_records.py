@@ -18,7 +18,7 @@ from memagent.extraction.records import Evidence, Record
 from memagent.report.html import JS
 from memagent.report.records import record_snippets
 from pipelines.report import build_report
-from tests.records_helpers import write_documents
+from memagent_testing.records_helpers import write_documents
 from tests.test_report_hostile import assert_nothing_ran, unescaped_concatenations
 
 TEXT = ("Statement for Jane Roe.\nAcme Ltd paid 1250 on 2021-03-14.\n" + "Nothing happened that week.\n" * 12

@@ -16,7 +16,7 @@ from memagent.config import AgentConfig
 from memagent.engines.base import Completion
 from memagent_cli.options import add_agent_flags, agent_config
 from pipelines.summary import BatchSummary
-from tests.records_helpers import CONFIG, SCHEMA, RecordsEngine, document, payment, planted, section
+from memagent_testing.records_helpers import CONFIG, SCHEMA, RecordsEngine, document, payment, planted, section
 
 
 class InventingEngine(RecordsEngine):

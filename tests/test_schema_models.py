@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from memagent.batch import answer_row
 from memagent.config import AgentConfig
 from memagent.extraction import load_schema, schema_from
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.servers import OracleEngine
 
 MODEL = '''
 from pydantic import BaseModel, field_validator, model_validator

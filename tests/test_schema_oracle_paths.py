@@ -24,7 +24,7 @@ from memagent.engines.openai import OpenAIEngine
 from memagent.extraction import schema_from
 from memagent.extraction.output import conform_reply, parse_reply
 from memagent.extraction.resolve import without_nulls
-from tests.oracle.servers import oracle_app
+from memagent_testing.oracle.servers import oracle_app
 from tests.pydantic_models import instances, models
 from tests.reliability_helpers import free_port, serving
 from tests.test_schema_resolve import flatten
@@ -149,7 +149,7 @@ def test_openai_engine_reads_generated_models_back(server, tokenizer, data):
 
 @pytest.fixture(scope="module")
 def hf_engine():
-    from tests.oracle.scripted_lm import scripted_engine
+    from memagent_testing.oracle.scripted_lm import scripted_engine
 
     reader = Reader()
     return reader, scripted_engine(reader.reply)

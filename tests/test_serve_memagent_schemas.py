@@ -1,7 +1,7 @@
 """The ``memagent`` model takes the schemas clients send: the OpenAI SDK's ``parse(response_format=Model)``
 with nested models ($defs, strict Optional), instructor's JSON_SCHEMA mode, and ``json_object``.
 
-A real server on loopback over a perfect reader (tests/oracle/servers.py: it honours the schema and
+A real server on loopback over a perfect reader (memagent_testing/oracle/servers.py: it honours the schema and
 ``max_tokens`` like a structured-outputs server) that states a gold object's values: the memory update,
 each record type's per-chunk records and the final object. The invariant: what the client's own
 library parses from the reply equals the gold object.
@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from memagent.extraction import schema_from
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.servers import OracleEngine
 from tests.test_schema_resolve import flatten
 from tests.test_serve_guard import running
 

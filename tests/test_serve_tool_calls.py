@@ -1,5 +1,5 @@
 """Tool calls through `memagent serve` with a model that writes what the test scripts
-(tests/oracle/scripted_lm.py behind the real hf engine, served on loopback): the expected calls are
+(memagent_testing/oracle/scripted_lm.py behind the real hf engine, served on loopback): the expected calls are
 the scripted ones, so each test checks the server's reading of them, whole and streamed, through
 the openai SDK and openai-agents' default path; cut calls, one call without parallel calls, and
 the "required" array's end."""
@@ -14,7 +14,7 @@ import pytest
 
 from memagent.engines.config import EngineConfig
 from memagent.serve.tools import MAX_PARALLEL_CALLS
-from tests.oracle.scripted_lm import MODEL, scripted_engine
+from memagent_testing.oracle.scripted_lm import MODEL, scripted_engine
 from tests.test_serve_guard import running
 
 pytestmark = pytest.mark.slow  # real servers (tests/conftest.py's rule)

@@ -22,7 +22,7 @@ from memagent.config import AgentConfig
 from memagent.engines.json_schema import longest_bytes, render_schema
 from memagent.extraction import output_fields, schema_from
 from memagent.extraction.kinds import JSON_TEXT_METADATA
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.servers import OracleEngine
 
 WORD = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=12)
 BRANCHES = {

@@ -1,6 +1,6 @@
 """Wide schemas (issue 50, item 4): the document fields split into answer groups that fit the budgets.
 
-Generated wide schemas (tests/wide_schemas.py: 50-400 leaves, nested objects, record types with a child
+Generated wide schemas (memagent_testing/wide_schemas.py: 50-400 leaves, nested objects, record types with a child
 type) are grouped so that every group fits ``answer_tokens`` and every leaf is asked for exactly once;
 read by a perfect model (the in-process oracle engine, and the hf engine's grammar over a scripted LM),
 the merged groups assemble into the gold object. Budgets left at their defaults follow the schema; a
@@ -23,9 +23,9 @@ from memagent.extraction.groups import group_fields, merge_replies, smallest_gro
 from memagent.extraction.output import conform_reply, parse_reply
 from memagent.extraction.parse import iter_leaves
 from memagent.extraction.resolve import without_nulls
-from tests.oracle.servers import OracleEngine
+from memagent_testing.oracle.servers import OracleEngine
 from tests.test_schema_resolve import flatten
-from tests.wide_schemas import WideReader, count_leaves, gold_for, reader_config, statement, wide_schema
+from memagent_testing.wide_schemas import WideReader, count_leaves, gold_for, reader_config, statement, wide_schema
 
 WIDE = st.tuples(st.integers(50, 400), st.integers(0, 10**6), st.integers(0, 2))
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -116,7 +116,7 @@ def test_a_perfect_reader_of_a_wide_schema_gives_the_gold_object(tokenizer, draw
 @pytest.mark.slow  # the hf engine's grammar over a scripted LM: real decoding under each group's schema
 def test_the_hf_grammar_decodes_every_group_of_a_wide_schema(smollm2_dir):
     """Through the hf engine's grammar, a 400-leaf schema's groups decode whole and assemble into the gold."""
-    from tests.oracle.scripted_lm import scripted_engine
+    from memagent_testing.oracle.scripted_lm import scripted_engine
 
     raw = wide_schema(400, 11, 1)
     schema = schema_from(raw)

@@ -3,7 +3,7 @@
 Each document is a ledger narrative of about ``target_tokens`` tokens (estimated from characters:
 ``chars_per_token``; the reader reports the real count). Payment records (payer, date, amount,
 optionally bank), keyed by ``(payer, date)`` (:data:`SCHEMA`, the same record type as
-``tests/records_helpers.py``), are planted one sentence a line, with the cases that break
+``memagent_testing/records_helpers.py``), are planted one sentence a line, with the cases that break
 per-chunk tools:
 
 - **alias**: a company introduced by name with a role (``Harlow Freight Ltd (hereinafter the

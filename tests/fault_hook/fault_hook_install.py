@@ -47,7 +47,7 @@ _CURRENT = threading.local()  # the path of the call being counted (for the trac
 def injector() -> Any:
     global _INJECTOR
     if _INJECTOR is None:
-        from tests.fault_fs import Injector
+        from memagent_testing.fault_fs import Injector
 
         raw = json.loads(Path(_PLAN_FILE).read_text())
         plan = {(site, call, int(n)): fault for site, call, n, fault in raw["plan"]}
@@ -58,7 +58,7 @@ def injector() -> Any:
 def _tracing_counts() -> type:
     """``FileCounts`` that also keeps a trace: ``[site/call, n, path, pid]`` of every call, in count order
     (the tests pick their kill points from the fault-free run's trace, and see which process died)."""
-    from tests.fault_fs import FileCounts
+    from memagent_testing.fault_fs import FileCounts
 
     class TracingCounts(FileCounts):
         def next(self, key: str) -> int:
@@ -84,7 +84,7 @@ _HANDLER: Any = None
 def _tracing_handler() -> type:
     global _HANDLER
     if _HANDLER is None:
-        from tests.fault_fs import FaultHandler
+        from memagent_testing.fault_fs import FaultHandler
 
         class TracingHandler(FaultHandler):
             def _do(self, path: str, call: str, run: Any) -> Any:
@@ -126,7 +126,7 @@ def _patch_lease(module: Any) -> None:
         return
 
     def _store(output: str, s3: Any) -> Any:
-        from tests.fault_fs import FaultyStore
+        from memagent_testing.fault_fs import FaultyStore
 
         class TracedStore(FaultyStore):
             def read(self) -> Any:

@@ -198,7 +198,7 @@ def test_records_call_takes_the_record_schema_through_structured_outputs(engine)
 
     from memagent.extraction import schema_from
     from memagent.prompts import records_messages
-    from tests.records_helpers import SCHEMA
+    from memagent_testing.records_helpers import SCHEMA
 
     schema = schema_from(SCHEMA)
     records_json = schema.records_schema_json("payments", max_items=2)  # the grammar must close the array
@@ -269,7 +269,7 @@ def test_records_through_vllm_keep_only_what_their_call_read(engine):
     their call read them (never only elsewhere in the document), and a reply filling its limit is overflow."""
     import json
 
-    from tests.oracle.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
+    from memagent_testing.oracle.ledger import SCHEMA as LEDGER, LedgerSpec, ledger
     from memagent.extraction import schema_from
     from memagent.extraction.reading import TAIL_CHARS, read_reply
     from memagent.prompts import records_messages

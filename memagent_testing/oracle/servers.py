@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 
-from tests.oracle.records_oracle import constrain
+from memagent_testing.oracle.records_oracle import constrain
 
 ReplyFn = Callable[[str], str]
 

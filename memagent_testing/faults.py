@@ -1,4 +1,4 @@
-"""The batch job in miniature, every store call under tests/fault_fs.py's injector: checkpoints, the records
+"""The batch job in miniature, every store call under memagent_testing/fault_fs.py's injector: checkpoints, the records
 dataset, output files and the lease, on local disk or S3 (a moto server on loopback).
 
 :func:`run_job` runs, in one process and without Ray:
@@ -22,7 +22,7 @@ behind (its pid is one no process has, so the next run sees a dead holder). ``pr
 wherever it lands (the machine died). An ``OSError`` that reaches the driver fails the job (the lease
 released, as ``lease.hold`` does). Plain reruns follow until every id is done.
 
-The engine is a perfect ledger reader (tests/oracle) whose memory also carries a hash of its prompt,
+The engine is a perfect ledger reader (memagent_testing/oracle) whose memory also carries a hash of its prompt,
 so a trace mixed from two chains cannot pass for one; it counts memory updates (chunks read).
 """
 
@@ -51,10 +51,10 @@ from pipelines.driver import run_phases
 from pipelines.input_plan import InputPlan
 from pipelines.job import JobConfig
 from pipelines.storage import S3Options
-from tests.fault_fs import FaultyStore, Injector, Killed, MemoryCounts, Preempted, faulty
-from tests.oracle.ledger import SCHEMA, Ledger, LedgerSpec, ledger
-from tests.oracle.records_oracle import ChainTaggingOracle, LedgerOracle
-from tests.oracle.servers import OracleEngine
+from memagent_testing.fault_fs import FaultyStore, Injector, Killed, MemoryCounts, Preempted, faulty
+from memagent_testing.oracle.ledger import SCHEMA, Ledger, LedgerSpec, ledger
+from memagent_testing.oracle.records_oracle import ChainTaggingOracle, LedgerOracle
+from memagent_testing.oracle.servers import OracleEngine
 
 
 AGENT = AgentConfig(chunk_tokens=64, memory_tokens=256, answer_tokens=16, query_tokens=400,

@@ -1,4 +1,4 @@
-"""A perfect reader of generated ledgers (tests/oracle/ledger.py): what an ideal model replies to each call.
+"""A perfect reader of generated ledgers (memagent_testing/oracle/ledger.py): what an ideal model replies to each call.
 
 It knows the ground truth (every statement's span, every alias) and reads the prompt as a model
 would: the passage between ``<section>`` and ``</section>``, the memory between ``<memory>`` and
@@ -25,7 +25,7 @@ import re
 import threading
 from typing import Any, Iterable
 
-from tests.oracle.ledger import Ledger
+from memagent_testing.oracle.ledger import Ledger
 
 RECORDS_REQUEST = "Reply with a JSON array of the "
 ALIAS_LINE = re.compile(r"^(the \w+) = (.+)$", re.MULTILINE)

@@ -1,5 +1,5 @@
 """A ledger corpus for record extraction with the cases that break per-chunk readers, and its ground truth
-(a test fixture: the perfect reader of tests/oracle/records_oracle.py reads it; its words are those of
+(a test fixture: the perfect reader of memagent_testing/oracle/records_oracle.py reads it; its words are those of
 :mod:`memagent.data.records_corpus`, the product's generator of statements).
 
 Every payment a document states is a :class:`Statement`: the record it states (payer, date,

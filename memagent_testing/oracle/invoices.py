@@ -22,7 +22,7 @@ the ground truth and reads the prompt as a model would, sharing no code with the
   number the document never states, with values stated outside the passage;
 - anything else gets ``{}`` (the schema has a record type only).
 
-The reply is the unconstrained text; the servers (:mod:`tests.oracle.servers`) and the hf grammar cut it
+The reply is the unconstrained text; the servers (:mod:`memagent_testing.oracle.servers`) and the hf grammar cut it
 at the request's ``maxItems`` and ``max_tokens``. Keys are written in the schema's order (a grammar's).
 """
 
@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from tests.oracle.records_oracle import CUT_MARK, RECORDS_REQUEST, between
+from memagent_testing.oracle.records_oracle import CUT_MARK, RECORDS_REQUEST, between
 
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"invoices": {
     "type": "array", "x-key": ["invoice"], "description": "Every invoice issued and settled, one record each",

@@ -21,7 +21,7 @@ import re
 from typing import Any, Iterable
 
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
-from tests.wide_schemas import group_keys
+from memagent_testing.wide_schemas import group_keys
 
 def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # as a grammar writes it
