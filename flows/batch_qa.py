@@ -24,6 +24,7 @@ from flows.stages import local_input, task_owned_ray
 from memagent.batch import Method
 from memagent.config import JOB_PRESET, AgentConfig, preset
 from memagent.data.demo import DemoCorpus
+from memagent.documents import DocumentLimits
 from memagent.engines import EngineConfig
 from memagent.verify import Metric
 from pipelines.job import JobConfig
@@ -134,6 +135,9 @@ def batch_qa(
     method: Method = "memagent",
     redo_changed: bool = False,
     force_unlock: str | None = None,
+    questions: str | None = None,
+    documents_cache: str | None = None,
+    document_limits: DocumentLimits = DocumentLimits(),
     demo: DemoCorpus | None = None,
     examples: NonNegativeInt = 3,
 ) -> dict[str, Any]:
@@ -146,6 +150,8 @@ def batch_qa(
         metric: how ``answers`` are scored.
         method / redo_changed / force_unlock: as :class:`pipelines.batch_qa.BatchQAConfig` (every
             field of the job's config is a parameter here; a test keeps the two in step).
+        questions / documents_cache / document_limits: a documents input (a folder, glob or S3 prefix of
+            PDF, HTML, DOCX and text files): per-document questions, the conversion cache, file limits.
         demo: when set and ``input`` (local) has no Parquet files, generate the demo corpus there.
         examples: traces shown in the Markdown artifact.
     """
@@ -154,7 +160,8 @@ def batch_qa(
     input, output = resolve_local(input), resolve_local(output)
     cfg = BatchQAConfig(  # cross-field checks (e.g. GPUs with device cpu) before any work
         input=input, output=output, s3=s3, engine=engine, agent=agent, question=question, metric=metric,
-        method=method, redo_changed=redo_changed, force_unlock=force_unlock,
+        method=method, redo_changed=redo_changed, force_unlock=force_unlock, questions=questions,
+        documents_cache=documents_cache, document_limits=document_limits,
         job=job.model_copy(update={"progress": False}),
     )
     generate = None if demo is None else functools.partial(ensure_demo_lake, input, engine.model, demo)

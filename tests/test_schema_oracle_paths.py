@@ -25,6 +25,7 @@ from memagent.extraction import schema_from
 from memagent.extraction.output import conform_reply, parse_reply
 from memagent.extraction.resolve import without_nulls
 from memagent_testing.oracle.servers import oracle_app
+from memagent_testing.wide_schemas import group_keys
 from tests.pydantic_models import instances, models
 from tests.reliability_helpers import free_port, serving
 from tests.test_schema_resolve import flatten
@@ -58,9 +59,16 @@ class Reader:
         asked = re.search(r"Reply with a JSON array of the (\S+) records", prompt)
         if asked:
             return compact(self.records[asked.group(1)])
+        if "Reply with a JSON object of record lists" in prompt:  # record types read together: each one's records
+            return compact({key: self._records_of(key) for key in group_keys(prompt)})
         if "Reply with one JSON object" in prompt:
             return compact(self.doc)
         return self.memory()
+
+    def _records_of(self, key: str) -> list:
+        """The gold records of the type a group reply's key names (its name, or its name's last segment)."""
+        names = [n for n in self.records if n == key or n.rsplit(".", 1)[-1] == key]
+        return self.records[names[0]] if names else []
 
     def memory(self) -> str:
         """The memory it writes names the gold object: the scripted LM answers each distinct prompt once, so

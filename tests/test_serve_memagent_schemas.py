@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from memagent.extraction import schema_from
 from memagent_testing.oracle.servers import OracleEngine
+from memagent_testing.wide_schemas import group_keys
 from tests.test_schema_resolve import flatten
 from tests.test_serve_guard import running
 
@@ -64,9 +65,15 @@ def perfect_reader(schema_json: dict, gold: dict):
         asked = re.search(r"Reply with a JSON array of the (\S+) records", prompt)
         if asked:
             return json.dumps(records[asked.group(1)])
+        if "Reply with a JSON object of record lists" in prompt:  # record types read together
+            return json.dumps({key: records_of(key) for key in group_keys(prompt)})
         if "Reply with one JSON object" in prompt:
             return json.dumps({k: v for k, v in doc.items() if v is not None})
         return "Acme Bank is the agent lender; invoices A-1 and A-2."
+
+    def records_of(key: str) -> list:
+        names = [n for n in records if n == key or n.rsplit(".", 1)[-1] == key]
+        return records[names[0]] if names else []
     return reply
 
 

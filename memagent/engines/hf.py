@@ -462,6 +462,11 @@ class TransformersEngine(Engine):
         missing = [k for k in missing if not (tied and k == "lm_head.weight")]
         if missing or unexpected:
             raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self.weights_changed()
+
+    def weights_changed(self) -> None:
+        """The model's weights changed (loaded here, or trained in place by RL): the prefix cache's KV was
+        computed by the old ones."""
         if self.prefix_cache is not None:
-            self.prefix_cache.clear()  # its KV was computed by the old weights
+            self.prefix_cache.clear()
 

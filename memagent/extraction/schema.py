@@ -343,10 +343,6 @@ class ExtractionSchema(RootModel[dict[str, Any]]):
         (:func:`memagent.extraction.answer_bounds.answer_room_tokens`); 0 without document fields."""
         return answer_room_tokens(self.decoding_schema()) if self._fields else 0
 
-    def group_decoding_schema_json(self, group: FieldGroup) -> str:
-        """:meth:`decoding_schema_json` of one group's reply (its objects pruned to the group's share)."""
-        return json.dumps(group_schema(self.decoding_schema()["properties"], group), ensure_ascii=False)
-
     def grouping(self, answer_tokens: int) -> str:
         """The grouping in words: how many final calls a document gets and what each asks for."""
         return grouping_report(self.field_groups(answer_tokens), answer_tokens)

@@ -57,9 +57,12 @@ class SleepMode(Protocol):
 @runtime_checkable
 class InProcessModel(Protocol):
     """Generates with ``model``, a torch module in this process: the trainer can train that very module,
-    so the weights are held once and every update is in the engine at once (no sync)."""
+    so the weights are held once and every update is in the engine at once (no sync); ``weights_changed`` drops
+    what the engine computed with the old weights (cached prompt KV)."""
 
     model: torch.nn.Module
+
+    def weights_changed(self) -> None: ...
 
 
 @runtime_checkable

@@ -393,7 +393,9 @@ def sync_weights(run: Run) -> None:
     """5. The rollout engine generates with the updated policy from the next step on."""
     if run.config.rollout_sleep_mode:
         run.rollout_engine.wake_up()
-    if not run.shared_weights:
+    if run.shared_weights:  # updated in place: the engine's cached prompt KV was computed by the old weights
+        run.rollout_engine.weights_changed()
+    else:
         push_weights(run.engine.module, run.rollout_engine, run.zero_stage)
 
 
