@@ -23,15 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     """Each generator's output as its command writes it, and the schema a user reads it with (None: QA)."""
     d = tmp_path_factory.mktemp("synth")
