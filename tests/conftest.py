@@ -74,6 +74,21 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def ray_local_s3():
+    """A local Ray of 2 CPUs whose workers carry moto's fake S3 credentials: the S3 tests' credentials reach a
+    job's workers only through the environment the Ray they run in started with (it starts before a test sets
+    them). Address "local": never another test's `ray start` cluster (pytest-xdist runs two files at once)."""
+    import ray
+
+    from infra.local_s3 import CREDENTIALS
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": dict(CREDENTIALS)})
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_dir: Path):
     """One transformers engine on the packaged model for the whole session."""

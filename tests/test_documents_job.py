@@ -22,18 +22,6 @@ from tests.pipeline_helpers import FAST_AGENT, read_output
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from infra.local_s3 import CREDENTIALS
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": dict(CREDENTIALS)})
-    yield
-    ray.shutdown()
-
-
 def mixed_folder(root: Path) -> dict[str, bytes]:
     """A folder of good and bad documents in sub-folders; relative path -> bytes."""
     files = {
@@ -67,7 +55,7 @@ def job(tiny_llama_dir, input: str, output: str, **kw) -> BatchQAConfig:
                          job=JobConfig(batch_size=4, progress=False), **kw)
 
 
-def test_mixed_folder_rows_errors_pages_and_no_reconversion(ray_local, tiny_llama_dir, tmp_path):
+def test_mixed_folder_rows_errors_pages_and_no_reconversion(ray_local_s3, tiny_llama_dir, tmp_path):
     """Every document is one row under its relative path, bad files are input: error rows with the
     reason, good rows carry their page map; a rerun skips all and converts nothing; a second output
     beside the first (another question) reuses the conversions."""
@@ -115,7 +103,7 @@ def test_mixed_folder_rows_errors_pages_and_no_reconversion(ray_local, tiny_llam
     assert len(cache_entries(cache)) == 9  # the glob's files were all converted before
 
 
-def test_s3_prefix_on_loopback_server(ray_local, tiny_llama_dir, tmp_path, monkeypatch):
+def test_s3_prefix_on_loopback_server(ray_local_s3, tiny_llama_dir, tmp_path, monkeypatch):
     """An S3 prefix of documents reads as a local folder does: ids relative to the prefix, the cache beside the output."""
     from infra.local_s3 import CREDENTIALS, s3_server
 
@@ -165,7 +153,7 @@ def test_batch_cli_over_a_folder_with_the_packaged_model(tmp_path):
     assert "rows out:       0 this run" in again.stdout and cache_entries(tmp_path / CACHE_DIR) == entries
 
 
-def test_empty_folder_and_output_inside_the_input_are_refused(ray_local, tiny_llama_dir, tmp_path):
+def test_empty_folder_and_output_inside_the_input_are_refused(ray_local_s3, tiny_llama_dir, tmp_path):
     """A folder with no documents names what it looked for; an output inside a documents folder is refused
     before anything is converted, as for Parquet inputs."""
     (tmp_path / "lake" / "empty_sub").mkdir(parents=True)

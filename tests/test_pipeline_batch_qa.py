@@ -17,21 +17,6 @@ from tests.pipeline_helpers import FAST_AGENT, CrashOnce, good_rows, read_output
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from infra.local_s3 import CREDENTIALS
-
-    # The job ships no credentials: workers use their own environment, and this Ray
-    # starts before the S3 test sets moto's (fake) ones, so its workers get them here.
-    # address "local": never another test's `ray start` cluster (pytest-xdist runs two files at once).
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": dict(CREDENTIALS)})
-    yield
-    ray.shutdown()
-
-
 def job(tiny_llama_dir, input, output, **kw) -> BatchQAConfig:
     return BatchQAConfig(input=str(input), output=str(output), engine=EngineConfig(model=str(tiny_llama_dir)),
                          agent=kw.pop("agent", FAST_AGENT),
@@ -52,7 +37,7 @@ def check_output(rows_in: list[dict], rows_out: list[dict]) -> None:
             assert out["score"] in (0.0, 1.0) and out["model"] and '"chunk_tokens":64' in out["config"]
 
 
-def test_local_job_with_error_rows(ray_local, tiny_llama_dir, tmp_path):
+def test_local_job_with_error_rows(ray_local_s3, tiny_llama_dir, tmp_path):
     rows = good_rows(5)
     rows[1]["context"] = None
     rows[2]["context"] = "   \n"
@@ -78,7 +63,7 @@ def test_local_job_with_error_rows(ray_local, tiny_llama_dir, tmp_path):
     assert len(list((tmp_path / "out").glob("*.parquet"))) == 2
 
 
-def test_non_string_context_column_gives_error_rows(ray_local, tiny_llama_dir, tmp_path):
+def test_non_string_context_column_gives_error_rows(ray_local_s3, tiny_llama_dir, tmp_path):
     rows = [{"id": f"n{i}", "question": "Q?", "context": i} for i in range(3)]
     write_rows(tmp_path / "in" / "x.parquet", rows)
     run_batch_qa(job(tiny_llama_dir, tmp_path / "in", tmp_path / "out"))
@@ -122,7 +107,7 @@ def test_bad_uris_and_options_rejected(tiny_llama_dir):
         plan_input(BatchQAConfig(input="/nonexistent/dir", output="/tmp/o"))
 
 
-def test_resume_skips_done_ids_and_redoes_partial_files(ray_local, tiny_llama_dir, tmp_path):
+def test_resume_skips_done_ids_and_redoes_partial_files(ray_local_s3, tiny_llama_dir, tmp_path):
     rows = good_rows(7)
     write_rows(tmp_path / "subset" / "a.parquet", rows[:3])
     write_rows(tmp_path / "full" / "a.parquet", rows[:3])
@@ -141,7 +126,7 @@ def test_resume_skips_done_ids_and_redoes_partial_files(ray_local, tiny_llama_di
     check_output(rows, read_output(out))
 
 
-def test_actor_crash_mid_job_is_retried(ray_local, tiny_llama_dir, tmp_path):
+def test_actor_crash_mid_job_is_retried(ray_local_s3, tiny_llama_dir, tmp_path):
     rows = good_rows(8)
     for i in range(4):
         write_rows(tmp_path / "in" / f"p{i}.parquet", rows[2 * i : 2 * i + 2])
@@ -153,7 +138,7 @@ def test_actor_crash_mid_job_is_retried(ray_local, tiny_llama_dir, tmp_path):
     assert summary.rows_out == 8 and summary.error_rows == 0
 
 
-def test_extraction_job_with_json_answers(ray_local, tiny_llama_dir, tmp_path):
+def test_extraction_job_with_json_answers(ray_local_s3, tiny_llama_dir, tmp_path):
     rows = [{"id": r["id"], "context": r["context"], "source": "lake"} for r in good_rows(3)]
     write_rows(tmp_path / "in" / "docs.parquet", rows)
     agent = FAST_AGENT.with_overrides(answer_style="json", instruction="List every number in the text.")
@@ -169,7 +154,7 @@ def test_extraction_job_with_json_answers(ray_local, tiny_llama_dir, tmp_path):
         assert "Task: List every number" in r["config"] or "List every number" in r["config"]
 
 
-def test_s3_round_trip_on_loopback_server(ray_local, tiny_llama_dir, tmp_path, monkeypatch):
+def test_s3_round_trip_on_loopback_server(ray_local_s3, tiny_llama_dir, tmp_path, monkeypatch):
     from infra.local_s3 import CREDENTIALS, s3_server
 
     for k, v in CREDENTIALS.items():

@@ -62,20 +62,7 @@ def parse_jsonl(text: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from infra.local_s3 import CREDENTIALS
-
-    # The S3 test's fake credentials reach the job's workers only through the Ray they start in.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": dict(CREDENTIALS)})
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(ray_local, engine, tiny_llama_dir, tmp_path_factory):
+def client(ray_local_s3, engine, tiny_llama_dir, tmp_path_factory):
     from memagent.serve import create_app
     from pipelines.openai_batch_api import BatchService, batch_router
 
@@ -168,7 +155,7 @@ def test_cancel(client):
         client.batches.cancel(batch.id)
 
 
-def test_batch_state_on_s3(ray_local, tiny_llama_dir, monkeypatch):
+def test_batch_state_on_s3(ray_local_s3, tiny_llama_dir, monkeypatch):
     """With an s3:// batch root the files, the batch's state and its job live on S3; a rerun there redoes nothing."""
     from infra.local_s3 import CREDENTIALS, s3_server
     from pipelines.openai_batch import jsonl, run_requests
