@@ -58,6 +58,28 @@ def test_every_generated_pydantic_model_is_accepted_and_reads_back_through_itsel
     assert model.model_validate(whole) == model.model_validate(gold)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_schema_file_wrapped_under_one_key_reads_as_the_schema_it_wraps(tmp_path_factory, data):
+    """A file holding a schema under `schema` (OpenAI's json_schema object), `json_schema` or
+    `schema_definition` (ExtractBench), beside a name and description, gives the same fields and records as
+    the bare schema; two wrapper keys are not guessed between, and the refusal names the file."""
+    model, _ = data.draw(models())
+    bare = model.model_json_schema()
+    keys = data.draw(st.lists(st.sampled_from(["schema", "json_schema", "schema_definition"]), min_size=1,
+                              max_size=2))
+    wrapped: Any = bare
+    for key in keys:
+        wrapped = {"name": "x", "description": "a wrapper", key: wrapped, "strict": True}
+    path = tmp_path_factory.mktemp("wrapped") / "s.json"
+    path.write_text(json.dumps(wrapped))
+    got, want = load_schema(path), schema_from(bare)
+    assert (got.fields, got.resolved) == (want.fields, want.resolved)
+    path.write_text(json.dumps({"schema": bare, "schema_definition": bare}))
+    with pytest.raises(ValueError, match=r"schema file .*s\.json"):
+        load_schema(path)
+
+
 class Party(BaseModel):
     name: str
     role: Optional[str] = None
