@@ -40,7 +40,7 @@ from memagent.documents.columns import DOCUMENT_ERROR_COLUMN
 from memagent.engines.base import Engine
 from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
 from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields, record_items
-from memagent.extraction.model_check import model_checked
+from memagent.extraction.model_check import model_checked, records_kept
 from memagent.extraction.output import typed_values
 from memagent.full_context import read_full_context
 from memagent.prompts import parse_json_answer
@@ -137,26 +137,34 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         error=error, model=model, config=config.model_dump_json(), seconds=round(seconds, 3), method=method,
         resumed_at_chunk=result.resumed_at_chunk, **columns,
     )
+    doc, records = json.loads(record[EXTRACTION_COLUMN] or "null"), result.records or {}
     if schema.record_types:
-        records = result.records or {}
-        record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
         record.update({column: getattr(result.records_tally, name) for name, column in TALLY_COLUMNS.items()})
-        record.update({RECORDS_PREFIX + r.name: record_items(r, records.get(r.name, ())) for r in schema.record_types})
+        _records_columns(record, schema, records)
         if error is None:
             _nest_records(record, schema, records, result.records_incomplete)
     if error is None and schema.model is not None:
-        _model_checked(record, schema)
+        _model_checked(record, schema, doc, records)
     return record
 
 
-def _model_checked(record: dict[str, Any], schema: Any) -> None:
+def _records_columns(record: dict[str, Any], schema: Any, records: Mapping[str, Sequence[Any]]) -> None:
+    record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
+    record.update({RECORDS_PREFIX + r.name: record_items(r, records.get(r.name, ())) for r in schema.record_types})
+
+
+def _model_checked(record: dict[str, Any], schema: Any, doc: Mapping[str, Any],
+                   records: Mapping[str, Sequence[Any]]) -> None:
     """The row held to the user's Pydantic model too (:mod:`memagent.extraction.model_check`): each value its
-    validators reject dropped from ``extraction`` and the field columns, and named in ``schema_errors``."""
-    obj, rejected = model_checked(schema.model, json.loads(record[EXTRACTION_COLUMN]))
-    if rejected:
-        record[EXTRACTION_COLUMN] = record["prediction"] = json.dumps(obj, ensure_ascii=False, default=str)
-        record.update(typed_values(schema, obj))
-        record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *rejected]
+    validators reject dropped from ``extraction``, the field columns and the records columns, and named in
+    ``schema_errors``."""
+    check = model_checked(schema.model, json.loads(record[EXTRACTION_COLUMN]))
+    if check.rejected:
+        record[EXTRACTION_COLUMN] = record["prediction"] = json.dumps(check.obj, ensure_ascii=False, default=str)
+        record.update(typed_values(schema, check.obj))
+        record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *check.rejected]
+    if check.removed and schema.record_types:
+        _records_columns(record, schema, records_kept(schema.resolved, doc, records, check.removed))
 
 
 def _nest_records(record: dict[str, Any], schema: Any, records: Mapping[str, Any],
