@@ -236,9 +236,9 @@ class TransformersEngine(Engine):
 
     def _ensure_worker(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._worker is None or self._worker.done():
-            self._loop = loop
-            self._queue = asyncio.Queue()
+        if self._loop is not loop:  # a new event loop (asyncio.run per call): its own queue
+            self._loop, self._queue, self._worker = loop, asyncio.Queue(), None
+        if self._worker is None or self._worker.done():  # the queue is kept: nothing put in it is dropped
             self._worker = loop.create_task(self._serve(), name="hf-engine-batcher")
 
     async def _serve(self) -> None:
@@ -249,8 +249,11 @@ class TransformersEngine(Engine):
                 pending = [await asyncio.wait_for(queue.get(), timeout=self.IDLE_EXIT_S)]
             except asyncio.TimeoutError:
                 # Idle: end quietly, so no batcher is left pending when its event loop closes;
-                # the next chat() starts a new one (it checks done()).
-                return
+                # the next chat() starts a new one (it checks done()). A request put after the wait
+                # timed out but before this task ran again is still queued: serve it, never orphan it.
+                if queue.empty():
+                    return
+                continue
             await asyncio.sleep(self.batch_wait_s)
             while not queue.empty():
                 pending.append(queue.get_nowait())
