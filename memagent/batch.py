@@ -43,7 +43,7 @@ from memagent.extraction import InvalidOutput, extraction_columns, null_columns,
 from memagent.extraction.model_check import model_checked
 from memagent.extraction.output import typed_values
 from memagent.full_context import read_full_context
-from memagent.prompts import parse_json_answer
+from memagent.replies import parse_json_answer
 from memagent.result_schema import (
     EXTRACTION_COLUMN, N_RECORDS_PREFIX, RECORDS_PREFIX, RESULT_COLUMNS, RESULT_SCHEMA, SCHEMA_ERRORS_COLUMN,
     TALLY_COLUMNS,
