@@ -62,12 +62,19 @@ def fit_to_budget(
             break
         points.append((n, tokens))
         n = _next_size(points, budget, estimate, (lo, hi), (low, high), measures)
-    if good is None:  # no count fitted: the smallest size, counted once more
-        text = build(lo)
-        good = Fit(lo, text, count(text), max_measures + 1)
-        if good.tokens > budget:
-            raise _smallest_over(lo, good.tokens, budget)
+    if good is None:
+        good = _smallest_fit(build, count, lo, budget, max_measures + 1)
     return Fit(good.n, good.text, good.tokens, measures)
+
+
+def _smallest_fit(build: Callable[[int], str], count: Callable[[str], int], lo: int, budget: int,
+                  measures: int) -> Fit:
+    """``lo`` units, counted once more when no count fitted; ``ValueError`` when even they are over ``budget``."""
+    text = build(lo)
+    fit = Fit(lo, text, count(text), measures)
+    if fit.tokens > budget:
+        raise _smallest_over(lo, fit.tokens, budget)
+    return fit
 
 
 def _smallest_over(lo: int, tokens: int, budget: int) -> ValueError:
