@@ -351,14 +351,8 @@ def records_messages(
     return [{"role": "user", "content": f"{head}{chunk}{close}\n\n{request}"}]
 
 
-def final_answer_messages(
-    question: str,
-    memory: str,
-    style: AnswerStyle,
-    instruction: str | None = None,
-    prompts: PromptTemplates | None = None,
-    answer_instruction: str | None = None,
-) -> Messages:
+def final_answer_messages(question: str, memory: str, style: AnswerStyle, instruction: str | None = None,
+                          prompts: PromptTemplates | None = None, answer_instruction: str | None = None) -> Messages:
     """The final-answer conversation: question and memory only, no document text.
 
     ``answer_instruction`` replaces the style's format sentence (an extraction names its keys).
@@ -367,13 +361,8 @@ def final_answer_messages(
                    answer_instruction=answer_instruction or ANSWER_INSTRUCTIONS[style])
 
 
-def full_context_messages(
-    question: str,
-    document: str,
-    style: AnswerStyle,
-    instruction: str | None = None,
-    prompts: PromptTemplates | None = None,
-) -> Messages:
+def full_context_messages(question: str, document: str, style: AnswerStyle, instruction: str | None = None,
+                          prompts: PromptTemplates | None = None) -> Messages:
     """The baseline's single conversation: the (possibly truncated) document and the question."""
     return _render(prompts, "full_context", instruction, question=question, document=document,
                    answer_instruction=ANSWER_INSTRUCTIONS[style])
