@@ -43,7 +43,7 @@ from memagent.extraction import InvalidOutput, extraction_columns, null_columns,
 from memagent.extraction.model_check import model_checked, records_kept
 from memagent.extraction.output import typed_values
 from memagent.full_context import read_full_context
-from memagent.prompts import parse_json_answer
+from memagent.replies import parse_json_answer
 from memagent.result_schema import (
     EXTRACTION_COLUMN, N_RECORDS_PREFIX, RECORDS_PREFIX, RESULT_COLUMNS, RESULT_SCHEMA, SCHEMA_ERRORS_COLUMN,
     TALLY_COLUMNS,
@@ -247,25 +247,38 @@ async def answer_row(
     if row_metric not in METRICS:
         return error_record(row, f"input: metric {row_metric!r} is not one of {', '.join(METRICS)}",
                             config, engine.name, method)
-    reader = READERS[method]
-    if method == "memagent":
-        reader = functools.partial(read_document, resume=resume, on_state=on_state, chunked=chunked)
+    reader = _reader(method, resume, on_state, chunked)
     try:
         try:
             result = await reader(engine, q, row.get("context"), config)  # type: ignore[arg-type]
         except ResumeMismatch as exc:  # a checkpoint of another cut of the document: read it from the start
             checkpoint_ignored = str(exc)
             result = await read_document(engine, q, row.get("context"), config, on_state=on_state, chunked=chunked)
-    except InputError as exc:
-        record = error_record(row, f"input: {exc}", config, engine.name, method)
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
-        if engine_is_dead(exc):
-            raise  # not the row's failure: the caller replaces the engine and reads the row again
-        record = failure_record(row, exc, config, engine.name, method)
+        record = _failed_read_record(row, exc, config, engine, method)
     else:
         record = result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
-    record["checkpoint_ignored"] = checkpoint_ignored
-    return record
+    return {**record, "checkpoint_ignored": checkpoint_ignored}
+
+
+def _reader(method: Method, resume: ChainState | None, on_state: Callable[[ChainState], Awaitable[None]] | None,
+            chunked: ChunkedDocument | None) -> Callable[..., Awaitable[Result]]:
+    """How ``method`` reads a row; the memory agent's read goes on from ``resume`` and reports to ``on_state``."""
+    if method == "memagent":
+        return functools.partial(read_document, resume=resume, on_state=on_state, chunked=chunked)
+    return READERS[method]
+
+
+def _failed_read_record(row: Mapping[str, Any], exc: Exception, config: AgentConfig, engine: Engine,
+                        method: Method) -> dict[str, Any]:
+    """The error record of a read that raised ``exc``: ``input:`` for bad input, else :func:`failure_record`'s.
+    An engine that died is raised, not recorded: not the row's failure, the caller replaces the engine and
+    reads the row again."""
+    if isinstance(exc, InputError):
+        return error_record(row, f"input: {exc}", config, engine.name, method)
+    if engine_is_dead(exc):
+        raise exc
+    return failure_record(row, exc, config, engine.name, method)
 
 
 async def answer_rows(
