@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from memagent.engines.json_schema import FORMAT_PATTERNS
 from memagent.json_refs import ref_cycle, resolve_refs
 from memagent.extraction.parse import MAX_NAME_CHARS, join
 from memagent.extraction.shape import NULLABLE, Link, Resolved, conform, validator, without_nulls
@@ -53,14 +54,6 @@ REFUSED = {"not": "negation", "if": "a conditional", "then": "a conditional", "e
            "unevaluatedItems": "unevaluatedItems"}
 SCALARS = ("string", "number", "integer", "boolean")
 MAP_KEYWORDS = {"minProperties", "maxProperties"}  # kept inside a union held as JSON text (maps are allowed there)
-# Patterns the grammar enforces for formats it has no rule of its own for (checked again after decoding).
-FORMAT_PATTERNS = {
-    "date-time": r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?"
-                 r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
-    "time": r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
-    "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+$",
-    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s]{1,180}$",
-}
 MAX_INLINED_NODES = 20_000  # $refs used many times multiply; past this the schema is no field list
 KIND = "x-kind"  # the column kind of a union of scalars (kinds.kind_of reads it)
 
