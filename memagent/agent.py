@@ -11,7 +11,7 @@ carried verbatim.
 
 With an extraction schema that has record types, each chunk also gets one records call per type
 (:mod:`memagent.extraction.reading`): the records that chunk states, emitted per step and merged
-after the chain (``Result.records``), never carried in the memory.
+after the read (``Result.records``), never carried in the memory.
 
 One coroutine per document; the engine batches the calls of all documents in flight. The
 same function serves batch jobs, evaluation and RL rollouts (``keep_completions`` keeps the
@@ -82,8 +82,8 @@ class Step:
 
 
 @dataclass(frozen=True)
-class ChainState:
-    """The chain after ``len(steps)`` memory updates: what a reader needs to go on from there.
+class ReadState:
+    """A read after ``len(steps)`` memory updates: what a reader needs to go on from there.
 
     ``next_chunk`` is the position (in the document's list of chunks) of the first chunk not yet
     read, ``char_offset`` where that chunk starts in the text (the document's length once every
@@ -175,8 +175,8 @@ async def read_document(
     on_step: Callable[[Step, int], None] | None = None,
     keep_completions: bool = False,
     logprobs: bool = False,
-    resume: ChainState | None = None,
-    on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+    resume: ReadState | None = None,
+    on_state: Callable[[ReadState], Awaitable[None]] | None = None,
     chunked: ChunkedDocument | None = None,
     seed: int | None = None,
 ) -> Result:
@@ -193,37 +193,37 @@ async def read_document(
         resume: a state an earlier read of the same document with the same config handed to
             ``on_state``: the read goes on from its next chunk with its memory and trace, and
             ends as the uninterrupted read would have (greedy decoding in fp32: token for token).
-        on_state: awaited after each memory update with the chain's state (chain checkpoints).
+        on_state: awaited after each memory update with the read's state (checkpoints).
         chunked: ``context`` already chunked with ``config.chunk_tokens`` and ``config.max_chunks`` by
             ``engine.tokenizer`` (a caller that counted its tokens): not tokenized again.
-        seed: every conversation's sampling seed (a seeded request samples the same chain; None: the
+        seed: every conversation's sampling seed (a seeded request samples the same read; None: the
             engine's shared RNG).
 
     Raises:
         InputError: empty/missing question or context, a question over ``query_tokens``, or a
             ``resume`` state that does not fit this document's chunks.
     """
-    chain, doc = await _read_chunks(engine, _question(question, config), context, config, on_step=on_step,
-                                    keep_completions=keep_completions, logprobs=logprobs, resume=resume,
-                                    on_state=on_state, chunked=chunked, seed=seed)
-    reply = await chain.answer()  # answer = LLM(question, memory): no document text
-    records, tally, incomplete = (finish_records(config.extraction, chain.found) if chain.records_call
-                                  else (None, chain.found.tally, []))
+    read, doc = await _read_chunks(engine, _question(question, config), context, config, on_step=on_step,
+                                   keep_completions=keep_completions, logprobs=logprobs, resume=resume,
+                                   on_state=on_state, chunked=chunked, seed=seed)
+    reply = await read.answer()  # answer = LLM(question, memory): no document text
+    records, tally, incomplete = (finish_records(config.extraction, read.found) if read.records_call
+                                  else (None, read.found.tally, []))
     return Result(
         prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
         response=reply.text,
-        memory=chain.state.memory,
-        steps=chain.steps,
+        memory=read.state.memory,
+        steps=read.steps,
         n_chunks=len(doc.chunks),
         context_tokens=doc.context_tokens,
         truncated=doc.truncated,
-        completions=chain.completions if keep_completions else None,
+        completions=read.completions if keep_completions else None,
         resumed_at_chunk=resume.next_chunk if resume is not None else None,
         records=records,
         records_tally=tally,
         records_incomplete=incomplete,
-        unanswered=chain.unanswered,
-        values_cut=chain.values_cut,
+        unanswered=read.unanswered,
+        values_cut=read.values_cut,
     )
 
 
@@ -247,18 +247,18 @@ async def read_memory(engine: Engine, question: str, context: str, config: Agent
     (its answer is the schema's calls). Raises :class:`InputError` as :func:`read_document` does."""
     if config.extraction is not None:
         raise ValueError("read_memory reads for a question; an extraction's answer is read_document's")
-    chain, doc = await _read_chunks(engine, question, context, config, on_step=on_step, seed=seed)
-    return MemoryRead(chain.question, chain.state.memory, chain.steps, len(doc.chunks), doc.context_tokens,
+    read, doc = await _read_chunks(engine, question, context, config, on_step=on_step, seed=seed)
+    return MemoryRead(read.question, read.state.memory, read.steps, len(doc.chunks), doc.context_tokens,
                       doc.truncated)
 
 
 async def _read_chunks(engine: Engine, question: str | None, context: str, config: AgentConfig, *,
                        on_step: Callable[[Step, int], None] | None = None, keep_completions: bool = False,
-                       logprobs: bool = False, resume: ChainState | None = None,
-                       on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+                       logprobs: bool = False, resume: ReadState | None = None,
+                       on_state: Callable[[ReadState], Awaitable[None]] | None = None,
                        chunked: ChunkedDocument | None = None, seed: int | None = None
-                       ) -> tuple[_Chain, ChunkedDocument]:
-    """The chain after every memory update (read_document's arguments), and the document's chunks."""
+                       ) -> tuple[_Read, ChunkedDocument]:
+    """The read after every memory update (read_document's arguments), and the document's chunks."""
     question, context = validate_inputs(question, context)
     n_question = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
     if n_question > config.query_tokens:
@@ -269,13 +269,13 @@ async def _read_chunks(engine: Engine, question: str | None, context: str, confi
         chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
     if resume is not None:
         check_resume(resume, doc.chunks, len(context), config.memory_heads)
-    start = resume or ChainState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())
-    chain = _Chain(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step, seed)
-    for k in range(chain.state.next_chunk, len(doc.chunks)):
-        await chain.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
+    start = resume or ReadState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())
+    read = _Read(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step, seed)
+    for k in range(read.state.next_chunk, len(doc.chunks)):
+        await read.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
         if on_state:
-            await on_state(chain.state)
-    return chain, doc
+            await on_state(read.state)
+    return read, doc
 
 
 def _question(question: str | None, config: AgentConfig) -> str | None:
@@ -288,11 +288,11 @@ def _question(question: str | None, config: AgentConfig) -> str | None:
     return schema.memory_question(config.answer_tokens)
 
 
-class _Chain:
+class _Read:
     """One read's running state: the memory, the trace, the records found; one method per conversation."""
 
     def __init__(self, engine: Engine, config: AgentConfig, question: str, context: str, chunks: list[Chunk],
-                 state: ChainState, logprobs: bool, keep_completions: bool,
+                 state: ReadState, logprobs: bool, keep_completions: bool,
                  on_step: Callable[[Step, int], None] | None, seed: int | None = None):
         self.engine, self.config, self.question, self.context, self.chunks = engine, config, question, context, chunks
         self.state, self.on_step = state, on_step
@@ -319,7 +319,7 @@ class _Chain:
     async def update(self, k: int) -> None:
         """Chunk ``k``'s memory update, and its records calls beside it (record types)."""
         t0, chunk, memory = time.perf_counter(), self.chunks[k], self.state.memory
-        priority = -(len(self.chunks) - k + 1)  # a chain: the document with most conversations left goes first
+        priority = -(len(self.chunks) - k + 1)  # the document with most conversations left goes first
         messages, params, head = self._update_request(memory, chunk.text)
         update = asyncio.ensure_future(self.engine.chat(messages, replace(params, priority=priority)))
 
@@ -334,7 +334,7 @@ class _Chain:
         self._record("memory", chunk, memory, reply, t0)
         self.found.add(records)
         nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
-        self.state = ChainState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
+        self.state = ReadState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
                                 records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
 
     def _update_request(self, memory: str, chunk: str) -> tuple[Messages, SamplingParams, int | None]:
@@ -417,7 +417,7 @@ async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: st
                          chunks: list[Chunk], k: int, priority: int, update: Awaitable[Completion],
                          write: Callable[[Completion], str], heads: int = 1) -> ChunkRecords:
     """The records chunk ``k`` states (none without record types), read with the memory its update reads
-    (and the chain of memory steps behind it, which grounds a value resolved through the memory); a
+    (and the memory steps behind it, which grounds a value resolved through the memory); a
     split piece reads the memory ``write`` makes of ``update``'s reply. K heads: every memory without its
     labels (:func:`memagent.heads.unlabelled`), so a label's digits ground nothing."""
     if call is None:
@@ -434,7 +434,7 @@ async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: st
     return await read_chunk_records(read, start, end, owned_from)
 
 
-def check_resume(state: ChainState, chunks: list[Chunk], text_len: int, heads: int = 1) -> None:
+def check_resume(state: ReadState, chunks: list[Chunk], text_len: int, heads: int = 1) -> None:
     """Refuse a resume state that is not a state of this document cut into these chunks (nor, with K > 1 heads,
     a memory of K labelled heads)."""
     if heads > 1:

@@ -6,7 +6,7 @@
         memory = write_head(memory, h, LLM(question, memory, chunk, h), step)   # the other K-1 kept verbatim
 
 The labels carry the step each head was last written at, so the memory text alone is the whole
-state: a checkpoint holds it, and a chain resumed from it chooses the same heads as the
+state: a checkpoint holds it, and a read resumed from it chooses the same heads as the
 uninterrupted one. Each block is ``label\\ntext`` and blocks are joined by a blank line; a written
 text is cleaned of anything that looks like a label, so :func:`split_heads` reads back exactly the
 texts :func:`labelled` joined (carried heads are byte for byte the same). ``K = 1`` is not this

@@ -76,7 +76,7 @@ class Emitted:
 
 @dataclass
 class RecordsTally:
-    """What a read's records calls did besides emitting records; carried whole (chain state, checkpoint
+    """What a read's records calls did besides emitting records; carried whole (read state, checkpoint
     segments, result, output row, job summary), summed with :meth:`add`."""
 
     splits: int = 0  # pieces split in two: the reply was cut, filled the call's limit, or did not parse
@@ -101,7 +101,7 @@ class RecordsTally:
 @dataclass
 class ChunkRecords:
     """What the records calls of one chunk produced, or (summed with :meth:`add`) of a read so far:
-    carried in :class:`memagent.agent.ChainState`, never in the memory."""
+    carried in :class:`memagent.agent.ReadState`, never in the memory."""
 
     emitted: list[Emitted] = field(default_factory=list)
     tally: RecordsTally = field(default_factory=RecordsTally)
@@ -134,9 +134,9 @@ class RecordsCall:
 
 @dataclass(frozen=True)
 class ChunkRead:
-    """One chunk's records calls: the memory they read (and the chain behind it), the document, the step.
+    """One chunk's records calls: the memory they read (and the memory steps behind it), the document, the step.
 
-    ``written`` awaits the memory written from this chunk (its ``chunk`` span): a split piece reads that
+    ``written_memory`` awaits the memory written from this chunk (its ``chunk`` span): a split piece reads that
     memory, so names the chunk defines before the piece (an alias) are known to it, joined with the lines
     of the memory before the chunk that the update dropped (:func:`joined_memory`: a half record the
     chunk completed leaves a memory-keeping reader's memory, yet a later piece must join it).
@@ -147,14 +147,14 @@ class ChunkRead:
     context: str
     step: int
     priority: int = 0
-    written: Callable[[], Awaitable[str]] | None = None
+    written_memory: Callable[[], Awaitable[str]] | None = None
     chunk: tuple[int, int] = (0, 0)
 
     async def memory_for(self, piece: Piece) -> MemoryTrail:
-        """The memory a piece's call reads (see the class docstring) and the chain that grounds through it."""
-        if piece.depth == 0 or self.written is None:
+        """The memory a piece's call reads (see the class docstring) and the memory steps that ground through it."""
+        if piece.depth == 0 or self.written_memory is None:
             return self.trail
-        memory = await self.written()
+        memory = await self.written_memory()
         return MemoryTrail(joined_memory(self.trail.memory, memory), (*self.trail.steps, (memory, *self.chunk)))
 
 
