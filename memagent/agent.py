@@ -35,7 +35,7 @@ from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, Record
     read_chunk_records, records_reach
 from memagent.extraction.records import Record
 from memagent.extraction.answer_bounds import cut_values
-from memagent.group_answers import answer_groups, reply_object
+from memagent.extraction.group_answers import answer_groups, reply_object
 from memagent.heads import initial_memory, last_updated, next_head, unlabelled, write_head
 from memagent.prompts import (
     Messages,
@@ -369,7 +369,7 @@ class _Read:
 
     async def _group_answers(self, groups: tuple[FieldGroup, ...]) -> Completion:
         """One constrained final call per field group, all reading the final memory (one answer step per call,
-        the groups in order, then any halves of a group whose reply broke: :mod:`memagent.group_answers`);
+        the groups in order, then any halves of a group whose reply broke: :mod:`memagent.extraction.group_answers`);
         the reply is the merged object, the leaves left out kept in ``self.unanswered``, the values cut at
         the bound of their call's budget in ``self.values_cut``. A single group is asked as the whole schema
         (the memory's question, the schema's format sentence)."""
