@@ -30,23 +30,15 @@ from memagent.chunking import Chunk, ChunkedDocument, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.groups import FieldGroup
-from memagent.extraction.record_grounding import MemoryTrail
-from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
-    read_chunk_records, records_reach
+from memagent.extraction.reading import ChunkRecords, Emitted, RecordsTally, finish_records, read_step_records, \
+    records_call
 from memagent.extraction.records import Record
 from memagent.extraction.answer_bounds import cut_values
 from memagent.extraction.group_answers import answer_groups, reply_object
-from memagent.heads import initial_memory, last_updated, next_head, unlabelled, write_head
-from memagent.prompts import (
-    Messages,
-    extract_answer,
-    final_answer_messages,
-    memory_heads_messages,
-    memory_update_messages,
-    strip_thinking,
-)
+from memagent.heads import initial_memory, last_updated, update_request, written_memory
+from memagent.prompts import extract_answer, final_answer_messages
 # check_config and template_overhead live beside the window check; imported from here by the jobs and the CLI.
-from memagent.window_check import check_config, group_tokens, template_overhead  # noqa: F401
+from memagent.window_check import check_config, template_overhead  # noqa: F401
 
 
 class InputError(ValueError):
@@ -207,24 +199,7 @@ async def read_document(
                                    keep_completions=keep_completions, logprobs=logprobs, resume=resume,
                                    on_state=on_state, chunked=chunked, seed=seed)
     reply = await read.answer()  # answer = LLM(question, memory): no document text
-    records, tally, incomplete = (finish_records(config.extraction, read.found) if read.records_call
-                                  else (None, read.found.tally, []))
-    return Result(
-        prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
-        response=reply.text,
-        memory=read.state.memory,
-        steps=read.steps,
-        n_chunks=len(doc.chunks),
-        context_tokens=doc.context_tokens,
-        truncated=doc.truncated,
-        completions=read.completions if keep_completions else None,
-        resumed_at_chunk=resume.next_chunk if resume is not None else None,
-        records=records,
-        records_tally=tally,
-        records_incomplete=incomplete,
-        unanswered=read.unanswered,
-        values_cut=read.values_cut,
-    )
+    return read.result(reply, doc, resume.next_chunk if resume is not None else None, keep_completions)
 
 
 @dataclass
@@ -297,7 +272,7 @@ class _Read:
         self.engine, self.config, self.question, self.context, self.chunks = engine, config, question, context, chunks
         self.state, self.on_step = state, on_step
         self.steps = list(state.steps)
-        self.records_call = _records_call(engine, question, config)  # None: no record types
+        self.records_call = records_call(engine, question, config)  # None: no record types
         self.found = ChunkRecords(list(state.records), replace(state.records_tally))
         self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs, seed=seed,
                                      call="memory")
@@ -319,35 +294,35 @@ class _Read:
     async def update(self, k: int) -> None:
         """Chunk ``k``'s memory update, and its records calls beside it (record types)."""
         t0, chunk, memory = time.perf_counter(), self.chunks[k], self.state.memory
+        n, heads = len(self.steps), self.config.memory_heads
         priority = -(len(self.chunks) - k + 1)  # the document with most conversations left goes first
-        messages, params, head = self._update_request(memory, chunk.text)
+        messages, params, head = update_request(self.question, memory, chunk.text, n, self.config, self.params)
         update = asyncio.ensure_future(self.engine.chat(messages, replace(params, priority=priority)))
 
-        def written(reply: Completion, before: str = memory) -> str:  # K heads: the reply is head `head`'s text,
-            text = strip_thinking(reply.text).strip()                  # the others carried verbatim
-            return text if head is None else write_head(before, self.config.memory_heads, head, text, len(self.steps))
+        async def written() -> str:  # what a split piece's records call reads
+            return written_memory(memory, (await update).text, heads, head, n)
 
-        reply, records = await asyncio.gather(update, _chunk_records(
-            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, update, written,
-            self.config.memory_heads))
-        memory = written(reply)
+        reply, records = await asyncio.gather(update, read_step_records(
+            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, written, heads))
+        memory = written_memory(memory, reply.text, heads, head, n)
         self._record("memory", chunk, memory, reply, t0)
         self.found.add(records)
         nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
         self.state = ReadState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
                                 records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
 
-    def _update_request(self, memory: str, chunk: str) -> tuple[Messages, SamplingParams, int | None]:
-        """The memory update's messages and sampling, and the head it rewrites (None: the single memory).
-
-        K heads: the least recently updated head, decoding at most memory_tokens // K tokens."""
-        config, k = self.config, self.config.memory_heads
-        if k == 1:
-            return memory_update_messages(self.question, memory, chunk, config.instruction, config.prompts), \
-                self.params, None
-        head = next_head(len(self.steps), last_updated(memory, k))
-        messages = memory_heads_messages(self.question, memory, chunk, head, k, config.instruction, config.prompts)
-        return messages, replace(self.params, max_tokens=config.memory_tokens // k), head
+    def result(self, reply: Completion, doc: ChunkedDocument, resumed_at: int | None, keep_completions: bool) -> Result:
+        """The read's :class:`Result`, ``reply`` its answer (its records merged once the document is read)."""
+        config = self.config
+        records, tally, incomplete = (finish_records(config.extraction, self.found) if self.records_call
+                                      else (None, self.found.tally, []))
+        return Result(
+            prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
+            response=reply.text, memory=self.state.memory, steps=self.steps, n_chunks=len(doc.chunks),
+            context_tokens=doc.context_tokens, truncated=doc.truncated,
+            completions=self.completions if keep_completions else None, resumed_at_chunk=resumed_at,
+            records=records, records_tally=tally, records_incomplete=incomplete, unanswered=self.unanswered,
+            values_cut=self.values_cut)
 
     async def answer(self) -> Completion:
         """The final answer from the memory alone; none for a schema of record types only (``{}``). A schema's
@@ -400,38 +375,6 @@ class _Read:
                           prompt_tokens=sum(r.prompt_tokens for r in answers.replies),
                           completion_tokens=sum(r.completion_tokens for r in answers.replies),
                           finish_reason=answers.broken[-1].finish_reason if answers.broken else "stop")
-
-
-def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:
-    """The records calls of a read whose schema has record types (a reply has the memory's budget)."""
-    schema = config.extraction
-    if schema is None or not schema.record_types:
-        return None
-    return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p,
-                                                                call="records"),
-                       config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere,
-                       group_tokens(config, engine, question))
-
-
-async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,
-                         chunks: list[Chunk], k: int, priority: int, update: Awaitable[Completion],
-                         write: Callable[[Completion], str], heads: int = 1) -> ChunkRecords:
-    """The records chunk ``k`` states (none without record types), read with the memory its update reads
-    (and the memory steps behind it, which grounds a value resolved through the memory); a
-    split piece reads the memory ``write`` makes of ``update``'s reply. K heads: every memory without its
-    labels (:func:`memagent.heads.unlabelled`), so a label's digits ground nothing."""
-    if call is None:
-        return ChunkRecords()
-    shown = (lambda m: m) if heads == 1 else (lambda m: unlabelled(m, heads))
-    trail = MemoryTrail(shown(memory), tuple((shown(s.memory), s.char_start or 0, s.char_end or 0) for s in steps
-                                             if s.kind == "memory"))
-
-    async def written() -> str:
-        return shown(write(await update))
-
-    start, owned_from, end = records_reach(context, chunks, k)
-    read = ChunkRead(call, trail, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))
-    return await read_chunk_records(read, start, end, owned_from)
 
 
 def check_resume(state: ReadState, chunks: list[Chunk], text_len: int, heads: int = 1) -> None:
