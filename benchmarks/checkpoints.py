@@ -113,7 +113,7 @@ def write_cost(row: dict, every: int, work: Path) -> dict:
     seconds, written = [], 0
     for end in range(every, len(steps) + 1, every):
         state = ReadState(next_chunk=end, char_offset=steps[end - 1].char_end or 0, memory=steps[end - 1].memory,
-                           steps=steps[:end])
+                          steps=steps[:end])
         t0 = time.perf_counter()
         chains.write(row["id"], "k" * 64, state, written)
         seconds.append(time.perf_counter() - t0)

@@ -309,7 +309,7 @@ class _Read:
         self.found.add(records)
         nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
         self.state = ReadState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
-                                records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
+                               records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
 
     def result(self, reply: Completion, doc: ChunkedDocument, resumed_at: int | None, keep_completions: bool) -> Result:
         """The read's :class:`Result`, ``reply`` its answer (its records merged once the document is read)."""

@@ -251,4 +251,4 @@ def _state(last: Segment | None, steps: list[Step], records: list[Emitted]) -> R
     if last is None:
         return None
     return ReadState(next_chunk=last.next_chunk, char_offset=last.char_offset, memory=last.memory,
-                      steps=tuple(steps), records=tuple(records), records_tally=RecordsTally(**last.records_tally))
+                     steps=tuple(steps), records=tuple(records), records_tally=RecordsTally(**last.records_tally))

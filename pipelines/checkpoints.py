@@ -187,7 +187,8 @@ class CheckpointWriter:
     attempt, so a refused log is refused whole and never mixed with the fresh read.
     """
 
-    def __init__(self, checkpoints: CheckpointLog, row_id: str, key: str, resumed: ReadState | None, parent: str | None):
+    def __init__(self, checkpoints: CheckpointLog, row_id: str, key: str, resumed: ReadState | None,
+                 parent: str | None):
         self.checkpoints, self.row_id, self.key = checkpoints, row_id, key
         self.attempt = uuid.uuid4().hex[:12]
         self.written = len(resumed.steps) if resumed else 0

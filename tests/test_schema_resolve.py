@@ -193,7 +193,8 @@ def test_langextract_schemas_from_its_own_builder_are_accepted():
 
 
 _JSON = st.recursive(st.none() | st.integers() | st.text(max_size=3),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner,
+                                                                                 max_size=3),
                      max_leaves=30)
 
 

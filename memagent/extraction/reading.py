@@ -42,7 +42,9 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, S
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
-from memagent.extraction.pieces import TAIL_CHARS, HasCharSpan, Piece, halves, records_reach, sentence_end, split_point  # noqa: F401
+from memagent.extraction.pieces import (  # noqa: F401
+    TAIL_CHARS, HasCharSpan, Piece, halves, records_reach, sentence_end, split_point,
+)
 from memagent.extraction.record_groups import RecordGroup, read_group_reply
 from memagent.extraction.record_grounding import MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
