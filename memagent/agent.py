@@ -30,15 +30,15 @@ from memagent.chunking import Chunk, ChunkedDocument, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.groups import FieldGroup
-from memagent.extraction.reading import ChunkRecords, Emitted, RecordsTally, finish_records, read_step_records, \
-    records_call
+from memagent.extraction.reading import ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
+    read_step_records
 from memagent.extraction.records import Record
 from memagent.extraction.answer_bounds import cut_values
 from memagent.extraction.group_answers import answer_groups, reply_object
-from memagent.heads import initial_memory, last_updated, update_request, written_memory
+from memagent.heads import initial_memory, last_updated, records_memory, update_request, written_memory
 from memagent.prompts import extract_answer, final_answer_messages
 # check_config and template_overhead live beside the window check; imported from here by the jobs and the CLI.
-from memagent.window_check import check_config, template_overhead  # noqa: F401
+from memagent.window_check import check_config, group_tokens, template_overhead  # noqa: F401
 
 
 class InputError(ValueError):
@@ -272,7 +272,7 @@ class _Read:
         self.engine, self.config, self.question, self.context, self.chunks = engine, config, question, context, chunks
         self.state, self.on_step = state, on_step
         self.steps = list(state.steps)
-        self.records_call = records_call(engine, question, config)  # None: no record types
+        self.records_call = _records_call(engine, question, config)  # None: no record types
         self.found = ChunkRecords(list(state.records), replace(state.records_tally))
         self.params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, logprobs, seed=seed,
                                      call="memory")
@@ -303,7 +303,8 @@ class _Read:
             return written_memory(memory, (await update).text, heads, head, n)
 
         reply, records = await asyncio.gather(update, read_step_records(
-            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, written, heads))
+            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, written,
+            lambda m: records_memory(m, heads)))
         memory = written_memory(memory, reply.text, heads, head, n)
         self._record("memory", chunk, memory, reply, t0)
         self.found.add(records)
@@ -375,6 +376,16 @@ class _Read:
                           prompt_tokens=sum(r.prompt_tokens for r in answers.replies),
                           completion_tokens=sum(r.completion_tokens for r in answers.replies),
                           finish_reason=answers.broken[-1].finish_reason if answers.broken else "stop")
+
+
+def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:
+    """The records calls of a read whose schema has record types (a reply has the memory's budget); None: none."""
+    schema = config.extraction
+    if schema is None or not schema.record_types:
+        return None
+    params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, call="records")
+    return RecordsCall(engine, schema, question, params, config.instruction, config.prompts, config.require_grounding,
+                       config.ground_elsewhere, group_tokens(config, engine, question))
 
 
 def check_resume(state: ReadState, chunks: list[Chunk], text_len: int, heads: int = 1) -> None:

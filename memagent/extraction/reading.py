@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
@@ -49,12 +49,7 @@ from memagent.extraction.record_groups import RecordGroup, read_group_reply
 from memagent.extraction.record_grounding import MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
 from memagent.extraction.schema import RECORDS_PER_CALL, ExtractionSchema
-from memagent.heads import records_memory
 from memagent.prompts import PromptTemplates, parse_json_answer, records_messages, strip_thinking
-from memagent.window_check import group_tokens
-
-if TYPE_CHECKING:
-    from memagent.config import AgentConfig
 
 MIN_SPLIT_CHARS = 64  # a piece this short is not split again
 MAX_SPLIT_DEPTH = 6  # a chunk's records call becomes at most 2**6 pieces (a 5,000-token chunk: ~350 characters each)
@@ -364,16 +359,6 @@ async def read_chunk_records(read: ChunkRead, start: int, end: int, owned_from: 
     return out
 
 
-def records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:
-    """The records calls of a read whose schema has record types (a reply has the memory's budget); None: none."""
-    schema = config.extraction
-    if schema is None or not schema.record_types:
-        return None
-    params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, call="records")
-    return RecordsCall(engine, schema, question, params, config.instruction, config.prompts, config.require_grounding,
-                       config.ground_elsewhere, group_tokens(config, engine, question))
-
-
 class MemoryStep(Protocol):
     """A step of the read so far, as records reading sees it (:class:`memagent.agent.Step`)."""
 
@@ -385,18 +370,19 @@ class MemoryStep(Protocol):
 
 async def read_step_records(call: RecordsCall | None, steps: Sequence[MemoryStep], memory: str, context: str,
                             chunks: Sequence[HasCharSpan], k: int, priority: int,
-                            written_memory: Callable[[], Awaitable[str]], heads: int = 1) -> ChunkRecords:
+                            written_memory: Callable[[], Awaitable[str]],
+                            shown: Callable[[str], str] = lambda memory: memory) -> ChunkRecords:
     """The records chunk ``k`` states (none without record types), read with the memory its update reads
     (and the memory steps behind it, which ground a value resolved through the memory); a split piece
-    reads the memory ``written_memory`` awaits (the update's). K heads: every memory without its labels
-    (:func:`memagent.heads.records_memory`), so a label's digits ground nothing."""
+    reads the memory ``written_memory`` awaits (the update's). Every memory is read as ``shown`` makes it
+    (K heads: without labels, :func:`memagent.heads.records_memory`, so a label's digits ground nothing)."""
     if call is None:
         return ChunkRecords()
-    trail = MemoryTrail(records_memory(memory, heads), tuple(
-        (records_memory(s.memory, heads), s.char_start or 0, s.char_end or 0) for s in steps if s.kind == "memory"))
+    trail = MemoryTrail(shown(memory), tuple((shown(s.memory), s.char_start or 0, s.char_end or 0) for s in steps
+                                             if s.kind == "memory"))
 
     async def written() -> str:
-        return records_memory(await written_memory(), heads)
+        return shown(await written_memory())
 
     start, owned_from, end = records_reach(context, chunks, k)
     read = ChunkRead(call, trail, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))
