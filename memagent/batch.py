@@ -261,7 +261,7 @@ async def answer_row(
     return {**record, "checkpoint_ignored": checkpoint_ignored}
 
 
-def _reader(method: Method, resume: ChainState | None, on_state: Callable[[ChainState], Awaitable[None]] | None,
+def _reader(method: Method, resume: ReadState | None, on_state: Callable[[ReadState], Awaitable[None]] | None,
             chunked: ChunkedDocument | None) -> Callable[..., Awaitable[Result]]:
     """How ``method`` reads a row; the memory agent's read goes on from ``resume`` and reports to ``on_state``."""
     if method == "memagent":
