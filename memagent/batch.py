@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
 
 import pyarrow as pa
 
-from memagent.agent import ChainState, InputError, ResumeMismatch, Result, read_document
+from memagent.agent import ReadState, InputError, ResumeMismatch, Result, read_document
 from memagent.attribution import attribute
 from memagent.chunking import ChunkedDocument
 from memagent.config import AgentConfig
@@ -218,8 +218,8 @@ async def answer_row(
     question: str | None = None,
     metric: str = "sub_em",
     method: Method = "memagent",
-    resume: ChainState | None = None,
-    on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+    resume: ReadState | None = None,
+    on_state: Callable[[ReadState], Awaitable[None]] | None = None,
     checkpoint_ignored: str | None = None,
     chunked: ChunkedDocument | None = None,
 ) -> dict[str, Any]:
@@ -232,7 +232,7 @@ async def answer_row(
 
     An engine that died (:func:`memagent.error_kinds.engine_is_dead`) is raised, not recorded.
 
-    Chain checkpoints (method ``memagent``): ``resume`` goes on from a checkpointed state (one
+    Checkpoints (method ``memagent``): ``resume`` goes on from a checkpointed state (one
     that does not fit the document is ignored and the row read from the start), ``on_state``
     receives each new state, ``checkpoint_ignored`` says why a checkpoint found was not used.
     ``chunked``: the row's context already chunked by ``config`` (the batch worker's count of a long
@@ -261,7 +261,7 @@ async def answer_row(
     return {**record, "checkpoint_ignored": checkpoint_ignored}
 
 
-def _reader(method: Method, resume: ChainState | None, on_state: Callable[[ChainState], Awaitable[None]] | None,
+def _reader(method: Method, resume: ReadState | None, on_state: Callable[[ReadState], Awaitable[None]] | None,
             chunked: ChunkedDocument | None) -> Callable[..., Awaitable[Result]]:
     """How ``method`` reads a row; the memory agent's read goes on from ``resume`` and reports to ``on_state``."""
     if method == "memagent":

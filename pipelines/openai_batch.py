@@ -10,7 +10,7 @@ A request file (JSONL of ``custom_id``, ``method``, ``url``, ``body``) becomes, 
 Every piece of state is a file under the prefix (local or s3://), written whole or not at all
 (:func:`pipelines.storage.atomic_put`): a rerun on the same prefix skips chat lines already answered, and
 the batch job (:func:`pipelines.batch_qa.run_batch_qa`) skips its written rows and resumes unfinished
-documents from their chain checkpoints; so each ``custom_id`` lands exactly once in output ∪ error. A file
+documents from their checkpoints; so each ``custom_id`` lands exactly once in output ∪ error. A file
 whose lines repeat a ``custom_id`` fails validation before any of this (:func:`duplicate_ids`).
 """
 
@@ -297,7 +297,7 @@ async def _run_chats(chats: list, store: Store, prefix: str, cfg: BatchRunConfig
 
 
 def _run_rows(rows: list[dict], store: Store, prefix: str, cfg: BatchRunConfig, build_engine: Any) -> None:
-    """The memagent rows through the batch job: it skips written rows and resumes from chain checkpoints."""
+    """The memagent rows through the batch job: it skips written rows and resumes from checkpoints."""
     from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 
     table = pa.Table.from_pylist([{k: r[k] for k in ("id", "question", "context")} for r in rows])
