@@ -35,7 +35,7 @@ from benchmarks.common import add_threads_option, loadavg, machine, median, prin
 from memagent.data.contracts import contract_row
 from memagent.engines import EngineConfig, SamplingParams
 from memagent.engines.hf import TransformersEngine
-from memagent.extraction.schema import load_schema
+from memagent.extraction import load_schema
 from memagent.prompts import NO_MEMORY, final_answer_messages, memory_update_messages
 
 

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.common import machine, table, write_json
 from memagent.data.filings import filing
-from memagent.extraction.schema import unwrapped
+from memagent.extraction.schema_files import unwrapped
 
 RESUME = """\
 Dr. Elena Marquez

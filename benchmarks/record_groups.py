@@ -99,7 +99,7 @@ def other_schema(path: str, tokenizer: Any) -> dict[str, Any]:
     from memagent.config import AgentConfig
     from memagent.engines.budget import TokenBudget
     from memagent.extraction.record_groups import group_reply_tokens
-    from memagent.extraction.schema import load_schema
+    from memagent.extraction import load_schema
 
     schema = load_schema(path)
     cfg = AgentConfig(preset="small", extraction=schema)

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from memagent.engines import EngineConfig
-from memagent.extraction.schema import load_schema
+from memagent.extraction import load_schema
 from memagent_cli.main import main
 from pipelines.batch_qa import BatchQAConfig, run_batch_qa
 from pipelines.evaluate import EvalConfig, run_evaluation

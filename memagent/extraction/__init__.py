@@ -21,7 +21,8 @@ from memagent.extraction.output import (
 from memagent.extraction.parse import ObjectSpec, RecordType
 from memagent.extraction.record_grounding import GroundedChunk, MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records, record_key
-from memagent.extraction.schema import ExtractionSchema, FieldSpec, load_schema, schema_from
+from memagent.extraction.schema import ExtractionSchema, FieldSpec, schema_from
+from memagent.extraction.schema_files import load_schema
 
 __all__ = [
     "EVIDENCE_TYPE", "FUZZY_THRESHOLD", "KINDS", "ExtractionSchema", "FieldSpec", "GroundedChunk", "InvalidOutput",

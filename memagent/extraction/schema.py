@@ -16,8 +16,8 @@ Every problem is a one-line ``ValueError`` naming its JSON path, before any mode
 says what each call asks and is constrained to: the memory question (:meth:`ExtractionSchema.question`,
 :meth:`ExtractionSchema.memory_question`), the final answer in field groups (:meth:`ExtractionSchema.field_groups`)
 each bounded to its budget (:meth:`ExtractionSchema.answer_schemas`), the per-chunk records calls
-(:meth:`ExtractionSchema.records_schema`). :func:`load_schema` reads a file (with a byte bound) or
-``module:Model``; a model's schema names the model (``x-pydantic-model``) so each row is validated with it
+(:meth:`ExtractionSchema.records_schema`). :func:`memagent.extraction.schema_files.load_schema` reads a file
+(with a byte bound) or ``module:Model``; a model's schema names the model (``x-pydantic-model``) so each row is validated with it
 too (:mod:`memagent.extraction.model_check`).
 """
 
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-from os import PathLike
-from pathlib import Path
 from typing import Any, Mapping
 
 from pydantic import PrivateAttr, RootModel, model_validator
@@ -49,7 +47,7 @@ from memagent.extraction.parse import (
 from memagent.extraction.resolve import Resolved, resolve, validator, without_nulls
 from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, N_RECORDS_PREFIX, RECORD_COLUMNS, RECORDS_PREFIX, RESULT_COLUMNS
 
-__all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "load_schema", "schema_from",
+__all__ = ["FieldKind", "FieldSpec", "ObjectSpec", "RecordType", "ExtractionSchema", "schema_from",
            "parse_fields", "PROPERTY_KEYWORDS", "SUPPORTED", "TOP_KEYWORDS", "RECORD_COLUMNS"]
 
 # Input columns a job reads or passes with a meaning (a property may not take their names, nor an output's).
@@ -63,8 +61,6 @@ MEMORY_TOKENS_PER_RECORD_FAMILY = 48  # per family of record types, not per type
 # Records one records call may return: a reply that fills it is overflow (the piece is split and re-read,
 # counted), never taken as complete. A bound keeps a looping reply short.
 RECORDS_PER_CALL = 50
-# A schema file is read up to this many bytes (JSON text may spend 4 bytes on a character of the schema).
-MAX_SCHEMA_FILE_BYTES = 4 * MAX_SCHEMA_CHARS
 # The root keyword that names the Pydantic model a schema came from (``module:Model``): each assembled object
 # is validated with it too (memagent.extraction.model_check), in every worker, from the recorded config.
 MODEL_KEYWORD = "x-pydantic-model"
@@ -399,51 +395,6 @@ def _importable(spec: str, model: type) -> bool:
         return load_model(spec) is model
     except ValueError:
         return False
-
-
-def load_schema(path: str | PathLike[str] | type) -> ExtractionSchema:
-    """Read and check a JSON Schema file, or a Pydantic model (a class, or ``module:Model``); every problem
-    is a one-line ``ValueError`` naming the file or model."""
-    if isinstance(path, type):
-        return schema_from(path, f"model {path.__name__}")
-    if isinstance(path, str) and ":" in path and not Path(path).expanduser().exists() \
-            and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", path):
-        return schema_from(load_model(path), f"model {path}")
-    path = Path(path).expanduser()
-    try:
-        with path.open("rb") as f:  # read with a bound whatever the file is (a device's size reads 0)
-            raw = f.read(MAX_SCHEMA_FILE_BYTES + 1)
-        if len(raw) > MAX_SCHEMA_FILE_BYTES:  # not read in full: JSON text this large is no schema
-            raise ValueError(f"schema file {path}: the schema is larger than {MAX_SCHEMA_CHARS // 1024} KiB of "
-                             "JSON; every field goes into every prompt: extract fewer fields or shorten their "
-                             "descriptions")
-        data = json.loads(raw.decode("utf-8"))
-    except RecursionError:
-        raise ValueError(f"schema file {path}: the schema is nested more than {MAX_DEPTH} levels deep") from None
-    except FileNotFoundError:
-        raise ValueError(f"schema file {path} not found") from None
-    except OSError as e:
-        raise ValueError(f"schema file {path} cannot be read: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"schema file {path} is not valid JSON: {e}") from None
-    return schema_from(unwrapped(data), f"schema file {path}")
-
-
-# Files that hold a schema under one key: OpenAI's `response_format` `json_schema` object (`name`, `schema`,
-# `strict`) and ExtractBench's (`name`, `description`, `schema_definition`).
-SCHEMA_WRAPPER_KEYS = ("schema", "json_schema", "schema_definition")
-
-
-def unwrapped(data: Any) -> Any:
-    """The schema a wrapper file holds (``{"name": …, "schema": {…}}``, ``{"json_schema": {…}}``,
-    ``{"schema_definition": {…}}``); ``data`` itself when it is a schema (it has ``type``, ``properties`` or
-    ``$ref``) or holds no wrapper key."""
-    while isinstance(data, dict) and not {"type", "properties", "$ref"} & data.keys():
-        inner = [data[k] for k in SCHEMA_WRAPPER_KEYS if isinstance(data.get(k), dict)]
-        if len(inner) != 1:
-            return data
-        data = inner[0]
-    return data
 
 
 def schema_from(data: Any, where: str = "schema") -> ExtractionSchema:
