@@ -71,6 +71,8 @@ class Step:
     # reply and how many of them the model kept.
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # Of prompt_tokens, those whose KV the engine reused instead of computing (its prefix cache; 0: none).
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ def _step(n: int, kind: str, chunk: Chunk | None, memory: str, c: Completion, se
         seconds=round(seconds, 4),
         draft_tokens=c.draft_tokens,
         accepted_tokens=c.accepted_tokens,
+        cached_prompt_tokens=c.cached_prompt_tokens,
     )
 
 

@@ -44,6 +44,7 @@ class SegmentStep(BaseModel):
     seconds: float
     draft_tokens: int = Field(0, ge=0)
     accepted_tokens: int = Field(0, ge=0)
+    cached_prompt_tokens: int = Field(0, ge=0)
 
 
 class SegmentRecord(BaseModel):

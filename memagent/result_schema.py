@@ -16,6 +16,7 @@ STEP_TYPE = pa.struct([
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
     ("finish_reason", pa.string()), ("seconds", pa.float64()),
     ("draft_tokens", pa.int32()), ("accepted_tokens", pa.int32()),  # speculation (0: none)
+    ("cached_prompt_tokens", pa.int32()),  # of prompt_tokens, those whose KV the engine reused (its prefix cache)
 ])
 
 SPAN_TYPE = pa.struct([("char_start", pa.int64()), ("char_end", pa.int64())])

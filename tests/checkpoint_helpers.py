@@ -15,8 +15,10 @@ FAST = AgentConfig(chunk_tokens=48, memory_tokens=10, answer_tokens=6, query_tok
 
 
 def without_times(steps) -> list[dict]:
-    """Steps less the engine's bookkeeping (timing; the drafter's counters depend on what it saw before)."""
-    return [{k: v for k, v in asdict(s).items() if k not in ("seconds", "draft_tokens", "accepted_tokens")}
+    """Steps less the engine's bookkeeping (timing; the drafter's counters and the prefix cache's reuse depend on
+    what the engine saw before)."""
+    return [{k: v for k, v in asdict(s).items()
+             if k not in ("seconds", "draft_tokens", "accepted_tokens", "cached_prompt_tokens")}
             for s in steps]
 
 

@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "tests" / "fault_hook"
 EVERY = 2  # --checkpoint-every-steps: the most chunks one kill may cost
 RUN_TIMEOUT_S = 180
-BOOKKEEPING = ("seconds", "draft_tokens", "accepted_tokens")  # engine timing, not the read
+BOOKKEEPING = ("seconds", "draft_tokens", "accepted_tokens", "cached_prompt_tokens")  # the engine's, not the read
 
 
 @dataclass

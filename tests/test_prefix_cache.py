@@ -242,3 +242,35 @@ def test_a_servers_cached_prompt_tokens_reach_the_reply():
     assert reply({**usage, "prompt_tokens_details": {"cached_tokens": 768}}).cached_prompt_tokens == 768
     assert reply(usage).cached_prompt_tokens == 0
     assert reply({**usage, "prompt_tokens_details": None}).cached_prompt_tokens == 0
+
+
+def test_each_step_of_a_read_records_what_it_reused_and_the_report_shows_it(engines):
+    """A read of a three-chunk document on the engine with the prefix cache: each step's ``cached_prompt_tokens`` is
+    what the engine reported for that call (none for the first, the shared instructions and question for each later
+    memory update), and the trace report's view lists ``[prompt tokens, reused]`` per step, as the row holds them."""
+    from memagent.batch import answer_row
+    from memagent.config import AgentConfig
+    from memagent.report.html import row_view
+
+    cached, _ = engines
+    cached.prefix_cache.clear()
+    seen: list[int] = []
+    chat = cached.chat
+
+    async def counting(messages, params, **kw):
+        reply = await chat(messages, params, **kw)
+        seen.append(reply.cached_prompt_tokens)
+        return reply
+
+    cached.chat = counting
+    try:
+        config = AgentConfig(chunk_tokens=64, memory_tokens=16, answer_tokens=8, query_tokens=64)
+        text = " ".join(f"Sentence {i} of a document that the memory agent reads chunk by chunk." for i in range(24))
+        row = asyncio.run(answer_row(cached, {"id": "d", "context": text, "question": "What does it read?"}, config))
+    finally:
+        del cached.chat
+    assert row["error"] is None and row["n_chunks"] >= 3
+    assert [s["cached_prompt_tokens"] for s in row["steps"]] == seen
+    memory = [n for n, s in zip(seen, row["steps"]) if s["kind"] == "memory"]
+    assert memory[0] == 0 and all(n >= BLOCK for n in memory[1:]), seen  # the instructions and question again
+    assert row_view(row)["pf"] == [[s["prompt_tokens"], s["cached_prompt_tokens"]] for s in row["steps"]]

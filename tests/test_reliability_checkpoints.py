@@ -43,7 +43,7 @@ def job(tiny_llama_dir: Path, input: Path, output: Path, **job_fields) -> BatchQ
 
 # Timing and speculation counters are the engine's bookkeeping (a restarted actor's drafter starts
 # afresh), not the read: the texts and token counts must match.
-BOOKKEEPING = ("seconds", "draft_tokens", "accepted_tokens")
+BOOKKEEPING = ("seconds", "draft_tokens", "accepted_tokens", "cached_prompt_tokens")
 
 
 def comparable(row: dict) -> tuple:

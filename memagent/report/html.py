@@ -154,7 +154,7 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
         "cl": len(context) if context is not None else None, "tr": row.get("truncated") or None,
         "sec": row.get("seconds"), "ev": list(evidence) if evidence else None, "f": found, "l": lost,
         "as": [list(s) for s in spans] or None, "h": "".join("1" if h else "0" for h in held) or None,
-        "st": st or None, "rs": clip(row.get("response"), 1000),
+        "st": st or None, "pf": _prefill(steps), "rs": clip(row.get("response"), 1000),
         "sn": _snippets(context, spans, evidence, prediction),
     }
     for col, short in (("method", "m"), ("task", "t"), ("length", "L")):
@@ -200,6 +200,14 @@ def _step_entries(steps: list[Any]) -> list[list[Any]]:
             entry += [clip(mem, 4000), []]
         st.append(entry)
     return st
+
+
+def _prefill(steps: list[Any]) -> list[list[Any]] | None:
+    """Per step ``[prompt tokens, of them reused]`` (the engine's prefix cache); None when no step reused any
+    (or the output predates the count)."""
+    if not any(s.get("cached_prompt_tokens") for s in steps):
+        return None
+    return [[s.get("prompt_tokens"), s.get("cached_prompt_tokens") or 0] for s in steps]
 
 
 def add_page_labels(view: dict[str, Any], pages: Any) -> None:

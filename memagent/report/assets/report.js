@@ -248,8 +248,10 @@ function showRow(k) {
       "the previous memory; <mark class=gold>gold answer</mark>, <mark class=pred>prediction</mark>" +
       ((r.x || []).length ? ", <mark class=fld>extracted value</mark>" : "") + "</div>";
   }
-  let j = 0, prev = "";
+  let j = 0, prev = "", i = 0;
   for (const s of r.st || []) {
+    const pf = (r.pf || [])[i++];  // [prompt tokens, of them reused by the engine's prefix cache]
+    const prefill = pf ? "prompt " + esc(pf[0]) + " tokens (" + esc(pf[1]) + " reused) · " : "";
     const isMem = s[1] === "m", hj = isMem ? held[j++] === "1" : false;
     const c = ["step", hj ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.l ? "lost" : ""].join(" ");
     let badges = "";
@@ -260,7 +262,7 @@ function showRow(k) {
     if (!isMem) badges += '<span class="badge b-ans">answer</span>';
     const span = s[2] == null ? "" : " · chars " + esc(s[2]) + "–" + esc(s[3]);
     h += '<div class="' + c + '" id="step-' + esc(s[0]) + '"><div class="hd">step ' + esc(s[0]) + (isMem ? " · memory update" : " · final answer") +
-      span + " · " + (s[4] == null ? "" : esc(s[4]) + " tokens · ") +
+      span + " · " + prefill + (s[4] == null ? "" : esc(s[4]) + " tokens · ") +
       (s[5] === "length" ? '<span class="warn">cut at the token budget</span>' : esc(s[5])) + badges + '</div><div class="mem">';
     if (isMem) { h += diffHtml(prev, s[6] || "", s[7] || [], nd); prev = s[6] || ""; }
     else h += s[6] != null ? hl(s[6], nd) : '<span class="mut">reads the memory above</span>';
