@@ -59,6 +59,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "json_object": {"response_format": {"type": "json_object"}, "max_tokens": 20, "temperature": 0},
     "refused": {"response_format": CITY, "tools": [WEATHER], "temperature": 0},  # memagent: tools with a schema
     "too_many": {"max_tokens": 10**6},  # over the server's max_tokens: a 400 naming it
+    "unknown": {"frequency_penalty": 0.5},  # a field this server does not take: a 400 naming it
 }
 
 
