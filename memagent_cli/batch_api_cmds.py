@@ -6,16 +6,18 @@ import argparse
 import sys
 
 from memagent_cli.flags import add_model_flags, build
-from memagent_cli.options import add_agent_flags, add_engine_flags, add_s3_flags, agent_config, engine_config, s3_options
+from memagent_cli.options import (
+    add_agent_flags, add_engine_flags, add_s3_flags, agent_config, engine_config, s3_options,
+)
 
 
 def batch_run_config(args: argparse.Namespace, engine_model: str | None = None):
     """The BatchRunConfig of the batch, engine, agent and S3 flags."""
     from pipelines.openai_batch import BatchRunConfig
 
-    return build(BatchRunConfig, {**args._run_flags.values(args), "engine": engine_config(args, drop=("served_model",)),
-                                  "agent": agent_config(args), "s3": s3_options(args), "engine_model": engine_model},
-                 "run-batch options")
+    values = {**args._run_flags.values(args), "engine": engine_config(args, drop=("served_model",)),
+              "agent": agent_config(args), "s3": s3_options(args), "engine_model": engine_model}
+    return build(BatchRunConfig, values, "run-batch options")
 
 
 def cmd_run_batch(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ from pipelines.storage import S3Options
 log = logging.getLogger(__name__)
 
 ENDPOINT = "/v1/chat/completions"
+SERVER_ERROR = "server_error"  # a line the engine failed on: answered again by a rerun
 Progress = Callable[[int, int], None]  # (lines finished, lines in all)
 
 
@@ -226,7 +227,7 @@ def run_requests(data: bytes, store: Store, prefix: str, cfg: BatchRunConfig, *,
     parsed = parse_requests(data, cfg, engine_name)
     done = _Counter(parsed, progress)
     done.add(len(parsed.errors))
-    pending = [r for r in parsed.requests if not store.exists(_line_key(prefix, r[0]))]  # answered before: kept
+    pending = [r for r in parsed.requests if not _answered(store, _line_key(prefix, r[0]))]
     done.add(len(parsed.requests) - len(pending))
     if pending and not cancelled():
         own = engine is None  # loaded only when some line is left to answer
@@ -253,18 +254,26 @@ def _line_key(prefix: str, cid: str) -> str:
     return f"{prefix}/lines/{storage.row_key(cid)}.json"
 
 
+def _answered(store: Store, key: str) -> bool:
+    """Whether a line's answer is written for good: an answer or a refusal is kept; an engine failure
+    (``server_error``, the infrastructure's, not the line's) is answered again by a rerun, as the batch job
+    redoes its ``infra:`` rows."""
+    raw = store.get(key)
+    return raw is not None and (json.loads(raw).get("error") or {}).get("code") != SERVER_ERROR
+
+
 async def answer_line(cid: str, n: int, req: ChatRequest, models: dict, default_model: str,
                       writer: ChatWriter) -> dict:
     """One line's output line: the chat route's answer to its body (the one handler, the chat writer's whole
     reply), or the error line of what the route would refuse it with; an engine failure is a ``server_error``
-    line, as the route's 500, and the batch goes on."""
+    line, as the route's 500, and the batch goes on (a rerun answers it again)."""
     try:
         body = await respond(lambda: req, models, default_model, writer)
     except APIError as exc:
         return api_error_line(cid, exc, n)
     except Exception as exc:  # noqa: BLE001 - one line's failure is its error line, never the batch's
         log.error("batch line %s failed: %s", cid, type(exc).__name__, exc_info=exc)
-        return error_line(cid, "server_error", "the engine failed; details are in the server log", n)
+        return error_line(cid, SERVER_ERROR, "the engine failed; details are in the server log", n)
     body["id"] = "chatcmpl-" + request_id(cid)[10:]  # stable: a resumed batch writes the ids of one never killed
     return output_line(cid, body)
 

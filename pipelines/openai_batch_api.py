@@ -98,8 +98,8 @@ class BatchService:
                  "expires_at": t + DAY_S, "finalizing_at": None, "completed_at": None, "failed_at": None,
                  "expired_at": None, "cancelling_at": None, "cancelled_at": None,
                  "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": meta}
-        # The batch's own copy of its input (OpenAI's batch goes on when its input file is deleted): a file
-        # deleted under it, before or after a restart, changes nothing; written before the batch exists.
+        # The batch's own copy of its input, taken now as OpenAI's batch takes it at validation: the file deleted
+        # under the batch, before or after a restart, changes nothing; written before the batch exists.
         self.store.put(f"batches/{batch['id']}/input.jsonl", self.content(input_file["id"]))
         self._save(batch)
         self.queue.put(batch["id"])

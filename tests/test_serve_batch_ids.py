@@ -118,3 +118,29 @@ def test_run_batch_refuses_a_repeated_custom_id_before_any_model_loads(tmp_path,
     err = capsys.readouterr().err
     assert "line 2: custom_id 'a' is already the custom_id of line 1" in err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_engine_failure_is_an_error_line_that_a_rerun_answers_again(tiny_engine, tmp_path, monkeypatch):
+    """A line whose engine raised is a server_error line (the batch goes on); a rerun on the same state answers
+    it, while the line answered the first time is not answered again."""
+    from memagent.serve.chat import EngineModel
+    from pipelines.openai_batch import Store, run_requests
+
+    line = lambda cid, text: json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",  # noqa: E731
+                                         "body": {"max_tokens": 2, "messages": [{"role": "user", "content": text}]}})
+    data = f"{line('ok', 'hi')}\n{line('boom', 'BOOM')}".encode()
+    prepare = EngineModel.prepare
+
+    async def fails_on_boom(self, req):
+        if "BOOM" in req.messages[-1].text():
+            raise RuntimeError("the engine died")
+        return await prepare(self, req)
+
+    monkeypatch.setattr(EngineModel, "prepare", fails_on_boom)
+    store = Store(str(tmp_path))
+    out, err = run_requests(data, store, "run", BatchRunConfig(), engine=tiny_engine)
+    assert [x["custom_id"] for x in out] == ["ok"] and [(x["custom_id"], x["error"]["code"]) for x in err] == [
+        ("boom", "server_error")]
+    monkeypatch.setattr(EngineModel, "prepare", prepare)
+    again, err = run_requests(data, store, "run", BatchRunConfig(), engine=tiny_engine)
+    assert not err and [x["custom_id"] for x in again] == ["ok", "boom"] and again[0] == out[0]
