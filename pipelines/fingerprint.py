@@ -13,7 +13,8 @@ A chain checkpoint is keyed by more: the row's fingerprint plus what changes the
 arithmetic of a read without changing its answer's meaning (:func:`decode_parts`: dtype and
 device, the model files, the tokenizer files, the versions of the libraries that decode). A rerun
 after a library upgrade keeps its done rows, but never resumes a chain written by the old stack;
-the row's ``checkpoint_ignored`` names the part that differed (:func:`key_difference`).
+the row's ``checkpoint_ignored`` names the part that differed (:func:`key_difference`). Each job
+setting is a part of its own too (:func:`settings_parts`), so a changed one is named with its values.
 """
 
 from __future__ import annotations
@@ -91,8 +92,14 @@ def settings_parts(cfg: BatchQAConfig) -> dict[str, str]:
     and its values. The row's input fingerprint covers them too; these only say which."""
     settings = json.loads(answer_key(cfg))
     agent = settings.pop("agent")
-    return {**{f"job.{k}": json.dumps(v, sort_keys=True) for k, v in settings.items()},
-            **{f"agent.{k}": json.dumps(v, sort_keys=True) for k, v in agent.items()}}
+    return {**{f"job.{k}": _part(v) for k, v in settings.items()}, **{f"agent.{k}": _part(v) for k, v in agent.items()}}
+
+
+def _part(value: Any) -> str:
+    """A setting as a key part: its JSON, or a hash of it when long (an extraction schema, prompts), so that every
+    checkpoint segment, which stores its key, stays small."""
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 64 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def checkpoint_key(input_fingerprint: str, parts: dict[str, str]) -> str:
