@@ -104,7 +104,7 @@ def run_job(row: dict, work: Path, name: str, model_dir: Path, agent: Any, every
 
 def write_cost(row: dict, every: int, work: Path) -> dict:
     """Time ``CheckpointLog.write`` for the segments a read of ``row`` writes every ``every`` steps."""
-    from memagent.agent import ChainState, Step
+    from memagent.agent import ReadState, Step
     from pipelines.checkpoints import CheckpointLog
 
     steps = tuple(Step(**{k: s[k] for k in Step.__dataclass_fields__ if k in s})
@@ -112,8 +112,8 @@ def write_cost(row: dict, every: int, work: Path) -> dict:
     chains = CheckpointLog(str(work / "write-cost"), None, every, 300.0)
     seconds, written = [], 0
     for end in range(every, len(steps) + 1, every):
-        state = ChainState(next_chunk=end, char_offset=steps[end - 1].char_end or 0, memory=steps[end - 1].memory,
-                           steps=steps[:end])
+        state = ReadState(next_chunk=end, char_offset=steps[end - 1].char_end or 0, memory=steps[end - 1].memory,
+                          steps=steps[:end])
         t0 = time.perf_counter()
         chains.write(row["id"], "k" * 64, state, written)
         seconds.append(time.perf_counter() - t0)

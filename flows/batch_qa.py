@@ -166,19 +166,23 @@ def batch_qa(
     )
     generate = None if demo is None else functools.partial(ensure_demo_lake, input, engine.model, demo)
     summary = generate_then_run(cfg, generate, "demo lake")
+    publish_summary_and_traces(cfg, summary, examples)
+    summary["report"] = publish_report(output, key="batch-qa-report", s3=s3, job_summary=summary)
+    return summary
 
-    a = cfg.agent
+
+def publish_summary_and_traces(cfg: BatchQAConfig, summary: dict[str, Any], examples: int) -> None:
+    """The run's Prefect artifacts: its summary as a table, and ``examples`` example memory traces as Markdown."""
+    a, model, output = cfg.agent, cfg.engine.model, cfg.output
     acc = "n/a" if summary["accuracy"] is None else round(summary["accuracy"], 4)
     create_table_artifact(
         key="batch-qa-summary",
-        table=[{**summary, "accuracy": acc, "model": engine.model, "preset": agent.preset or "custom",
+        table=[{**summary, "accuracy": acc, "model": model, "preset": a.preset or "custom",
                 "budgets": f"chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer {a.answer_tokens}"}],
-        description=f"Batch QA {input} -> {output}: rows, errors, accuracy ({metric}), tokens read per second.",
+        description=f"Batch QA {cfg.input} -> {output}: rows, errors, accuracy ({cfg.metric}), tokens read per second.",
     )
-    rows = example_traces(output, s3, examples)
-    header = (f"Model `{engine.model}`, budgets chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer "
+    rows = example_traces(output, cfg.s3, examples)
+    header = (f"Model `{model}`, budgets chunk {a.chunk_tokens} / memory {a.memory_tokens} / answer "
               f"{a.answer_tokens} tokens. Output: `{output}`. Char spans index the input `context`.")
     create_markdown_artifact(key="batch-qa-traces", markdown=traces_markdown(rows, header),
                              description=f"{len(rows)} example memory traces from {output}")
-    summary["report"] = publish_report(output, key="batch-qa-report", s3=s3, job_summary=summary)
-    return summary

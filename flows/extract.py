@@ -3,7 +3,7 @@
     [contract corpus if asked and absent] -> run the job (the batch-qa task, retries) -> artifacts
 
 The same job as ``batch-qa`` (resume by ``id``, error rows, the Ray Data actor pool); the
-``extraction`` parameter (a JSON Schema) makes it an extraction: one memory chain per document for all fields, one
+``extraction`` parameter (a JSON Schema) makes it an extraction: one read per document for all fields, one
 typed output column per field, each value with its evidence (memory step, char span). The
 deployment ``extract-corpus/default`` (prefect.yaml) runs it on a generated contract corpus.
 """

@@ -11,7 +11,7 @@ carried verbatim.
 
 With an extraction schema that has record types, each chunk also gets one records call per type
 (:mod:`memagent.extraction.reading`): the records that chunk states, emitted per step and merged
-after the chain (``Result.records``), never carried in the memory.
+after the read (``Result.records``), never carried in the memory.
 
 One coroutine per document; the engine batches the calls of all documents in flight. The
 same function serves batch jobs, evaluation and RL rollouts (``keep_completions`` keeps the
@@ -30,21 +30,13 @@ from memagent.chunking import Chunk, ChunkedDocument, chunk_document
 from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.groups import FieldGroup
-from memagent.extraction.record_grounding import MemoryTrail
-from memagent.extraction.reading import ChunkRead, ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
-    read_chunk_records, records_reach
+from memagent.extraction.reading import ChunkRecords, Emitted, RecordsCall, RecordsTally, finish_records, \
+    read_step_records
 from memagent.extraction.records import Record
 from memagent.extraction.answer_bounds import cut_values
-from memagent.group_answers import answer_groups, reply_object
-from memagent.heads import initial_memory, last_updated, next_head, unlabelled, write_head
-from memagent.prompts import (
-    Messages,
-    extract_answer,
-    final_answer_messages,
-    memory_heads_messages,
-    memory_update_messages,
-    strip_thinking,
-)
+from memagent.extraction.group_answers import answer_groups, reply_object
+from memagent.heads import initial_memory, last_updated, records_memory, update_request, written_memory
+from memagent.prompts import extract_answer, final_answer_messages
 # check_config and template_overhead live beside the window check; imported from here by the jobs and the CLI.
 from memagent.window_check import check_config, group_tokens, template_overhead  # noqa: F401
 
@@ -82,8 +74,8 @@ class Step:
 
 
 @dataclass(frozen=True)
-class ChainState:
-    """The chain after ``len(steps)`` memory updates: what a reader needs to go on from there.
+class ReadState:
+    """A read after ``len(steps)`` memory updates: what a reader needs to go on from there.
 
     ``next_chunk`` is the position (in the document's list of chunks) of the first chunk not yet
     read, ``char_offset`` where that chunk starts in the text (the document's length once every
@@ -175,8 +167,8 @@ async def read_document(
     on_step: Callable[[Step, int], None] | None = None,
     keep_completions: bool = False,
     logprobs: bool = False,
-    resume: ChainState | None = None,
-    on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+    resume: ReadState | None = None,
+    on_state: Callable[[ReadState], Awaitable[None]] | None = None,
     chunked: ChunkedDocument | None = None,
     seed: int | None = None,
 ) -> Result:
@@ -193,38 +185,21 @@ async def read_document(
         resume: a state an earlier read of the same document with the same config handed to
             ``on_state``: the read goes on from its next chunk with its memory and trace, and
             ends as the uninterrupted read would have (greedy decoding in fp32: token for token).
-        on_state: awaited after each memory update with the chain's state (chain checkpoints).
+        on_state: awaited after each memory update with the read's state (checkpoints).
         chunked: ``context`` already chunked with ``config.chunk_tokens`` and ``config.max_chunks`` by
             ``engine.tokenizer`` (a caller that counted its tokens): not tokenized again.
-        seed: every conversation's sampling seed (a seeded request samples the same chain; None: the
+        seed: every conversation's sampling seed (a seeded request samples the same read; None: the
             engine's shared RNG).
 
     Raises:
         InputError: empty/missing question or context, a question over ``query_tokens``, or a
             ``resume`` state that does not fit this document's chunks.
     """
-    chain, doc = await _read_chunks(engine, _question(question, config), context, config, on_step=on_step,
-                                    keep_completions=keep_completions, logprobs=logprobs, resume=resume,
-                                    on_state=on_state, chunked=chunked, seed=seed)
-    reply = await chain.answer()  # answer = LLM(question, memory): no document text
-    records, tally, incomplete = (finish_records(config.extraction, chain.found) if chain.records_call
-                                  else (None, chain.found.tally, []))
-    return Result(
-        prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
-        response=reply.text,
-        memory=chain.state.memory,
-        steps=chain.steps,
-        n_chunks=len(doc.chunks),
-        context_tokens=doc.context_tokens,
-        truncated=doc.truncated,
-        completions=chain.completions if keep_completions else None,
-        resumed_at_chunk=resume.next_chunk if resume is not None else None,
-        records=records,
-        records_tally=tally,
-        records_incomplete=incomplete,
-        unanswered=chain.unanswered,
-        values_cut=chain.values_cut,
-    )
+    read, doc = await _read_chunks(engine, _question(question, config), context, config, on_step=on_step,
+                                   keep_completions=keep_completions, logprobs=logprobs, resume=resume,
+                                   on_state=on_state, chunked=chunked, seed=seed)
+    reply = await read.answer()  # answer = LLM(question, memory): no document text
+    return read.result(reply, doc, resume.next_chunk if resume is not None else None, keep_completions)
 
 
 @dataclass
@@ -247,18 +222,18 @@ async def read_memory(engine: Engine, question: str, context: str, config: Agent
     (its answer is the schema's calls). Raises :class:`InputError` as :func:`read_document` does."""
     if config.extraction is not None:
         raise ValueError("read_memory reads for a question; an extraction's answer is read_document's")
-    chain, doc = await _read_chunks(engine, question, context, config, on_step=on_step, seed=seed)
-    return MemoryRead(chain.question, chain.state.memory, chain.steps, len(doc.chunks), doc.context_tokens,
+    read, doc = await _read_chunks(engine, question, context, config, on_step=on_step, seed=seed)
+    return MemoryRead(read.question, read.state.memory, read.steps, len(doc.chunks), doc.context_tokens,
                       doc.truncated)
 
 
 async def _read_chunks(engine: Engine, question: str | None, context: str, config: AgentConfig, *,
                        on_step: Callable[[Step, int], None] | None = None, keep_completions: bool = False,
-                       logprobs: bool = False, resume: ChainState | None = None,
-                       on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+                       logprobs: bool = False, resume: ReadState | None = None,
+                       on_state: Callable[[ReadState], Awaitable[None]] | None = None,
                        chunked: ChunkedDocument | None = None, seed: int | None = None
-                       ) -> tuple[_Chain, ChunkedDocument]:
-    """The chain after every memory update (read_document's arguments), and the document's chunks."""
+                       ) -> tuple[_Read, ChunkedDocument]:
+    """The read after every memory update (read_document's arguments), and the document's chunks."""
     question, context = validate_inputs(question, context)
     n_question = len(engine.tokenizer(question, add_special_tokens=False)["input_ids"])
     if n_question > config.query_tokens:
@@ -269,13 +244,13 @@ async def _read_chunks(engine: Engine, question: str | None, context: str, confi
         chunk_document, engine.tokenizer, context, config.chunk_tokens, config.max_chunks)
     if resume is not None:
         check_resume(resume, doc.chunks, len(context), config.memory_heads)
-    start = resume or ChainState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())
-    chain = _Chain(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step, seed)
-    for k in range(chain.state.next_chunk, len(doc.chunks)):
-        await chain.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
+    start = resume or ReadState(next_chunk=0, char_offset=0, memory=initial_memory(config.memory_heads), steps=())
+    read = _Read(engine, config, question, context, doc.chunks, start, logprobs, keep_completions, on_step, seed)
+    for k in range(read.state.next_chunk, len(doc.chunks)):
+        await read.update(k)  # memory = LLM(question, memory, chunk): overwrite, never append
         if on_state:
-            await on_state(chain.state)
-    return chain, doc
+            await on_state(read.state)
+    return read, doc
 
 
 def _question(question: str | None, config: AgentConfig) -> str | None:
@@ -288,11 +263,11 @@ def _question(question: str | None, config: AgentConfig) -> str | None:
     return schema.memory_question(config.answer_tokens)
 
 
-class _Chain:
+class _Read:
     """One read's running state: the memory, the trace, the records found; one method per conversation."""
 
     def __init__(self, engine: Engine, config: AgentConfig, question: str, context: str, chunks: list[Chunk],
-                 state: ChainState, logprobs: bool, keep_completions: bool,
+                 state: ReadState, logprobs: bool, keep_completions: bool,
                  on_step: Callable[[Step, int], None] | None, seed: int | None = None):
         self.engine, self.config, self.question, self.context, self.chunks = engine, config, question, context, chunks
         self.state, self.on_step = state, on_step
@@ -319,35 +294,36 @@ class _Chain:
     async def update(self, k: int) -> None:
         """Chunk ``k``'s memory update, and its records calls beside it (record types)."""
         t0, chunk, memory = time.perf_counter(), self.chunks[k], self.state.memory
-        priority = -(len(self.chunks) - k + 1)  # a chain: the document with most conversations left goes first
-        messages, params, head = self._update_request(memory, chunk.text)
+        n, heads = len(self.steps), self.config.memory_heads
+        priority = -(len(self.chunks) - k + 1)  # the document with most conversations left goes first
+        messages, params, head = update_request(self.question, memory, chunk.text, n, self.config, self.params)
         update = asyncio.ensure_future(self.engine.chat(messages, replace(params, priority=priority)))
 
-        def written(reply: Completion, before: str = memory) -> str:  # K heads: the reply is head `head`'s text,
-            text = strip_thinking(reply.text).strip()                  # the others carried verbatim
-            return text if head is None else write_head(before, self.config.memory_heads, head, text, len(self.steps))
+        async def written() -> str:  # what a split piece's records call reads
+            return written_memory(memory, (await update).text, heads, head, n)
 
-        reply, records = await asyncio.gather(update, _chunk_records(
-            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, update, written,
-            self.config.memory_heads))
-        memory = written(reply)
+        reply, records = await asyncio.gather(update, read_step_records(
+            self.records_call, self.steps, memory, self.context, self.chunks, k, priority, written,
+            lambda m: records_memory(m, heads)))
+        memory = written_memory(memory, reply.text, heads, head, n)
         self._record("memory", chunk, memory, reply, t0)
         self.found.add(records)
         nxt = self.chunks[k + 1].char_start if k + 1 < len(self.chunks) else len(self.context)
-        self.state = ChainState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
-                                records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
+        self.state = ReadState(next_chunk=k + 1, char_offset=nxt, memory=memory, steps=tuple(self.steps),
+                               records=tuple(self.found.emitted), records_tally=replace(self.found.tally))
 
-    def _update_request(self, memory: str, chunk: str) -> tuple[Messages, SamplingParams, int | None]:
-        """The memory update's messages and sampling, and the head it rewrites (None: the single memory).
-
-        K heads: the least recently updated head, decoding at most memory_tokens // K tokens."""
-        config, k = self.config, self.config.memory_heads
-        if k == 1:
-            return memory_update_messages(self.question, memory, chunk, config.instruction, config.prompts), \
-                self.params, None
-        head = next_head(len(self.steps), last_updated(memory, k))
-        messages = memory_heads_messages(self.question, memory, chunk, head, k, config.instruction, config.prompts)
-        return messages, replace(self.params, max_tokens=config.memory_tokens // k), head
+    def result(self, reply: Completion, doc: ChunkedDocument, resumed_at: int | None, keep_completions: bool) -> Result:
+        """The read's :class:`Result`, ``reply`` its answer (its records merged once the document is read)."""
+        config = self.config
+        records, tally, incomplete = (finish_records(config.extraction, self.found) if self.records_call
+                                      else (None, self.found.tally, []))
+        return Result(
+            prediction=extract_answer(reply.text, config.answer_style, config.strict_extraction),
+            response=reply.text, memory=self.state.memory, steps=self.steps, n_chunks=len(doc.chunks),
+            context_tokens=doc.context_tokens, truncated=doc.truncated,
+            completions=self.completions if keep_completions else None, resumed_at_chunk=resumed_at,
+            records=records, records_tally=tally, records_incomplete=incomplete, unanswered=self.unanswered,
+            values_cut=self.values_cut)
 
     async def answer(self) -> Completion:
         """The final answer from the memory alone; none for a schema of record types only (``{}``). A schema's
@@ -369,7 +345,7 @@ class _Chain:
 
     async def _group_answers(self, groups: tuple[FieldGroup, ...]) -> Completion:
         """One constrained final call per field group, all reading the final memory (one answer step per call,
-        the groups in order, then any halves of a group whose reply broke: :mod:`memagent.group_answers`);
+        the groups in order, then any halves of a group whose reply broke: :mod:`memagent.extraction.group_answers`);
         the reply is the merged object, the leaves left out kept in ``self.unanswered``, the values cut at
         the bound of their call's budget in ``self.values_cut``. A single group is asked as the whole schema
         (the memory's question, the schema's format sentence)."""
@@ -403,38 +379,16 @@ class _Chain:
 
 
 def _records_call(engine: Engine, question: str, config: AgentConfig) -> RecordsCall | None:
-    """The records calls of a read whose schema has record types (a reply has the memory's budget)."""
+    """The records calls of a read whose schema has record types (a reply has the memory's budget); None: none."""
     schema = config.extraction
     if schema is None or not schema.record_types:
         return None
-    return RecordsCall(engine, schema, question, SamplingParams(config.memory_tokens, config.temperature, config.top_p,
-                                                                call="records"),
-                       config.instruction, config.prompts, config.require_grounding, config.ground_elsewhere,
-                       group_tokens(config, engine, question))
+    params = SamplingParams(config.memory_tokens, config.temperature, config.top_p, call="records")
+    return RecordsCall(engine, schema, question, params, config.instruction, config.prompts, config.require_grounding,
+                       config.ground_elsewhere, group_tokens(config, engine, question))
 
 
-async def _chunk_records(call: RecordsCall | None, steps: list[Step], memory: str, context: str,
-                         chunks: list[Chunk], k: int, priority: int, update: Awaitable[Completion],
-                         write: Callable[[Completion], str], heads: int = 1) -> ChunkRecords:
-    """The records chunk ``k`` states (none without record types), read with the memory its update reads
-    (and the chain of memory steps behind it, which grounds a value resolved through the memory); a
-    split piece reads the memory ``write`` makes of ``update``'s reply. K heads: every memory without its
-    labels (:func:`memagent.heads.unlabelled`), so a label's digits ground nothing."""
-    if call is None:
-        return ChunkRecords()
-    shown = (lambda m: m) if heads == 1 else (lambda m: unlabelled(m, heads))
-    trail = MemoryTrail(shown(memory), tuple((shown(s.memory), s.char_start or 0, s.char_end or 0) for s in steps
-                                             if s.kind == "memory"))
-
-    async def written() -> str:
-        return shown(write(await update))
-
-    start, owned_from, end = records_reach(context, chunks, k)
-    read = ChunkRead(call, trail, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))
-    return await read_chunk_records(read, start, end, owned_from)
-
-
-def check_resume(state: ChainState, chunks: list[Chunk], text_len: int, heads: int = 1) -> None:
+def check_resume(state: ReadState, chunks: list[Chunk], text_len: int, heads: int = 1) -> None:
     """Refuse a resume state that is not a state of this document cut into these chunks (nor, with K > 1 heads,
     a memory of K labelled heads)."""
     if heads > 1:

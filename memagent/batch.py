@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
 
 import pyarrow as pa
 
-from memagent.agent import ChainState, InputError, ResumeMismatch, Result, read_document
+from memagent.agent import ReadState, InputError, ResumeMismatch, Result, read_document
 from memagent.attribution import attribute
 from memagent.chunking import ChunkedDocument
 from memagent.config import AgentConfig
@@ -40,10 +40,10 @@ from memagent.documents.columns import DOCUMENT_ERROR_COLUMN
 from memagent.engines.base import Engine
 from memagent.error_kinds import INVALID_OUTPUT_PREFIX, engine_is_dead, error_prefix
 from memagent.extraction import InvalidOutput, extraction_columns, null_columns, output_fields, record_items
-from memagent.extraction.model_check import model_checked
+from memagent.extraction.model_check import model_checked, records_kept
 from memagent.extraction.output import typed_values
 from memagent.full_context import read_full_context
-from memagent.prompts import parse_json_answer
+from memagent.replies import parse_json_answer
 from memagent.result_schema import (
     EXTRACTION_COLUMN, N_RECORDS_PREFIX, RECORDS_PREFIX, RESULT_COLUMNS, RESULT_SCHEMA, SCHEMA_ERRORS_COLUMN,
     TALLY_COLUMNS,
@@ -137,26 +137,34 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         error=error, model=model, config=config.model_dump_json(), seconds=round(seconds, 3), method=method,
         resumed_at_chunk=result.resumed_at_chunk, **columns,
     )
+    doc, records = json.loads(record[EXTRACTION_COLUMN] or "null"), result.records or {}
     if schema.record_types:
-        records = result.records or {}
-        record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
         record.update({column: getattr(result.records_tally, name) for name, column in TALLY_COLUMNS.items()})
-        record.update({RECORDS_PREFIX + r.name: record_items(r, records.get(r.name, ())) for r in schema.record_types})
+        _records_columns(record, schema, records)
         if error is None:
             _nest_records(record, schema, records, result.records_incomplete)
     if error is None and schema.model is not None:
-        _model_checked(record, schema)
+        _model_checked(record, schema, doc, records)
     return record
 
 
-def _model_checked(record: dict[str, Any], schema: Any) -> None:
+def _records_columns(record: dict[str, Any], schema: Any, records: Mapping[str, Sequence[Any]]) -> None:
+    record.update({N_RECORDS_PREFIX + r.name: len(records.get(r.name, ())) for r in schema.record_types})
+    record.update({RECORDS_PREFIX + r.name: record_items(r, records.get(r.name, ())) for r in schema.record_types})
+
+
+def _model_checked(record: dict[str, Any], schema: Any, doc: Mapping[str, Any],
+                   records: Mapping[str, Sequence[Any]]) -> None:
     """The row held to the user's Pydantic model too (:mod:`memagent.extraction.model_check`): each value its
-    validators reject dropped from ``extraction`` and the field columns, and named in ``schema_errors``."""
-    obj, rejected = model_checked(schema.model, json.loads(record[EXTRACTION_COLUMN]))
-    if rejected:
-        record[EXTRACTION_COLUMN] = record["prediction"] = json.dumps(obj, ensure_ascii=False, default=str)
-        record.update(typed_values(schema, obj))
-        record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *rejected]
+    validators reject dropped from ``extraction``, the field columns and the records columns, and named in
+    ``schema_errors``."""
+    check = model_checked(schema.model, json.loads(record[EXTRACTION_COLUMN]))
+    if check.rejected:
+        record[EXTRACTION_COLUMN] = record["prediction"] = json.dumps(check.obj, ensure_ascii=False, default=str)
+        record.update(typed_values(schema, check.obj))
+        record[SCHEMA_ERRORS_COLUMN] = [*(record.get(SCHEMA_ERRORS_COLUMN) or []), *check.rejected]
+    if check.removed and schema.record_types:
+        _records_columns(record, schema, records_kept(schema.resolved, doc, records, check.removed))
 
 
 def _nest_records(record: dict[str, Any], schema: Any, records: Mapping[str, Any],
@@ -210,8 +218,8 @@ async def answer_row(
     question: str | None = None,
     metric: str = "sub_em",
     method: Method = "memagent",
-    resume: ChainState | None = None,
-    on_state: Callable[[ChainState], Awaitable[None]] | None = None,
+    resume: ReadState | None = None,
+    on_state: Callable[[ReadState], Awaitable[None]] | None = None,
     checkpoint_ignored: str | None = None,
     chunked: ChunkedDocument | None = None,
 ) -> dict[str, Any]:
@@ -224,7 +232,7 @@ async def answer_row(
 
     An engine that died (:func:`memagent.error_kinds.engine_is_dead`) is raised, not recorded.
 
-    Chain checkpoints (method ``memagent``): ``resume`` goes on from a checkpointed state (one
+    Checkpoints (method ``memagent``): ``resume`` goes on from a checkpointed state (one
     that does not fit the document is ignored and the row read from the start), ``on_state``
     receives each new state, ``checkpoint_ignored`` says why a checkpoint found was not used.
     ``chunked``: the row's context already chunked by ``config`` (the batch worker's count of a long
@@ -239,25 +247,38 @@ async def answer_row(
     if row_metric not in METRICS:
         return error_record(row, f"input: metric {row_metric!r} is not one of {', '.join(METRICS)}",
                             config, engine.name, method)
-    reader = READERS[method]
-    if method == "memagent":
-        reader = functools.partial(read_document, resume=resume, on_state=on_state, chunked=chunked)
+    reader = _reader(method, resume, on_state, chunked)
     try:
         try:
             result = await reader(engine, q, row.get("context"), config)  # type: ignore[arg-type]
         except ResumeMismatch as exc:  # a checkpoint of another cut of the document: read it from the start
             checkpoint_ignored = str(exc)
             result = await read_document(engine, q, row.get("context"), config, on_state=on_state, chunked=chunked)
-    except InputError as exc:
-        record = error_record(row, f"input: {exc}", config, engine.name, method)
     except Exception as exc:  # noqa: BLE001 - a row's failure must not end the job
-        if engine_is_dead(exc):
-            raise  # not the row's failure: the caller replaces the engine and reads the row again
-        record = failure_record(row, exc, config, engine.name, method)
+        record = _failed_read_record(row, exc, config, engine, method)
     else:
         record = result_record(row, result, config, engine.name, row_metric, time.perf_counter() - t0, method)
-    record["checkpoint_ignored"] = checkpoint_ignored
-    return record
+    return {**record, "checkpoint_ignored": checkpoint_ignored}
+
+
+def _reader(method: Method, resume: ReadState | None, on_state: Callable[[ReadState], Awaitable[None]] | None,
+            chunked: ChunkedDocument | None) -> Callable[..., Awaitable[Result]]:
+    """How ``method`` reads a row; the memory agent's read goes on from ``resume`` and reports to ``on_state``."""
+    if method == "memagent":
+        return functools.partial(read_document, resume=resume, on_state=on_state, chunked=chunked)
+    return READERS[method]
+
+
+def _failed_read_record(row: Mapping[str, Any], exc: Exception, config: AgentConfig, engine: Engine,
+                        method: Method) -> dict[str, Any]:
+    """The error record of a read that raised ``exc``: ``input:`` for bad input, else :func:`failure_record`'s.
+    An engine that died is raised, not recorded: not the row's failure, the caller replaces the engine and
+    reads the row again."""
+    if isinstance(exc, InputError):
+        return error_record(row, f"input: {exc}", config, engine.name, method)
+    if engine_is_dead(exc):
+        raise exc
+    return failure_record(row, exc, config, engine.name, method)
 
 
 async def answer_rows(

@@ -1,4 +1,4 @@
-"""Chain checkpoints as data: a :class:`memagent.agent.ChainState` stored as a log of segments.
+"""Checkpoints as data: a :class:`memagent.agent.ReadState` (a read's state) stored as a checkpoint log of segments.
 
 The memory agent's whole state after chunk ``k`` is small and textual: the memory written from
 it, where the next chunk starts, and the trace so far. :func:`memagent.agent.read_document`
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
-from memagent.agent import ChainState, Step
+from memagent.agent import ReadState, Step
 from memagent.extraction.reading import Emitted, RecordsTally
 
 TALLY_FIELDS = frozenset(f.name for f in fields(RecordsTally))
@@ -60,7 +60,7 @@ class SegmentRecord(BaseModel):
 class Segment(BaseModel):
     """One checkpoint: the steps ``[first_step, first_step + len(steps))`` and the state after them.
 
-    ``key`` identifies what the chain reads (the batch job: the row's input fingerprint, which
+    ``key`` identifies what the read reads (the batch job: the row's input fingerprint, which
     covers question, context, model and agent config); a log whose key differs is stale.
     """
 
@@ -87,7 +87,7 @@ class BadSegment(ValueError):
     """A segment that is not one (torn, hand-edited, another format); the message says what is wrong."""
 
 
-def new_segment(row_id: str, key: str, state: ChainState, first_step: int, *, attempt: str = "",
+def new_segment(row_id: str, key: str, state: ReadState, first_step: int, *, attempt: str = "",
                 parent: str | None = None) -> dict[str, Any]:
     """The segment (JSON-able) that takes a log holding ``first_step`` steps to ``state``, written by
     ``attempt`` after a segment of ``parent`` (None: after its own, or at the start)."""
@@ -128,24 +128,24 @@ def _end(seg: Segment) -> int:
 
 
 def _continues(seg: Segment) -> str:
-    """The writer whose chain ``seg`` continues: its ``parent``, else its own ``attempt``."""
+    """The writer whose segments ``seg`` continues: its ``parent``, else its own ``attempt``."""
     return seg.parent if seg.parent is not None else seg.attempt
 
 
-Writer = tuple[int, str]  # (step, attempt): a writer's chain at a step, as the segments continuing it name it
+Writer = tuple[int, str]  # (step, attempt): a writer's segments at a step, as the segments continuing it name it
 
 
 def resume_path(segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
-    """The longest chain of segments from step 0 that one writer after another wrote, and the rest.
+    """The resume path: the longest run of segments from step 0 that one writer after another wrote, and the rest.
 
     Two attempts at one row (a retried task while the first still runs) may both write from the same
-    step; each segment names its writer and the writer it continued, so the log is a tree and a chain
-    is one path down it: ``seg`` follows ``prev`` when it starts at ``prev``'s end and continues
+    step; each segment names its writer and the writer it continued, so the log is a tree and a resume
+    path is one path down it: ``seg`` follows ``prev`` when it starts at ``prev``'s end and continues
     ``prev.attempt``. Ties go to the path whose attempts sort first (a prefix sorts first), then to
     the one a walk of the log in its order meets first: every reader picks the same.
 
     Iterative and O(n log n) in the log's segments, so no log is too long to resume (one segment per
-    step of a 20,000-chunk document included); a segment of no steps is never on a chain (it would
+    step of a 20,000-chunk document included); a segment of no steps is never on a path (it would
     follow itself) and is returned in the rest.
     """
     usable = [i for i, s in enumerate(segments) if s.steps]
@@ -159,8 +159,8 @@ def resume_path(segments: Sequence[Segment]) -> tuple[list[Segment], list[Segmen
     end = max(reach[i] for i in roots)
     layers = _least_attempts(segments, [i for i in roots if reach[i] == end], children, reach, end)
     best = [segments[i] for i in _first_in_log_order(segments, layers, children)]
-    on_chain = {id(s) for s in best}  # by identity: two equal segments are two files
-    return best, [s for s in segments if id(s) not in on_chain]
+    on_path = {id(s) for s in best}  # by identity: two equal segments are two files
+    return best, [s for s in segments if id(s) not in on_path]
 
 
 def _tip(seg: Segment) -> Writer:
@@ -169,12 +169,12 @@ def _tip(seg: Segment) -> Writer:
 
 
 def _reach(segments: Sequence[Segment], usable: list[int], children: dict[Writer, list[int]]) -> dict[int, int]:
-    """For each usable segment, the furthest step a chain through it ends at.
+    """For each usable segment, the furthest step a path through it ends at.
 
-    A chain's steps grow, so taking segments from the last ``first_step`` down finds every
+    A path's steps grow, so taking segments from the last ``first_step`` down finds every
     continuation of a segment done before the segment itself."""
     reach: dict[int, int] = {}
-    beyond: dict[Writer, int] = {}  # (step, writer) -> the furthest end of a chain continuing it there
+    beyond: dict[Writer, int] = {}  # (step, writer) -> the furthest end of a path continuing it there
     for i in sorted(usable, key=lambda i: -segments[i].first_step):
         seg = segments[i]
         reach[i] = max(_end(seg), beyond.get(_tip(seg), -1))
@@ -185,12 +185,12 @@ def _reach(segments: Sequence[Segment], usable: list[int], children: dict[Writer
 
 def _least_attempts(segments: Sequence[Segment], first: list[int], children: dict[Writer, list[int]],
                     reach: dict[int, int], end: int) -> list[list[int]]:
-    """Layer ``k``: the ``k``-th segments of the chains to ``end`` whose attempts sort first.
+    """Layer ``k``: the ``k``-th segments of the paths to ``end`` whose attempts sort first.
 
     Greedy, one position at a time: the least attempt among the continuations that still reach
     ``end``. A prefix sorts before its extensions, so the first layer holding a segment ending at
     ``end`` is the last (and keeps only those). Each (step, writer) is expanded once: two layers
-    holding one would make a chain with two segments ending at the same step.
+    holding one would make a path with two segments ending at the same step.
     """
     layer = _least(segments, first)
     layers = [layer]
@@ -210,7 +210,7 @@ def _least(segments: Sequence[Segment], candidates: list[int]) -> list[int]:
 
 def _first_in_log_order(segments: Sequence[Segment], layers: list[list[int]],
                         children: dict[Writer, list[int]]) -> list[int]:
-    """The chain through ``layers`` (one segment per layer, each continuing the one before) that a
+    """The path through ``layers`` (one segment per layer, each continuing the one before) that a
     depth-first walk of the log in its order meets first: the least log position at each layer
     among the segments that lead on to the last layer."""
     leads = [set(layers[-1])]
@@ -224,7 +224,7 @@ def _first_in_log_order(segments: Sequence[Segment], layers: list[list[int]],
     return path
 
 
-def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainState | None, str | None]:
+def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ReadState | None, str | None]:
     """The state a log of segments (in step order) ends in, and why any part of it was not used.
 
     Returns ``(None, reason)`` for a log of another row or key (stale: the input or the config
@@ -246,9 +246,9 @@ def replay(segments: Sequence[Segment], row_id: str, key: str) -> tuple[ChainSta
     return _state(last, steps, records), None
 
 
-def _state(last: Segment | None, steps: list[Step], records: list[Emitted]) -> ChainState | None:
+def _state(last: Segment | None, steps: list[Step], records: list[Emitted]) -> ReadState | None:
     """The state after ``last``, the log read up to it holding ``steps`` and ``records`` (None: no segment)."""
     if last is None:
         return None
-    return ChainState(next_chunk=last.next_chunk, char_offset=last.char_offset, memory=last.memory,
-                      steps=tuple(steps), records=tuple(records), records_tally=RecordsTally(**last.records_tally))
+    return ReadState(next_chunk=last.next_chunk, char_offset=last.char_offset, memory=last.memory,
+                     steps=tuple(steps), records=tuple(records), records_tally=RecordsTally(**last.records_tally))

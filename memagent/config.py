@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memagent.extraction.groups import smallest_group_tokens
 from memagent.extraction.schema import ExtractionSchema
-from memagent.prompts import AnswerStyle, PromptTemplates
+from memagent.prompts import PromptTemplates
+from memagent.replies import AnswerStyle
 
 PresetName = Literal["paper", "small", "tiny"]
 

@@ -55,7 +55,7 @@ def error_prefix(exc: BaseException) -> str:
 
 
 # An engine that raised one of these cannot read another row: its process must go (a Ray actor is
-# restarted by Ray and its calls retried; chain checkpoints make long documents resume).
+# restarted by Ray and its calls retried; checkpoints make long documents resume).
 _DEAD_CLASSES = {"EngineDeadError", "AcceleratorError"}
 
 

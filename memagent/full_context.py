@@ -18,7 +18,8 @@ from memagent.agent import InputError, Result, Step, validate_inputs
 from memagent.chunking import OffsetTokenizer, document_offsets
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine, SamplingParams
-from memagent.prompts import extract_answer, full_context_messages
+from memagent.prompts import full_context_messages
+from memagent.replies import extract_answer
 
 SLACK_TOKENS = 16  # re-tokenising the kept text inside the prompt can shift a few tokens
 

@@ -6,19 +6,25 @@
         memory = write_head(memory, h, LLM(question, memory, chunk, h), step)   # the other K-1 kept verbatim
 
 The labels carry the step each head was last written at, so the memory text alone is the whole
-state: a checkpoint holds it, and a chain resumed from it chooses the same heads as the
+state: a checkpoint holds it, and a read resumed from it chooses the same heads as the
 uninterrupted one. Each block is ``label\\ntext`` and blocks are joined by a blank line; a written
 text is cleaned of anything that looks like a label, so :func:`split_heads` reads back exactly the
-texts :func:`labelled` joined (carried heads are byte for byte the same). ``K = 1`` is not this
-module's concern: the agent keeps the paper's single unlabelled memory.
+texts :func:`labelled` joined (carried heads are byte for byte the same). ``K = 1`` is the paper's
+single unlabelled memory; the functions a read calls whatever K (:func:`update_request`,
+:func:`written_memory`, :func:`records_memory`) keep it as it is.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Sequence
 
-from memagent.prompts import NO_MEMORY
+from memagent.engines.base import SamplingParams
+from memagent.prompts import NO_MEMORY, Messages, memory_heads_messages, memory_update_messages, strip_thinking
+
+if TYPE_CHECKING:
+    from memagent.config import AgentConfig
 
 NEVER = -1  # the last-updated step of a head not yet written
 _LABEL = re.compile(r"^## Memory head (\d+) of (\d+) \((?:last written at step (\d+)|not yet written)\)$", re.M)
@@ -93,3 +99,29 @@ def unlabelled(memory: str, count: int) -> str:
     """The heads' texts of ``memory`` joined by blank lines, without their labels: what a records call reads
     and grounds through (a label's numbers and words are no value the document stated)."""
     return "\n\n".join(split_heads(memory, count)[0])
+
+
+def records_memory(memory: str, count: int) -> str:
+    """The memory a records call reads and grounds through: the single memory as it is, K heads
+    :func:`unlabelled`."""
+    return memory if count == 1 else unlabelled(memory, count)
+
+
+def update_request(question: str, memory: str, chunk: str, step: int, config: AgentConfig,
+                   params: SamplingParams) -> tuple[Messages, SamplingParams, int | None]:
+    """Memory update ``step``'s messages and sampling, and the head it rewrites (None: the single memory).
+
+    K heads: the least recently updated head (:func:`next_head`), decoding at most memory_tokens // K tokens."""
+    k = config.memory_heads
+    if k == 1:
+        return memory_update_messages(question, memory, chunk, config.instruction, config.prompts), params, None
+    head = next_head(step, last_updated(memory, k))
+    messages = memory_heads_messages(question, memory, chunk, head, k, config.instruction, config.prompts)
+    return messages, replace(params, max_tokens=config.memory_tokens // k), head
+
+
+def written_memory(before: str, reply: str, count: int, head: int | None, step: int) -> str:
+    """The memory an update's ``reply`` writes over ``before``: the reply itself (thinking dropped, stripped) for
+    the single memory (``head`` None); K heads: head ``head`` rewritten at ``step``, the others carried verbatim."""
+    text = strip_thinking(reply).strip()
+    return text if head is None else write_head(before, count, head, text, step)

@@ -1,4 +1,4 @@
-"""The two conversations of MemAgent, their templates, and the extraction of answers from replies.
+"""The two conversations of MemAgent and their templates (the answer in their replies: :mod:`memagent.replies`).
 
 Memory update (one per chunk): instruction, question, previous memory, section -> new memory.
 Final answer (once): instruction, question, memory -> answer, in one of three styles.
@@ -31,96 +31,77 @@ the answer is extracted by that style.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 import string
 import tomllib
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-# The styles the final answer is asked for and extracted in; defined here, beside the
-# instructions and extractors, because config.py imports this module (AgentConfig.prompts).
-AnswerStyle = Literal["boxed", "phrase", "json"]
+# The answer in a reply, public here since before it had its own module (the serve app, extraction and the
+# tests import it from here); the conversations below ask for it in one of these styles.
+from memagent.replies import (  # noqa: F401
+    AnswerStyle,
+    extract_answer,
+    extract_boxed_answer,
+    extract_phrase_answer,
+    last_boxed,
+    parse_json_answer,
+    strip_thinking,
+)
 
 NO_MEMORY = "No previous memory"
 
 Messages = list[dict[str, str]]
 
-MEMORY_UPDATE_TEMPLATE = """You are reading a long document one section at a time, with a question to answer at the end.
-You keep a short memory of everything in the document that could help answer the question.
-Below are the question, your memory so far, and the next section of the document.
-Rewrite the memory: keep every relevant detail it already holds, and add any new facts from this section that help answer the question.
-Write only the updated memory.
-{instruction}
-<problem>
-{question}
-</problem>
 
-<memory>
-{memory}
-</memory>
+def _tagged(tag: str, placeholder: str) -> str:
+    """One input of a prompt, in its tags, then a blank line: ``<tag>\n{placeholder}\n</tag>\n\n``."""
+    return f"<{tag}>\n{{{placeholder}}}\n</{tag}>\n\n"
 
-<section>
-{chunk}
-</section>
 
-Updated memory:"""
+# The built-in templates are written from these parts, so the agent's prompts share their wording and their
+# inputs' order (instruction and question before memory and chunk: the order prefix caching reuses).
+_READING = ("You are reading a long document one section at a time, with a question to answer at the end.\n"
+            "You keep a short memory of everything in the document that could help answer the question.\n")
+_REWRITE = "add any new facts from this section that help answer the question"
+_PROBLEM, _MEMORY = _tagged("problem", "question"), _tagged("memory", "memory")
+_SECTION, _DOCUMENT = _tagged("section", "chunk"), _tagged("document", "document")
+_ANSWER = "{answer_instruction}\n\nYour answer:"
+
+MEMORY_UPDATE_TEMPLATE = (
+    _READING
+    + "Below are the question, your memory so far, and the next section of the document.\n"
+    f"Rewrite the memory: keep every relevant detail it already holds, and {_REWRITE}.\n"
+    "Write only the updated memory.\n"
+    "{instruction}\n" + _PROBLEM + _MEMORY + _SECTION + "Updated memory:"
+)
 
 # A memory of K heads (AgentConfig.memory_heads > 1, memagent.heads): the model sees every head and rewrites one.
-MEMORY_HEADS_TEMPLATE = """You are reading a long document one section at a time, with a question to answer at the end.
-You keep a short memory of everything in the document that could help answer the question.
-Your memory is split into {heads} labelled heads. At each section you rewrite exactly one head; the others are kept as they are.
-Below are the question, your whole memory, and the next section of the document.
-Rewrite head {head}: keep every relevant detail it already holds, and add any new facts from this section that help answer the question (facts another head holds need not be repeated).
-Write only the new text of head {head}, without its label.
-{instruction}
-<problem>
-{question}
-</problem>
+MEMORY_HEADS_TEMPLATE = (
+    _READING
+    + "Your memory is split into {heads} labelled heads. At each section you rewrite exactly one head; "
+    "the others are kept as they are.\n"
+    "Below are the question, your whole memory, and the next section of the document.\n"
+    f"Rewrite head {{head}}: keep every relevant detail it already holds, and {_REWRITE} "
+    "(facts another head holds need not be repeated).\n"
+    "Write only the new text of head {head}, without its label.\n"
+    "{instruction}\n" + _PROBLEM + _MEMORY + _SECTION + "New text of head {head}:"
+)
 
-<memory>
-{memory}
-</memory>
-
-<section>
-{chunk}
-</section>
-
-New text of head {head}:"""
-
-FINAL_ANSWER_TEMPLATE = """You have read a long document and kept a memory of what matters for the question.
-Answer the question using only the memory below.
-{instruction}
-<problem>
-{question}
-</problem>
-
-<memory>
-{memory}
-</memory>
-
-{answer_instruction}
-
-Your answer:"""
+FINAL_ANSWER_TEMPLATE = (
+    "You have read a long document and kept a memory of what matters for the question.\n"
+    "Answer the question using only the memory below.\n"
+    "{instruction}\n" + _PROBLEM + _MEMORY + _ANSWER
+)
 
 # The full-context baseline: the same question and answer format, the whole document in one prompt.
-FULL_CONTEXT_TEMPLATE = """Read the document below and answer the question about it.
-{instruction}
-<document>
-{document}
-</document>
-
-<problem>
-{question}
-</problem>
-
-{answer_instruction}
-
-Your answer:"""
+FULL_CONTEXT_TEMPLATE = (
+    "Read the document below and answer the question about it.\n"
+    "{instruction}\n" + _DOCUMENT + _PROBLEM + _ANSWER
+)
 
 # What ``{answer_instruction}`` becomes for each answer style (inserted as a value: braces are literal).
 ANSWER_INSTRUCTIONS: dict[str, str] = {
@@ -370,14 +351,8 @@ def records_messages(
     return [{"role": "user", "content": f"{head}{chunk}{close}\n\n{request}"}]
 
 
-def final_answer_messages(
-    question: str,
-    memory: str,
-    style: AnswerStyle,
-    instruction: str | None = None,
-    prompts: PromptTemplates | None = None,
-    answer_instruction: str | None = None,
-) -> Messages:
+def final_answer_messages(question: str, memory: str, style: AnswerStyle, instruction: str | None = None,
+                          prompts: PromptTemplates | None = None, answer_instruction: str | None = None) -> Messages:
     """The final-answer conversation: question and memory only, no document text.
 
     ``answer_instruction`` replaces the style's format sentence (an extraction names its keys).
@@ -386,110 +361,8 @@ def final_answer_messages(
                    answer_instruction=answer_instruction or ANSWER_INSTRUCTIONS[style])
 
 
-def full_context_messages(
-    question: str,
-    document: str,
-    style: AnswerStyle,
-    instruction: str | None = None,
-    prompts: PromptTemplates | None = None,
-) -> Messages:
+def full_context_messages(question: str, document: str, style: AnswerStyle, instruction: str | None = None,
+                          prompts: PromptTemplates | None = None) -> Messages:
     """The baseline's single conversation: the (possibly truncated) document and the question."""
     return _render(prompts, "full_context", instruction, question=question, document=document,
                    answer_instruction=ANSWER_INSTRUCTIONS[style])
-
-
-def strip_thinking(text: str) -> str:
-    """Keep only what follows the last ``</think>`` (reasoning models), as the paper's eval did."""
-    return text.rsplit("</think>", 1)[-1] if "</think>" in text else text
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{…}`` / ``\\fbox{…}`` / ``\\boxed x`` in ``text``, braces matched.
-
-    >>> last_boxed(r"so \\boxed{a{b}c} and \\boxed{d}")
-    'd'
-    """
-    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if idx < 0:
-        return None
-    rest = text[idx:]
-    if rest.startswith("\\boxed "):
-        # "\boxed 5" form: the token after the space, up to the next '$' or whitespace.
-        words = rest[len("\\boxed ") :].split("$")[0].split()
-        return words[0] if words else None
-    open_at = rest.find("{")
-    if open_at < 0:
-        return None
-    depth = 0
-    for i, ch in enumerate(rest[open_at:], start=open_at):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return rest[open_at + 1 : i]
-    return None  # unbalanced
-
-
-_PHRASE = re.compile(r"the answer is", re.IGNORECASE)
-
-
-def extract_phrase_answer(text: str) -> str | None:
-    """Text after the last "the answer is" (case-insensitive), trimmed of '.', '*' and spaces.
-
-    None when the phrase is absent (the official code's extraction).
-    """
-    text = strip_thinking(text).replace("*", "")
-    matches = list(_PHRASE.finditer(text))
-    if not matches:
-        return None
-    answer = text[matches[-1].end() :]
-    answer = answer.lstrip(" :").split("\n")[0]
-    return answer.strip().strip(".").strip() or None
-
-
-def extract_boxed_answer(text: str) -> str | None:
-    """The last boxed answer in the reply's final 300 characters (the training verifier's window)."""
-    return last_boxed(strip_thinking(text)[-300:])
-
-
-def parse_json_answer(text: str) -> Any:
-    """Parse the reply as JSON, tolerating a ```json fence or text around one object/array.
-
-    Raises ``ValueError`` with the reason when no JSON value can be read.
-    """
-    body = strip_thinking(text).strip()
-    fence = re.search(r"```(?:json)?\s*(.*?)```", body, re.DOTALL)
-    if fence:
-        body = fence.group(1).strip()
-    try:
-        return json.loads(body)
-    except json.JSONDecodeError as first_error:
-        starts = [i for i in (body.find("{"), body.find("[")) if i >= 0]
-        if starts:
-            try:
-                value, _ = json.JSONDecoder().raw_decode(body[min(starts) :])
-                return value
-            except json.JSONDecodeError:
-                pass
-        raise ValueError(f"reply is not valid JSON: {first_error.msg} at char {first_error.pos}") from None
-
-
-def _clean_fallback(text: str) -> str | None:
-    lines = [ln.strip() for ln in strip_thinking(text).replace("*", "").splitlines() if ln.strip()]
-    return lines[-1].strip(".").strip() if lines else None
-
-
-def extract_answer(text: str, style: AnswerStyle, strict: bool = False) -> str | None:
-    """The prediction in a final reply. ``strict`` returns None when the style's marker is missing.
-
-    For ``json`` the JSON text itself is returned (parse it with :func:`parse_json_answer`).
-    """
-    if style == "json":
-        return strip_thinking(text).strip() or None
-    found = extract_boxed_answer(text) if style == "boxed" else extract_phrase_answer(text)
-    if found is not None or strict:
-        return found
-    # Small models often answer plainly; also accept the other style's marker before falling back.
-    other = extract_phrase_answer(text) if style == "boxed" else extract_boxed_answer(text)
-    return other if other is not None else _clean_fallback(text)

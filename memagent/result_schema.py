@@ -28,10 +28,10 @@ RESULT_SCHEMA = pa.schema([
     # Evidence attribution (memagent/attribution.py); null in error rows.
     ("evidence_step", pa.int32()), ("evidence_char_start", pa.int64()), ("evidence_char_end", pa.int64()),
     ("answer_spans", pa.list_(SPAN_TYPE)), ("answer_found_step", pa.int32()), ("answer_lost_step", pa.int32()),
-    # Known evidence (memagent/retention.py: NIAH needles, qa_2 supporting paragraphs) the chain read, the memory
+    # Known evidence (memagent/retention.py: NIAH needles, qa_2 supporting paragraphs) the read passed, the memory
     # captured, and the last memory still held; null for rows without known evidence.
     ("evidence_read", pa.int32()), ("evidence_captured", pa.int32()), ("evidence_retained", pa.int32()),
-    # Chain checkpoints (pipelines/checkpoints.py): the chunk a read resumed at (null: read from the start), and
+    # Checkpoints (pipelines/checkpoints.py): the chunk a read resumed at (null: read from the start), and
     # why a checkpoint found for the row was not used (stale, unreadable; null: none found or used).
     ("resumed_at_chunk", pa.int32()), ("checkpoint_ignored", pa.string()),
 ])

@@ -5,7 +5,7 @@ generator's payments) is a list of :class:`KnownEvidence`: a value at a char spa
 read is its memory steps: step ``t`` read the text up to ``char_end[t]`` and wrote ``memory[t]``.
 Per step and evidence item (an ``n_steps × n_evidence`` table, :func:`timeline`):
 
-- **read**: the chain has read the item's whole span (``span_end <= char_end[t]``);
+- **read**: the read has passed the item's whole span (``span_end <= char_end[t]``);
 - **held**: the memory after step ``t`` holds the value, by grounding's matching rules
   (:func:`memagent.extraction.grounding.locate`: the value's written forms, case-insensitive, on word
   boundaries; a number or date in any spelling that reads as it; no fuzzy match).

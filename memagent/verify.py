@@ -13,7 +13,7 @@ import string
 from collections import Counter
 from typing import Iterable, Sequence, Literal
 
-from memagent.prompts import last_boxed, strip_thinking
+from memagent.replies import last_boxed, strip_thinking
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)

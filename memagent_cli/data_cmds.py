@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from memagent.engines import DEFAULT_MODEL
 from memagent_cli.flags import add_model_flags, build, parse_int
@@ -144,13 +144,15 @@ def _add_synth_common(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    synth = sub.add_parser("synth", help="synthesise long-context training/evaluation data")
+    _add_synth_commands(synth.add_subparsers(dest="synth_kind", required=True), common)
+    _add_filter_command(sub, common)
+
+
+def _add_synth_commands(kinds: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     from memagent.data.contracts import ContractCorpus
-    from memagent.data.filter import FilterConfig
     from memagent.data.hotpotqa import HotpotSynthConfig
     from memagent.data.ruler import RulerItems
-
-    synth = sub.add_parser("synth", help="synthesise long-context training/evaluation data")
-    kinds = synth.add_subparsers(dest="synth_kind", required=True)
 
     hp = kinds.add_parser("hotpotqa", parents=[common], help="HotpotQA questions hidden among distractor documents")
     hp.set_defaults(func=cmd_synth_hotpotqa,
@@ -162,23 +164,14 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
                                                                        required=("tasks", "lengths")))
     _add_synth_common(ru)
 
-    stm = kinds.add_parser("statements", parents=[common],
-                           help="bank statements with planted payments (aliases, amendments, repeats, near misses) "
-                                "for record extraction (docs/schemas/statement.json)")
-    stm.add_argument("--out", required=True, help="output Parquet file (columns id, context, gold)")
-    stm.add_argument("--docs", type=int, default=2, help="documents (default 2)")
-    stm.add_argument("--tokens", type=parse_int, default=1024, help="about this many tokens each (default 1024)")
-    stm.add_argument("--seed", type=int, default=0, help="the corpus is a function of the seed (default 0)")
-    stm.set_defaults(func=cmd_synth_statements)
-
-    fil = kinds.add_parser("filings", parents=[common],
-                           help="quarterly-filing-like documents (statement tables with scale lines, a segment table, "
-                                "prose, footnotes, restated prior periods, guidance) for docs/schemas/filing.json")
-    fil.add_argument("--out", required=True, help="output Parquet file (columns id, context, gold)")
-    fil.add_argument("--docs", type=int, default=2, help="documents (default 2)")
-    fil.add_argument("--filler", type=int, default=2, help="filler paragraphs after each statement (default 2)")
-    fil.add_argument("--seed", type=int, default=0, help="the corpus is a function of the seed (default 0)")
-    fil.set_defaults(func=cmd_synth_filings)
+    _add_planted_corpus(kinds, common, "statements", cmd_synth_statements,
+                        "bank statements with planted payments (aliases, amendments, repeats, near misses) "
+                        "for record extraction (docs/schemas/statement.json)",
+                        ("--tokens", parse_int, 1024, "about this many tokens each"))
+    _add_planted_corpus(kinds, common, "filings", cmd_synth_filings,
+                        "quarterly-filing-like documents (statement tables with scale lines, a segment table, "
+                        "prose, footnotes, restated prior periods, guidance) for docs/schemas/filing.json",
+                        ("--filler", int, 2, "filler paragraphs after each statement"))
 
     con = kinds.add_parser("contracts", parents=[common],
                            help="services agreements with five typed fields planted among near misses and amendments, "
@@ -187,6 +180,23 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     con.add_argument("--tokenizer", default=DEFAULT_MODEL,
                      help=f"model name, HF dir or GGUF whose tokenizer measures lengths (default {DEFAULT_MODEL})")
     con.set_defaults(func=cmd_synth_contracts, _contracts_flags=add_model_flags(con, ContractCorpus, "corpus"))
+
+
+def _add_planted_corpus(kinds: argparse._SubParsersAction, common: argparse.ArgumentParser, name: str,
+                        func: Callable[[argparse.Namespace], int], help: str,
+                        size: tuple[str, Callable[[str], int], int, str]) -> None:
+    """A generator of documents with planted records and their ``gold``: --out, --docs, its size flag, --seed."""
+    p = kinds.add_parser(name, parents=[common], help=help)
+    p.add_argument("--out", required=True, help="output Parquet file (columns id, context, gold)")
+    p.add_argument("--docs", type=int, default=2, help="documents (default 2)")
+    flag, kind, default, what = size
+    p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    p.add_argument("--seed", type=int, default=0, help="the corpus is a function of the seed (default 0)")
+    p.set_defaults(func=func)
+
+
+def _add_filter_command(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from memagent.data.filter import FilterConfig
 
     fl = sub.add_parser("filter", parents=[common], help="drop questions a model answers without context (best-of-k)")
     fl.add_argument("--input", required=True, help="Parquet (file/dir) or HotpotQA JSON with question + answers")

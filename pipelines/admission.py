@@ -120,8 +120,8 @@ class Gate:
 
     ``reserve_limit``: while a *long* document (``slot(long=True)``) reads, new documents are
     admitted only while fewer than this many are reading, so that the engine's steps, which carry
-    every running sequence's prefill, stay short and the long document's chain of conversations
-    runs near its speed alone (benchmarks/README.md "Long documents"). None: no reservation.
+    every running sequence's prefill, stay short and the long document's read (one conversation after
+    another) runs near its speed alone (benchmarks/README.md "Long documents"). None: no reservation.
 
     Used from one event loop (the actor's): Ray Data runs every concurrent call of an async
     callable class on the same loop.

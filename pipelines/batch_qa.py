@@ -175,7 +175,7 @@ def _write(cfg: BatchQAConfig, plan: InputPlan, run: _Run, ds: ray.data.Dataset,
     rows_per_file = cfg.job.batch_size if run.admission.rows_per_call < cfg.job.batch_size else None
     stopped = failed = None
     try:
-        # Each committed row's chain checkpoints go as its file lands (and all at the end).
+        # Each committed row's checkpoint log goes as its file lands (and all at the end).
         with storage_errors.quiet_write_failures(cfg.output), checkpoints.Sweeper(cfg.output, cfg.s3):
             ds.write_parquet(out_path, filesystem=out_fs, min_rows_per_file=rows_per_file,
                              filename_provider=LeasedFilenames(cfg.output, cfg.s3, run.run_id))
@@ -252,7 +252,7 @@ def ensure_ray(cfg: BatchQAConfig) -> bool:
 
 def lease_lost(exc: BaseException) -> lease.LeaseLost | None:
     """The writer's :class:`pipelines.lease.LeaseLost` inside the exception Ray Data raised, if any."""
-    for e in storage_errors.error_chain(exc):
+    for e in storage_errors.error_causes(exc):
         # Ray's task error wraps the writer's line in its own: take the line itself.
         match = re.search(r"output \S+: while this run wrote, its lease was taken over by [^\n]*", str(e))
         if match:

@@ -1,6 +1,6 @@
-"""Chain checkpoints beside a batch output: a long document resumes inside itself.
+"""Checkpoint logs beside a batch output: a long document resumes inside itself.
 
-While an actor reads a document, its chain state (:class:`memagent.agent.ChainState`) is
+While an actor reads a document, its read's state (:class:`memagent.agent.ReadState`) is
 appended to a log under the output, every ``checkpoint_every_steps`` memory updates or
 ``checkpoint_every_s`` seconds, whichever comes first::
 
@@ -20,8 +20,8 @@ never used. A malformed segment is named in a warning; the segments before it ar
 
 Each segment names its writer (an *attempt*: one read of the row) and the attempt it continued.
 Two attempts at one row (a zombie task) may write from the same step: :func:`memagent.checkpoint.resume_path`
-follows one chain, and the others' segments are dropped and counted. A read that refuses its
-resumed state (``ResumeMismatch``) starts a new chain, and its writer removes the refused log first
+follows one writer's resume path, and the others' segments are dropped and counted. A read that refuses its
+resumed state (``ResumeMismatch``) starts a new read, and its writer removes the refused log first
 (:class:`CheckpointWriter`), so two cuts never mix.
 
 A log is removed once its row is committed as done: the driver sweeps the output's new files
@@ -45,7 +45,7 @@ from typing import Awaitable, Callable, Iterable
 
 import pyarrow.fs as pafs
 
-from memagent.agent import ChainState
+from memagent.agent import ReadState
 from memagent.checkpoint import BadSegment, Segment, new_segment, resume_path, parse_segment, replay
 from pipelines import commit_rules, storage, storage_errors
 from pipelines.storage import S3Options
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 PROGRESS_DIR = "_progress"  # "_": never read as input or as output rows
 _SEGMENT = re.compile(r"^(\d{8})-(\d{8})\.json$")
 
-OnState = Callable[[ChainState], Awaitable[None]]
+OnState = Callable[[ReadState], Awaitable[None]]
 
 
 def log_key(row_id: str) -> str:
@@ -78,13 +78,13 @@ class CheckpointLog:
     def _dir(self, row_id: str) -> str:
         return f"{self.root}/{log_key(row_id)}"
 
-    def load(self, row_id: str, key: str) -> tuple[ChainState | None, str | None]:
+    def load(self, row_id: str, key: str) -> tuple[ReadState | None, str | None]:
         """The state the row's log ends in (None: no usable log) and why a log was not (fully) used."""
-        found = self.load_chain(row_id, key)
+        found = self.load_resume_path(row_id, key)
         return found.state, found.reason
 
-    def load_chain(self, row_id: str, key: str) -> Loaded:
-        """The row's log read back: one writer's chain (:func:`memagent.checkpoint.resume_path`), the rest removed."""
+    def load_resume_path(self, row_id: str, key: str) -> Loaded:
+        """The row's log read back: its resume path (:func:`memagent.checkpoint.resume_path`), the rest removed."""
         directory = self._dir(row_id)
         files = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
         names = sorted((f.base_name for f in files if _SEGMENT.match(f.base_name)), key=lambda n: int(n[:8]))
@@ -100,8 +100,8 @@ class CheckpointLog:
                 reason = f"checkpoint {directory}/{name} is unreadable ({exc}); using the steps before it"
                 log.warning("row %s: %s", row_id, reason)
                 break
-        chain, rest = resume_path(list(read.values()))
-        state, why = replay(chain, row_id, key)
+        path, rest = resume_path(list(read.values()))
+        state, why = replay(path, row_id, key)
         other = next((s for s in read.values() if s.id != row_id or s.key != key), None)
         if other is not None:
             from pipelines.fingerprint import key_difference
@@ -112,20 +112,20 @@ class CheckpointLog:
             self.remove(row_id)
             return Loaded(None, reason or "unreadable")
         if rest:
-            log.warning("row %s: %d checkpoint segment(s) off the chain used dropped (another attempt's, "
+            log.warning("row %s: %d checkpoint segment(s) off the resume path dropped (another attempt's, "
                         "or past a gap)", row_id, len(rest))
-        # Segments off the chain used (another attempt's, past a gap or a bad one) would be misread next time.
-        on_chain = {id(c) for c in chain}  # by identity, in one pass: a log may hold thousands of segments
+        # Segments off the resume path (another attempt's, past a gap or a bad one) would be misread next time.
+        on_path = {id(c) for c in path}  # by identity, in one pass: a log may hold thousands of segments
         for name in names:
-            if id(read.get(name)) not in on_chain:
+            if id(read.get(name)) not in on_path:
                 try:
                     self.fs.delete_file(f"{directory}/{name}")
-                except OSError as exc:  # left, it is off the chain next time too: never worth a re-read
+                except OSError as exc:  # left, it is off the path next time too: never worth a re-read
                     log.warning("row %s: could not remove checkpoint %s (%s)", row_id, name, exc)
-        self.tips[row_id] = chain[-1].attempt
-        return Loaded(state, reason, tip=chain[-1].attempt)
+        self.tips[row_id] = path[-1].attempt
+        return Loaded(state, reason, tip=path[-1].attempt)
 
-    def write(self, row_id: str, key: str, state: ChainState, first_step: int, *, attempt: str = "",
+    def write(self, row_id: str, key: str, state: ReadState, first_step: int, *, attempt: str = "",
               parent: str | None = None) -> int:
         """Append the segment taking the log from ``first_step`` steps to ``state``; bytes written."""
         directory = self._dir(row_id)
@@ -153,7 +153,7 @@ class CheckpointLog:
         """``answer_row``'s checkpoint arguments for one read: the state to resume, a writer, why a log was not used."""
         for tries in (1, 2):  # a failed listing or read is the store's hiccup: once more, then from the start
             try:
-                found = self.load_chain(row_id, key)
+                found = self.load_resume_path(row_id, key)
                 break
             except OSError as exc:  # an unreadable _progress/ costs a re-read, never the row
                 log.warning("row %s: could not read its checkpoints (%s)%s", row_id, exc,
@@ -162,7 +162,7 @@ class CheckpointLog:
         return dict(resume=found.state, on_state=self.writer(row_id, key, found.state, found.tip),
                     checkpoint_ignored=found.reason)
 
-    def writer(self, row_id: str, key: str, resumed: ChainState | None, parent: str | None = None) -> CheckpointWriter:
+    def writer(self, row_id: str, key: str, resumed: ReadState | None, parent: str | None = None) -> CheckpointWriter:
         """``on_state`` for one read: appends a segment every ``every_steps`` updates or ``every_s`` seconds.
 
         ``parent``: the attempt whose segment ``resumed`` ends with (:attr:`Loaded.tip`; by default, the
@@ -174,7 +174,7 @@ class CheckpointLog:
 class Loaded:
     """A row's log read back: the state, why (part of) it was not used, its last writer."""
 
-    state: ChainState | None
+    state: ReadState | None
     reason: str | None
     tip: str | None = None
 
@@ -182,12 +182,13 @@ class Loaded:
 class CheckpointWriter:
     """``on_state`` of one read (one attempt): appends its segments after the state it resumed from.
 
-    A state that does not extend the previous one is a new chain (``answer_row`` refused the resumed
+    A state that does not extend the previous one is a new read (``answer_row`` refused the resumed
     state and reads from chunk 0): the log is removed and the writer starts again at step 0 under a new
-    attempt, so a refused log is refused whole and never mixed with the fresh chain.
+    attempt, so a refused log is refused whole and never mixed with the fresh read.
     """
 
-    def __init__(self, checkpoints: CheckpointLog, row_id: str, key: str, resumed: ChainState | None, parent: str | None):
+    def __init__(self, checkpoints: CheckpointLog, row_id: str, key: str, resumed: ReadState | None,
+                 parent: str | None):
         self.checkpoints, self.row_id, self.key = checkpoints, row_id, key
         self.attempt = uuid.uuid4().hex[:12]
         self.written = len(resumed.steps) if resumed else 0
@@ -196,7 +197,7 @@ class CheckpointWriter:
         self.last = time.monotonic()
         self.off = False  # the refused log could not be removed: no checkpoints for this read
 
-    def _restarted(self, state: ChainState) -> bool:
+    def _restarted(self, state: ReadState) -> bool:
         n = len(self.seen)
         return n > 0 and (len(state.steps) <= n or state.steps[n - 1] != self.seen[-1])
 
@@ -204,12 +205,12 @@ class CheckpointWriter:
         self.attempt, self.written, self.parent = uuid.uuid4().hex[:12], 0, None
         try:
             await asyncio.to_thread(self.checkpoints.remove, self.row_id)
-        except OSError as exc:  # appending to the refused log would mix two chains: write none
+        except OSError as exc:  # appending to the refused log would mix two reads: write none
             log.warning("row %s: could not remove a refused checkpoint (%s); no checkpoints this read",
                         self.row_id, exc)
             self.off = True
 
-    async def __call__(self, state: ChainState) -> None:
+    async def __call__(self, state: ReadState) -> None:
         if self._restarted(state):
             await self._restart()
         self.seen = state.steps

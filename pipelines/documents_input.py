@@ -5,7 +5,7 @@
            (id, context, pages, document_sha256, document_error[, question])
 
 The staged rows are an ordinary Parquet input: the job reads them as it reads any (resume by id,
-the fingerprint check, chain checkpoints, error rows), so nothing downstream knows documents. A
+the fingerprint check, checkpoints, error rows), so nothing downstream knows documents. A
 file that cannot be converted is a row with a null context and its ``document_error``; its output
 row is an ``input:`` error naming the file and the reason, done (a rerun skips it) unless the
 file changes (its hash is part of the row's fingerprint). Conversions are cached by content hash

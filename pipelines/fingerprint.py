@@ -9,10 +9,10 @@ many and one example, unless ``redo_changed`` (``--redo-changed``), which takes 
 of the output and answers them again (still exactly once). Outputs written before this column
 existed are not checked.
 
-A chain checkpoint is keyed by more: the row's fingerprint plus what changes the tokens or the
+A checkpoint log is keyed by more: the row's fingerprint plus what changes the tokens or the
 arithmetic of a read without changing its answer's meaning (:func:`decode_parts`: dtype and
 device, the model files, the tokenizer files, the versions of the libraries that decode). A rerun
-after a library upgrade keeps its done rows, but never resumes a chain written by the old stack;
+after a library upgrade keeps its done rows, but never resumes a read written by the old stack;
 the row's ``checkpoint_ignored`` names the part that differed (:func:`key_difference`). Each job
 setting is a part of its own too (:func:`settings_parts`), so a changed one is named with its values.
 """
@@ -71,7 +71,7 @@ def _model_dir(name: str | None) -> Path | None:
 
 
 def decode_parts(engine_cfg: Any, engine: Any = None) -> dict[str, str]:
-    """What a chain's tokens and arithmetic depend on beyond the row's input fingerprint (see the module doc)."""
+    """What a read's tokens and arithmetic depend on beyond the row's input fingerprint (see the module doc)."""
     model = _model_dir(engine_cfg.model) if engine_cfg.engine != "openai" else None
     tokenizer = _model_dir(engine_cfg.tokenizer) or model
     versions = {}
@@ -103,7 +103,7 @@ def _part(value: Any) -> str:
 
 
 def checkpoint_key(input_fingerprint: str, parts: dict[str, str]) -> str:
-    """The key a row's chain checkpoints are written and read under."""
+    """The key a row's checkpoint log is written and read under."""
     return json.dumps({"input": input_fingerprint, **parts}, sort_keys=True)
 
 

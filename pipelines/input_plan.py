@@ -182,10 +182,10 @@ def unreadable_input(cfg: BatchQAConfig, files: list[str], exc: BaseException) -
     input twice): a corrupt data page elsewhere fails Ray Data's read task instead. Only then are
     row groups read one by one, the file the read named first (all the planned files if none).
     """
-    chain = storage_errors.error_chain(exc)
-    if not any(isinstance(e, (OSError, pa.ArrowException)) for e in chain):
+    causes = storage_errors.error_causes(exc)
+    if not any(isinstance(e, (OSError, pa.ArrowException)) for e in causes):
         return None
-    text = "\n".join(str(e) for e in chain)
+    text = "\n".join(str(e) for e in causes)
     named = [f for f in files if f in text]
     in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
     for file in named or files:

@@ -38,13 +38,13 @@ class JobConfig(BaseModel):
         "a call's documents finish: the 'scale' rows of benchmarks/README.md).")
     longest_first: bool = Field(
         False, description="Start the documents with the longest context first: with heavy-tailed lengths the "
-        "longest documents' chains of conversations decide when the job ends. A global sort: the whole input is "
-        "read (and shuffled by Ray Data, one CPU a task: leave CPUs beside the actors) before the first document "
-        "starts.")
+        "longest documents' reads (one conversation after another) decide when the job ends. A global sort: the "
+        "whole input is read (and shuffled by Ray Data, one CPU a task: leave CPUs beside the actors) before the first "
+        "document starts.")
     long_document_tokens: int | None = Field(
         None, gt=0, description="A document of at least this many tokens reserves its actor: while it reads, new "
         "documents start there only while fewer than --long-document-in-flight are reading, so that the engine's "
-        "steps stay short and the long chain runs near its speed alone (use with --longest-first; texts shorter than "
+        "steps stay short and the long read runs near its speed alone (use with --longest-first; texts shorter than "
         "this many characters are never counted; default: off).")
     long_document_in_flight: int = Field(
         4, gt=0, description="Documents an actor keeps reading while a --long-document-tokens document reads "
@@ -76,11 +76,11 @@ class JobConfig(BaseModel):
         "rows of an actor failed on the infrastructure.")
 
     checkpoint_every_steps: int = Field(
-        10, ge=0, description="Checkpoint a document's chain (memory, position, trace) under the output's _progress/ "
+        10, ge=0, description="Checkpoint a document's read (memory, position, trace) under the output's _progress/ "
         "every this many memory updates, so that a retried task or a rerun resumes inside the document (0: never; "
         "documents with fewer chunks write none unless --checkpoint-every-s passes first).")
     checkpoint_every_s: float = Field(
-        300.0, gt=0, description="Also checkpoint a chain when this many seconds passed since its last checkpoint "
+        300.0, gt=0, description="Also checkpoint a read when this many seconds passed since its last checkpoint "
         "(slow engines: bounds the work a kill loses).",)
 
     @model_validator(mode="after")

@@ -1,7 +1,7 @@
 """Where datasets live: local paths or S3 (any endpoint), and what an output already holds.
 
 pyarrow's native S3 filesystem does the bulk Parquet I/O (Ray's own fast path). Credentials
-come from the usual AWS chain (environment, profile, instance role); the endpoint and region
+come from AWS's usual sources (environment, profile, instance role); the endpoint and region
 are options so a loopback or on-prem S3 works the same as AWS. How a storage failure is worded
 is :mod:`pipelines.storage_errors`; which output rows count as written, :mod:`pipelines.commit_rules`;
 the input files' schemas, :mod:`pipelines.input_schemas`.

@@ -40,7 +40,7 @@ _S3_WRITES = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMulti
 RERUN_ADVICE = "run the same command again: rows already written are kept"
 
 
-def error_chain(exc: BaseException) -> list[BaseException]:
+def error_causes(exc: BaseException) -> list[BaseException]:
     """``exc``, its causes and contexts, and the original of a Ray task error (``.cause``)."""
     seen: list[BaseException] = []
     todo = [exc]
@@ -79,8 +79,8 @@ def _write_cause(text: str, errnos: set[int], uri: str) -> tuple[str, str] | Non
 def write_failure(exc: BaseException, uri: str, endpoint: str | None = None) -> OSError | None:
     """One line for a failure to write the output (full disk, permission, quota, S3 error),
     naming the output, the cause and what to do; None when ``exc`` is not one."""
-    chain = error_chain(exc)
-    cause = _write_cause(" ".join(str(e) for e in chain), {e.errno for e in chain if isinstance(e, OSError)}, uri)
+    causes = error_causes(exc)
+    cause = _write_cause(" ".join(str(e) for e in causes), {e.errno for e in causes if isinstance(e, OSError)}, uri)
     if cause is None:
         return None
     where = f" at {endpoint}" if endpoint and is_s3(uri) else ""

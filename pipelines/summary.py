@@ -55,7 +55,7 @@ class BatchSummary:
     # Prefill per call kind (memory, records, answer), summed over actors: [tokens computed, tokens whose
     # KV the engine reused] (the hf engine's prefix cache; engines that cannot say report none reused).
     prefill_by_call: dict[str, list[int]] = field(default_factory=dict)
-    # Chain checkpoints: rows whose read resumed inside the document, the chunks they did not
+    # Checkpoints: rows whose read resumed inside the document, the chunks they did not
     # read again, and checkpoints found but not used (stale: the input or config changed).
     resumed_rows: int = 0
     resumed_chunks: int = 0

@@ -90,10 +90,10 @@ class AgentWorker:
         self.breaker = InfraBreaker(consecutive=job.max_consecutive_infra_errors, window=job.infra_error_window,
                                     rate=job.max_infra_error_rate)
         self._ledger = None
-        # Chain checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
+        # Checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
         every = job.checkpoint_every_steps
         self.checkpoints = CheckpointLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
-        # A chain resumes only on the stack that wrote it (dtype, model and tokenizer files, library versions) and
+        # A read resumes only on the stack that wrote it (dtype, model and tokenizer files, library versions) and
         # with the settings it was read with, each a part of the key so that a changed one is named.
         self.decode_parts = {**fingerprint.decode_parts(cfg.engine, inner), **fingerprint.settings_parts(cfg)} \
             if self.checkpoints else {}
@@ -140,7 +140,7 @@ class AgentWorker:
         try:
             records = list(await asyncio.gather(*(one(r) for r in batch.to_pylist())))
         except Exception as exc:
-            if engine_is_dead(exc):  # Ray restarts the actor and retries its calls; checkpoints resume the chains
+            if engine_is_dead(exc):  # Ray restarts the actor and retries its calls; checkpoints resume the reads
                 log.error("actor %s: the engine died (%s: %s); exiting so that Ray restarts the actor",
                           self.key, type(exc).__name__, exc)
                 os._exit(1)

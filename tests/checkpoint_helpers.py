@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
-from memagent.agent import ChainState, read_document
+from memagent.agent import ReadState, read_document
 from memagent.config import AgentConfig
 from memagent.data.demo import niah_row
 
@@ -24,9 +24,9 @@ def without_times(steps) -> list[dict]:
 def chain(tiny_engine):
     """A document of several chunks read once, with every state it passed through."""
     row = niah_row(3, 500, depth=0.6, seed=2)
-    states: list[ChainState] = []
+    states: list[ReadState] = []
 
-    async def keep(state: ChainState) -> None:
+    async def keep(state: ReadState) -> None:
         states.append(state)
 
     result = asyncio.run(read_document(tiny_engine, row["question"], row["context"], FAST, on_state=keep))

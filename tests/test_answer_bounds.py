@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from memagent.engines.json_schema import (
-    MIN_BUDGET_CHARS, TEXT_PATTERN, bound_to_budget, budget_bounds, longest_bytes, render_schema, text_bounded,
+    FORMAT_PATTERNS, MIN_BUDGET_CHARS, MIN_BUDGET_ITEMS, TEXT_PATTERN, bound_to_budget, budget_bounds, longest_bytes,
+    render_schema, text_bounded,
 )
 from memagent_testing.oracle.records_oracle import constrain
 
@@ -26,6 +27,8 @@ LEAVES = st.sampled_from([
     {"type": "string", "format": "date"}, {"enum": ["open", "closed", "pending review"]},
     {"type": "array", "items": {"type": "string"}},
     {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+    *({"type": "string", "pattern": p} for p in FORMAT_PATTERNS.values()),  # formats the grammar holds to patterns
+    {"type": "array", "items": {"type": "string", "pattern": FORMAT_PATTERNS["uri"]}},
 ])
 NAME = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
 
@@ -43,6 +46,8 @@ def _fill(node, draw):
     if "enum" in node:
         return draw(st.sampled_from(node["enum"]))
     kind = node.get("type")
+    if kind == "string" and node.get("pattern") in FORMAT_PATTERNS.values():
+        return draw(st.from_regex(node["pattern"], fullmatch=True))
     if kind == "string":
         return "2021-03-14" if node.get("format") == "date" else draw(TEXT)
     if kind == "number":
@@ -104,6 +109,32 @@ def test_free_strings_refuse_control_characters_and_keep_their_own_pattern():
     assert bounded["properties"]["a"]["pattern"] == TEXT_PATTERN
     assert bounded["properties"]["b"]["pattern"] == "^[A-Z]+$"
     assert bounded["properties"]["a"]["maxLength"] >= MIN_BUDGET_CHARS and bounded["properties"]["b"]["maxLength"] == 64
+
+
+RESUME = {"type": "object", "properties": {
+    "media": {"type": "array", "items": {"type": "string"}},
+    "languages": {"type": "array", "items": {"type": "string"}},
+    "socialLinks": {"type": "array", "items": {"type": "string", "format": "uri"}},
+    "personalInfo": {"type": "object", "properties": {
+        "contact": {"type": "object", "properties": {
+            "emails": {"type": "array", "items": {"type": "string", "format": "email"}},
+            "phones": {"type": "array", "items": {"type": "string"}}}},
+        "fullName": {"type": "string"}, "personalStatement": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("budget", [200, 360, 700])
+def test_every_answer_group_leaves_each_list_two_items_links_and_addresses_too(budget):
+    """Each field group a résumé-shaped reply is split into at a small budget, bounded to that budget, leaves every
+    list at least two items and every text 16 characters (the room the packing counts on): a format's pattern is
+    ASCII, one byte a character, so a list of URIs or addresses is not priced out of its group (it was: 0 items)."""
+    from memagent.extraction import schema_from
+    from memagent.extraction.groups import group_fields, group_schema
+
+    schema = schema_from(RESUME)
+    decoding = schema.decoding_schema()
+    for group in group_fields(schema.fields, budget):
+        chars, items = budget_bounds(text_bounded(group_schema(decoding["properties"], group)), budget)
+        assert items >= MIN_BUDGET_ITEMS and chars >= MIN_BUDGET_CHARS, (group.describe(), chars, items)
 
 
 SWIMMING = {"type": "object", "properties": {

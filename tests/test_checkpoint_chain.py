@@ -8,7 +8,7 @@ from typing import Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memagent.agent import ChainState, Step
+from memagent.agent import ReadState, Step
 from memagent.checkpoint import FORMAT, Segment, SegmentStep, resume_path
 from pipelines.checkpoints import CheckpointLog
 
@@ -98,7 +98,7 @@ def test_a_log_past_the_old_recursion_limit_resumes_whole(tmp_path):
     log = CheckpointLog(str(tmp_path / "out"), None, every_steps=1, every_s=3600.0)
     steps = tuple(Step(step=k, kind="memory", chunk_index=k, char_start=k, char_end=k + 1, memory=f"m{k}",
                        prompt_tokens=1, completion_tokens=1, finish_reason="stop", seconds=0.0) for k in range(n))
-    states = [ChainState(next_chunk=k + 1, char_offset=k + 1, memory=f"m{k}", steps=steps[:k + 1]) for k in range(n)]
+    states = [ReadState(next_chunk=k + 1, char_offset=k + 1, memory=f"m{k}", steps=steps[:k + 1]) for k in range(n)]
     for k, state in enumerate(states):
         log.write("r", "fp", state, k, attempt="a")
     args = log.resume_args("r", "fp")

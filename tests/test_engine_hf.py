@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -163,6 +164,23 @@ def test_idle_batcher_exits_and_restarts(tiny_engine, monkeypatch):
 
     first, second = asyncio.run(run())
     assert first.completion_tokens <= 2 and second.completion_tokens <= 2
+
+
+def test_a_request_that_arrives_as_the_idle_batcher_times_out_is_served(tiny_engine, monkeypatch):
+    """A request enqueued after the batcher's idle wait timed out but before the batcher ran again (the event loop
+    was busy: a grammar compiled, a checkpoint written) is answered, never left in a queue no batcher reads."""
+    monkeypatch.setattr(type(tiny_engine), "IDLE_EXIT_S", 0.05)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        await tiny_engine.chat(msgs("one"), SamplingParams(max_tokens=2))  # the batcher now waits, idle
+        after_its_deadline = loop.create_future()
+        loop.call_later(0.08, after_its_deadline.set_result, None)
+        time.sleep(0.2)  # the loop is busy past both deadlines: they fire in one turn, the batcher's first
+        await after_its_deadline
+        return await asyncio.wait_for(tiny_engine.chat(msgs("two"), SamplingParams(max_tokens=2)), timeout=30)
+
+    assert asyncio.run(run()).completion_tokens <= 2
 
 
 def test_a_stop_string_ends_the_decode(tiny_engine):

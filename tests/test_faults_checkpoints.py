@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from memagent.agent import ChainState
+from memagent.agent import ReadState
 from memagent.batch import answer_row
 from memagent.checkpoint import new_segment, parse_segment, replay
 from pipelines.checkpoints import CheckpointLog
@@ -43,7 +43,7 @@ def test_a_chain_of_one_attempt_is_replayed_the_others_dropped_and_counted(chain
     other = [replace(s, memory=f"zombie {i}", steps=tuple(replace(t, memory=f"zombie {t.step}") for t in s.steps))
              for i, s in enumerate(states)]
 
-    def seg(st: list[ChainState], first: int, end: int, attempt: str, parent: str | None = None):
+    def seg(st: list[ReadState], first: int, end: int, attempt: str, parent: str | None = None):
         data = new_segment("d", "k", st[end - 1], first, attempt=attempt, parent=parent)
         return parse_segment(json.dumps(data))
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from memagent.agent import ChainState, read_document
+from memagent.agent import ReadState, read_document
 from memagent.config import AgentConfig
 from memagent.data.demo import niah_row
 from memagent.engines import EngineConfig
@@ -18,11 +18,11 @@ FAST = AgentConfig(chunk_tokens=48, memory_tokens=10, answer_tokens=6, query_tok
 
 
 @pytest.fixture(scope="module")
-def states(tiny_engine) -> list[ChainState]:
+def states(tiny_engine) -> list[ReadState]:
     row = niah_row(1, 300, depth=0.5, seed=4)
-    out: list[ChainState] = []
+    out: list[ReadState] = []
 
-    async def keep(state: ChainState) -> None:
+    async def keep(state: ReadState) -> None:
         out.append(state)
 
     asyncio.run(read_document(tiny_engine, row["question"], row["context"], FAST, on_state=keep))

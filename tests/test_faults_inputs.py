@@ -48,12 +48,12 @@ def test_a_blank_id_is_refused_at_load_naming_the_row(tmp_path, blank):
 
 def test_at_a_runs_end_only_the_logs_a_rerun_resumes_stay(tmp_path):
     """remove_stray keeps the logs of the ids given and removes every other log and every torn temp file."""
-    from memagent.agent import ChainState, Step
+    from memagent.agent import ReadState, Step
     from pipelines.checkpoints import remove_stray
 
     out = tmp_path / "out"
     step = Step(0, "memory", 0, 0, 5, "m", 1, 1, "stop", 0.1)
-    state = ChainState(1, 5, "m", (step,))
+    state = ReadState(1, 5, "m", (step,))
     log = CheckpointLog(str(out), None, every_steps=1, every_s=60)
     for row_id in ("redo", "done", "gone-from-input"):
         log.write(row_id, "k", state, 0)

@@ -27,7 +27,7 @@ from memagent.engines.base import Completion
 from memagent.extraction.groups import smallest_group_tokens
 from memagent.extraction.parse import iter_leaves
 from memagent.extraction.resolve import without_nulls
-from memagent.group_answers import halves
+from memagent.extraction.group_answers import halves
 from memagent_testing.oracle.servers import OracleEngine
 from tests.test_schema_resolve import flatten
 from memagent_testing.wide_schemas import WideReader, gold_for, reader_config, statement, wide_schema

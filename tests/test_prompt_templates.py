@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from memagent.config import AgentConfig
 from memagent.engines.base import Completion, Engine, EngineStats, SamplingParams
 from memagent.full_context import read_full_context
 from memagent.prompts import (
+    ANSWER_INSTRUCTIONS,
     DEFAULT_PROMPTS,
     PromptTemplates,
     final_answer_messages,
@@ -27,54 +29,12 @@ from memagent.prompts import (
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "prompts"
 CFG = AgentConfig(chunk_tokens=64, memory_tokens=8, answer_tokens=8, query_tokens=64)
 
-# The built-in templates as they were before templates became configuration (pinned copies).
-_OLD_MEMORY = """You are reading a long document one section at a time, with a question to answer at the end.
-You keep a short memory of everything in the document that could help answer the question.
-Below are the question, your memory so far, and the next section of the document.
-Rewrite the memory: keep every relevant detail it already holds, and add any new facts from this section that help answer the question.
-Write only the updated memory.
-{instruction}
-<problem>
-{question}
-</problem>
-
-<memory>
-{memory}
-</memory>
-
-<section>
-{chunk}
-</section>
-
-Updated memory:"""
-_OLD_FINAL_HEAD = """You have read a long document and kept a memory of what matters for the question.
-Answer the question using only the memory below.
-{instruction}
-<problem>
-{question}
-</problem>
-
-<memory>
-{memory}
-</memory>
-
-"""
-_OLD_ENDINGS = {
-    "boxed": "Put your final answer inside \\boxed{{}}.\n\nYour answer:",
-    "phrase": 'End your reply with "Therefore, the answer is (your answer)".\n\nYour answer:',
-    "json": "Reply with a single JSON value and nothing else.\n\nYour answer:",
-}
-_OLD_FULL_HEAD = """Read the document below and answer the question about it.
-{instruction}
-<document>
-{document}
-</document>
-
-<problem>
-{question}
-</problem>
-
-"""
+# sha256 of the built-in templates and answer sentences (json.dumps, sorted keys) as they were when templates
+# became configuration. Every job's prompts (and the prefixes engines cache) are these bytes: a change must
+# be meant, and this pin updated with it.
+_DEFAULTS_SHA256 = "6274b83ea87cdae0c38a5970f8ea2d67d80f3042888216ad759622cce071b039"
+# How each style's answer sentence asks for its format (what the style's extraction reads back).
+_STYLE_MARKERS = {"boxed": "\\boxed{}", "phrase": "the answer is", "json": "JSON"}
 
 # The official MemAgent release's templates (recurrent/impls/memory.py, taskutils/memory_eval/utils/
 # recurrent.py and openai_api.py), with {prompt} renamed {question}.
@@ -132,18 +92,35 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_default_prompt_text_is_pinned():
+    """The built-in templates and answer sentences are byte for byte those pinned by their digest."""
+    text = json.dumps([DEFAULT_PROMPTS.model_dump(), ANSWER_INSTRUCTIONS], sort_keys=True)
+    assert hashlib.sha256(text.encode()).hexdigest() == _DEFAULTS_SHA256
+
+
 @pytest.mark.parametrize("instruction", [None, "List every code."])
 @pytest.mark.parametrize("style", ["boxed", "phrase", "json"])
-def test_defaults_render_exactly_the_old_built_in_prompts(style, instruction):
+def test_defaults_render_each_value_once_verbatim_in_prefix_order(style, instruction):
+    """A default prompt is its template with the values put in verbatim (braces literal), each once, the
+    instruction line and question before the memory and chunk, and the answer sentence of the style last."""
     line = f"Task: {instruction}\n" if instruction else ""
-    q, m, c, d = "What is the code? {not a field}", "MEM \\boxed{x}", "chunk {braces}", "doc"
-    old_final, old_full = _OLD_FINAL_HEAD + _OLD_ENDINGS[style], _OLD_FULL_HEAD + _OLD_ENDINGS[style]
-    assert memory_update_messages(q, m, c, instruction)[0]["content"] == _OLD_MEMORY.format(
-        instruction=line, question=q, memory=m, chunk=c)
-    assert final_answer_messages(q, m, style, instruction)[0]["content"] == old_final.format(
-        instruction=line, question=q, memory=m)
-    assert full_context_messages(q, d, style, instruction)[0]["content"] == old_full.format(
-        instruction=line, question=q, document=d)
+    q, m, c, d = "What is the code? {not a field}", "MEM \\boxed{x}", "chunk {braces}", "DOC {text}"
+    memory = memory_update_messages(q, m, c, instruction)[0]["content"]
+    final = final_answer_messages(q, m, style, instruction)[0]["content"]
+    full = full_context_messages(q, d, style, instruction)[0]["content"]
+    assert memory == DEFAULT_PROMPTS.memory_update.format(instruction=line, question=q, memory=m, chunk=c)
+    assert final == DEFAULT_PROMPTS.final_answer.format(
+        instruction=line, question=q, memory=m, answer_instruction=ANSWER_INSTRUCTIONS[style])
+    assert full == DEFAULT_PROMPTS.full_context.format(
+        instruction=line, question=q, document=d, answer_instruction=ANSWER_INSTRUCTIONS[style])
+    for content, values in ((memory, [line, q, m, c]), (final, [line, q, m]), (full, [line, d, q])):
+        values = [v for v in values if v]
+        assert [content.count(v) for v in values] == [1] * len(values)
+        assert [content.index(v) for v in values] == sorted(content.index(v) for v in values)
+        assert ("Task:" in content) == bool(instruction)
+    for content in (final, full):
+        sentence = content[content.index(q if content is full else m):]
+        assert _STYLE_MARKERS[style] in sentence and content.endswith("\n\nYour answer:")
     assert AgentConfig().prompts == DEFAULT_PROMPTS == PromptTemplates()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memagent.agent import ChainState
+from memagent.agent import ReadState
 from memagent.config import AgentConfig
 from memagent.data.demo import niah_row
 from memagent.engines import EngineConfig
@@ -83,7 +83,7 @@ def test_a_stale_checkpoint_is_ignored_and_counted(ray_local, tiny_llama_dir, tm
     write_rows(tmp_path / "in" / "long.parquet", [row])
     # A log of the same id written from another context (the input changed since): never used.
     cfg = job(tiny_llama_dir, tmp_path / "in", tmp_path / "out")
-    fake = ChainState(next_chunk=150, char_offset=0, memory="planted", steps=tuple(
+    fake = ReadState(next_chunk=150, char_offset=0, memory="planted", steps=tuple(
         replace(_step(i), memory="planted") for i in range(150)))
     CheckpointLog(cfg.output, None, EVERY, 60).write(row["id"], "another-fingerprint", fake, 0)
     summary = run_batch_qa(cfg)

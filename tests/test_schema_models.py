@@ -36,6 +36,30 @@ class Part(BaseModel):
         return v
 
 
+class Line(BaseModel):
+    item: str
+    amount: float | None = None
+    note: str | None = None
+
+    @field_validator("amount")
+    @classmethod
+    def positive(cls, v):
+        if v is not None and v <= 0:
+            raise ValueError("an amount is positive")
+        return v
+
+    @field_validator("item")
+    @classmethod
+    def named(cls, v: str) -> str:
+        if not v.strip("-"):
+            raise ValueError("an item has a name")
+        return v
+
+
+class Ledger(BaseModel):
+    lines: list[Line] = []
+
+
 class Filing(BaseModel):
     total: float | None = None
     currency: str | None = None
@@ -118,6 +142,55 @@ def test_the_model_s_own_validators_drop_what_they_reject_and_schema_errors_say_
     assert any(e.startswith("(root): Value error, a zero total is never in EUR") for e in named) == whole
     if not whole:
         model.model_validate_json(row["extraction"])
+
+
+class _LedgerEngine(OracleEngine):
+    """The perfect reader for ``Ledger``: memory "noted", a records call ``lines`` (an array, or under every key
+    of a group's object of arrays), the document's answer ``{}``."""
+
+    def __init__(self, tokenizer, lines):
+        super().__init__(lambda p: "", tokenizer)
+        self.lines = lines
+
+    async def chat(self, messages, params):
+        schema = json.loads(params.json_schema) if params.json_schema else None
+        props = (schema or {}).get("properties") or {}
+        if (schema or {}).get("type") == "array":
+            self.reply = lambda p: json.dumps(self.lines)
+        elif props and all(p.get("type") == "array" for p in props.values()):
+            self.reply = lambda p: json.dumps({k: self.lines for k in props})
+        else:
+            self.reply = lambda p: "noted" if schema is None else "{}"
+        return await super().chat(messages, params)
+
+
+LINES = st.lists(st.fixed_dictionaries({"item": st.sampled_from(["bolt", "nut", "--", "washer"])}, optional={
+    "amount": st.sampled_from([-2.0, 0.0, 3.5, 10.0]), "note": st.sampled_from(["paid", "due"])}),
+    max_size=4, unique_by=lambda d: d["item"])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(LINES)
+def test_the_records_columns_hold_what_the_model_s_validators_left(tokenizer, module_dir, lines):
+    """After the model's validators drop a record's value (or the whole record), the ``records_<type>`` column and
+    its count hold exactly the records and values the row's ``extraction`` holds, and the dropped value's evidence
+    is gone with it."""
+    name = _write(module_dir, MODEL)
+    schema = load_schema(f"{name}:Ledger")
+    config = AgentConfig(chunk_tokens=256, memory_tokens=256, query_tokens=512, extraction=schema)
+    text = "\n".join(" ".join(str(v) for v in ln.values()) for ln in lines) or "No lines."
+    row = asyncio.run(answer_row(_LedgerEngine(tokenizer, lines), {"id": "d", "context": text}, config))
+    assert row["error"] is None, row["error"]
+    assert row["grounding_dropped_records"] == 0, row
+    got = json.loads(row["extraction"])["lines"]
+    assert [ln["item"] for ln in got] == [ln["item"] for ln in lines if ln["item"] != "--"]
+    assert all(ln.get("amount") is None or ln["amount"] > 0 for ln in got)
+    columns = row["records_lines"]
+    assert row["n_records_lines"] == len(columns) == len(got)
+    for column, kept in zip(columns, got):
+        assert {k: column[k] for k in ("item", "amount", "note") if column.get(k) is not None} == \
+            {k: v for k, v in kept.items() if v is not None}
+        assert {e["field"] for e in column["record_evidence"]} <= {k for k, v in kept.items() if v is not None}
 
 
 @pytest.mark.parametrize("source, what", [

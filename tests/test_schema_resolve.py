@@ -58,6 +58,28 @@ def test_every_generated_pydantic_model_is_accepted_and_reads_back_through_itsel
     assert model.model_validate(whole) == model.model_validate(gold)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_schema_file_wrapped_under_one_key_reads_as_the_schema_it_wraps(tmp_path_factory, data):
+    """A file holding a schema under `schema` (OpenAI's json_schema object), `json_schema` or
+    `schema_definition` (ExtractBench), beside a name and description, gives the same fields and records as
+    the bare schema; two wrapper keys are not guessed between, and the refusal names the file."""
+    model, _ = data.draw(models())
+    bare = model.model_json_schema()
+    keys = data.draw(st.lists(st.sampled_from(["schema", "json_schema", "schema_definition"]), min_size=1,
+                              max_size=2))
+    wrapped: Any = bare
+    for key in keys:
+        wrapped = {"name": "x", "description": "a wrapper", key: wrapped, "strict": True}
+    path = tmp_path_factory.mktemp("wrapped") / "s.json"
+    path.write_text(json.dumps(wrapped))
+    got, want = load_schema(path), schema_from(bare)
+    assert (got.fields, got.resolved) == (want.fields, want.resolved)
+    path.write_text(json.dumps({"schema": bare, "schema_definition": bare}))
+    with pytest.raises(ValueError, match=r"schema file .*s\.json"):
+        load_schema(path)
+
+
 class Party(BaseModel):
     name: str
     role: Optional[str] = None
@@ -168,3 +190,37 @@ def test_langextract_schemas_from_its_own_builder_are_accepted():
     ok, bad = schema.valid_records("extractions", [{"character": "Romeo", "character_attributes": {
         "mood": "sad", "aliases": ["Montague"]}}, {"relation": "loves", "relation_attributes": {"strength": 3}}])
     assert bad == 0 and len(ok) == 2
+
+
+_JSON = st.recursive(st.none() | st.integers() | st.text(max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner,
+                                                                                 max_size=3),
+                     max_leaves=30)
+
+
+def _nulls_out(obj: Any) -> Any:
+    """The rule written out: nulls leave objects, objects inside objects walked, arrays kept."""
+    return {k: _nulls_out(v) for k, v in obj.items() if v is not None} if isinstance(obj, dict) else obj
+
+
+@settings(deadline=None)
+@given(_JSON)
+def test_without_nulls_takes_nulls_out_of_objects_and_leaves_its_input(value):
+    """without_nulls drops every null property of objects inside objects (not inside arrays) and edits no input."""
+    before = copy.deepcopy(value)
+    assert without_nulls(value) == _nulls_out(value)
+    assert value == before
+
+
+def test_without_nulls_walks_a_reply_deeper_than_the_recursion_limit():
+    """An object nested 5,000 deep (a model's reply) comes back with its nulls out, not a RecursionError."""
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(5_000):
+        node["a"], node["b"] = {}, None
+        node = node["a"]
+    out, depth = without_nulls(root), 0
+    while out:
+        assert "b" not in out
+        out, depth = out["a"], depth + 1
+    assert depth == 5_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from memagent.agent import ChainState
+from memagent.agent import ReadState
 from memagent.data.demo import niah_row
 from pipelines.batch_config import BatchQAConfig
 from pipelines.checkpoints import CheckpointLog
@@ -21,17 +21,17 @@ def test_a_row_whose_checkpoint_read_raises_is_an_error_row_and_the_others_are_r
     cfg = BatchQAConfig(input=str(tmp_path / "in"), output=output, agent=FAST)
     log = CheckpointLog(output, None, every_steps=1, every_s=3600.0)
     rows = [{**niah_row(i, 300, depth=0.5, seed=1), "id": name} for i, name in enumerate(("bad", "deep", "plain"))]
-    state = ChainState(next_chunk=1, char_offset=10, memory="m", steps=())
+    state = ReadState(next_chunk=1, char_offset=10, memory="m", steps=())
     deep = "[" * 100_000 + "]" * 100_000  # json.loads of it raises RecursionError, not ValueError
     log.write("deep", deep, state, 0)
-    load_chain = CheckpointLog.load_chain
+    load_resume_path = CheckpointLog.load_resume_path
 
     def corrupt(self, row_id, key):
         if row_id == "bad":
             raise ValueError("not a log this version can follow")
-        return load_chain(self, row_id, key)
+        return load_resume_path(self, row_id, key)
 
-    monkeypatch.setattr(CheckpointLog, "load_chain", corrupt)
+    monkeypatch.setattr(CheckpointLog, "load_resume_path", corrupt)
 
     def chain(row: dict):
         return asyncio.to_thread(log.resume_args, row["id"], "fp")

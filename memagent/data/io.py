@@ -1,7 +1,7 @@
 """Where data lives (local paths or S3, any endpoint), reading source files and writing Parquet.
 
 :func:`filesystem` is the one place a path becomes a pyarrow filesystem: pyarrow's native S3
-client does the bulk I/O (Ray's own fast path); credentials come from the usual AWS chain, the
+client does the bulk I/O (Ray's own fast path); credentials come from AWS's usual sources, the
 endpoint and region from :class:`S3Options` or the environment (``AWS_ENDPOINT_URL``), so a
 loopback S3 server works like AWS. JSON sources may be one JSON document or JSON Lines.
 """
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class S3Options(BaseModel):
-    """S3 connection settings; credentials come from the AWS chain, never from here."""
+    """S3 connection settings; credentials come from AWS's usual sources, never from here."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -69,7 +69,7 @@ def filesystem(uri: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, 
         scheme, _, host = endpoint.partition("://")
         kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
     # No explicit credentials: a pickled S3FileSystem carries them in clear text to every Ray
-    # task. Each process resolves the AWS chain itself (local workers share the driver's env).
+    # task. Each process finds the AWS credentials itself (local workers share the driver's env).
     return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
 
 

@@ -299,14 +299,14 @@ class RulerGenerator:
 
     def _vt(self, task: str, length: int, index: int, rng: random.Random, seed: int) -> dict:
         names: list[str] = []
-        while len(names) < 5:  # 1 chain, 4 hops
+        while len(names) < 5:  # one value, 4 hops
             name = "".join(rng.choices("ABCDEFGHIJKLMNOPQRSTUVWXYZ", k=5))
             if name not in names:
                 names.append(name)
         value = str(rng.randint(10000, 99999))
-        chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]}" for j in range(4)]
-        depths = sorted(self._depths(task, length, index, len(chain), rng))
-        build = lambda n: "\n".join(_insert([NOISE] * n, chain, depths))  # noqa: E731
+        hops = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]}" for j in range(4)]
+        depths = sorted(self._depths(task, length, index, len(hops), rng))
+        build = lambda n: "\n".join(_insert([NOISE] * n, hops, depths))  # noqa: E731
         question = VT_TEMPLATE.format(value=value)
         fit = self._fit(task, length, question, build, lo=1)
         return {"question": question, "context": fit.text, "answers": names, "context_tokens": fit.tokens,

@@ -54,24 +54,42 @@ def fit_to_budget(
                 break
         else:
             if n <= lo:
-                raise ValueError(f"even the smallest size ({lo} units) has {tokens} tokens, over the budget of {budget}")
+                raise _smallest_over(lo, tokens, budget)
             bad = n if bad is None else min(bad, n)
-        low = good.n + 1 if good is not None else lo
+        low = good.n + 1 if good is not None else lo  # the sizes still open: [low, high]
         high = bad - 1 if bad is not None else hi
         if high is not None and low > high:
             break
         points.append((n, tokens))
-        guess = _guess(points, budget, estimate, lo, hi)
-        if guess < low or (high is not None and guess > high) or (measures >= 4 and high is not None):
-            guess = (low + high) // 2 if high is not None else max(low, 2 * n)
-        n = guess
+        n = _next_size(points, budget, estimate, (lo, hi), (low, high), measures)
     if good is None:
-        n = lo
-        text = build(n)
-        good = Fit(n, text, count(text), max_measures + 1)
-        if good.tokens > budget:
-            raise ValueError(f"even the smallest size ({lo} units) has {good.tokens} tokens, over the budget of {budget}")
+        good = _smallest_fit(build, count, lo, budget, max_measures + 1)
     return Fit(good.n, good.text, good.tokens, measures)
+
+
+def _smallest_fit(build: Callable[[int], str], count: Callable[[str], int], lo: int, budget: int,
+                  measures: int) -> Fit:
+    """``lo`` units, counted once more when no count fitted; ``ValueError`` when even they are over ``budget``."""
+    text = build(lo)
+    fit = Fit(lo, text, count(text), measures)
+    if fit.tokens > budget:
+        raise _smallest_over(lo, fit.tokens, budget)
+    return fit
+
+
+def _smallest_over(lo: int, tokens: int, budget: int) -> ValueError:
+    return ValueError(f"even the smallest size ({lo} units) has {tokens} tokens, over the budget of {budget}")
+
+
+def _next_size(points: list[tuple[int, int]], budget: int, estimate: Callable[[int], float] | None,
+               limits: tuple[int, int | None], open_sizes: tuple[int, int | None], measures: int) -> int:
+    """The next size to count: :func:`_guess` when it falls among the ``open_sizes`` ``(low, high)``, else their
+    middle (from the fourth count on always, once bounded above), else double the last size."""
+    low, high = open_sizes
+    guess = _guess(points, budget, estimate, *limits)
+    if guess < low or (high is not None and guess > high) or (measures >= 4 and high is not None):
+        guess = (low + high) // 2 if high is not None else max(low, 2 * points[-1][0])
+    return guess
 
 
 def _largest(pred: Callable[[int], bool], lo: int, hi: int | None) -> int:

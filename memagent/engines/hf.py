@@ -12,7 +12,8 @@ computed once). Each row keeps its own ``max_tokens``, sampling settings,
 log-probs and JSON-Schema constraint, so requests of any settings share a batch. Decoding
 speculates (:mod:`memagent.engines.speculation`): drafts by prompt lookup and by aligning the
 reply with its prompt, which holds the previous memory; the output is the model's.
-Models with a sliding attention window fall back to ``model.generate`` without speculation.
+Models with a sliding attention window fall back to ``model.generate`` without speculation
+(:mod:`memagent.engines.hf_sliding`).
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memagent.engines.base import Completion, Engine, EngineStats, Messages, SamplingParams
 from memagent.engines.config import EngineConfig
 from memagent.engines.constraint import TokenConstraint
 from memagent.engines.gqa_attention import use_gqa_sdpa
 from memagent.engines.hf_decode import DecodeLoop, Row, Speculation
+# chosen_log_probs: the sliding-window path's log-probs, public here since before that path had its module.
+from memagent.engines.hf_sliding import chosen_log_probs, generate_sliding  # noqa: F401
 from memagent.engines.kv_cache import ReservedCache
 from memagent.engines.prefix_cache import PrefixCache
 from memagent.engines.speculation import AcceptanceTracker, CostModel
@@ -67,50 +70,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use auto, bf16, fp16 or fp32")
     return names[dtype]
-
-
-class _PerRowTokenLimit(StoppingCriteria):
-    """Stops row i once it has generated ``limits[i]`` tokens."""
-
-    def __init__(self, prompt_len: int, limits: torch.Tensor):
-        self.prompt_len = prompt_len
-        self.limits = limits
-
-    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        generated = input_ids.shape[1] - self.prompt_len
-        return (generated >= self.limits).to(input_ids.device)
-
-
-class _PerRowStop(StoppingCriteria):
-    """Stops row i at one of its stop tokens or once one of its stop strings occurs; ``keep[i]``: the
-    tokens row i keeps (None until it stops)."""
-
-    def __init__(self, prompt_len: int, stop_ids: list[frozenset[int]], matchers: list[StopStrings | None]):
-        self.prompt_len, self.stop_ids, self.matchers = prompt_len, stop_ids, matchers
-        self.keep: list[int | None] = [None] * len(matchers)
-
-    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        for i, (ids, matcher) in enumerate(zip(self.stop_ids, self.matchers)):
-            if self.keep[i] is None and (ids or matcher is not None):
-                tokens = input_ids[i, self.prompt_len:].tolist()
-                if tokens and tokens[-1] in ids:
-                    self.keep[i] = len(tokens)
-                elif matcher is not None:
-                    self.keep[i] = matcher.scan(tokens, 1)
-        return torch.tensor([k is not None for k in self.keep], device=input_ids.device)
-
-
-def chosen_log_probs(step_logits: Sequence[torch.Tensor], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-prob ``[B, T]`` (CPU) of each generated token under ``softmax(logits / temperature)``.
-
-    ``step_logits`` are generate's ``T`` raw ``[B, V]`` logits. One step at a time: stacking them
-    first would hold four ``[B, T, V]`` fp32 copies (2 GB for 16 rows of 160 tokens at a 49K vocab).
-    """
-    cols = []
-    for t, logits in enumerate(step_logits):
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        cols.append(logp.gather(-1, tokens[:, t : t + 1].to(logp.device)).cpu())
-    return torch.cat(cols, dim=1)
 
 
 def _left_pad(rows: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -236,9 +195,9 @@ class TransformersEngine(Engine):
 
     def _ensure_worker(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._worker is None or self._worker.done():
-            self._loop = loop
-            self._queue = asyncio.Queue()
+        if self._loop is not loop:  # a new event loop (asyncio.run per call): its own queue
+            self._loop, self._queue, self._worker = loop, asyncio.Queue(), None
+        if self._worker is None or self._worker.done():  # the queue is kept: nothing put in it is dropped
             self._worker = loop.create_task(self._serve(), name="hf-engine-batcher")
 
     async def _serve(self) -> None:
@@ -249,8 +208,11 @@ class TransformersEngine(Engine):
                 pending = [await asyncio.wait_for(queue.get(), timeout=self.IDLE_EXIT_S)]
             except asyncio.TimeoutError:
                 # Idle: end quietly, so no batcher is left pending when its event loop closes;
-                # the next chat() starts a new one (it checks done()).
-                return
+                # the next chat() starts a new one (it checks done()). A request put after the wait
+                # timed out but before this task ran again is still queued: serve it, never orphan it.
+                if queue.empty():
+                    return
+                continue
             await asyncio.sleep(self.batch_wait_s)
             while not queue.empty():
                 pending.append(queue.get_nowait())
@@ -353,52 +315,13 @@ class TransformersEngine(Engine):
                        cache=cache, use_cache=True, logits_to_keep=1)
         return cache, prefix_mask
 
-    @torch.inference_mode()
     def _generate_sliding(self, batch: list[_Request]) -> list[Completion]:
-        """``model.generate`` (its own sliding-window cache), one sampling setting per batch, no speculation.
-
-        Shapes: input [B, L], output [B, L + T]."""
-        prompt_len = max(len(r.prompt_ids) for r in batch)
-        input_ids = torch.full((len(batch), prompt_len), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), prompt_len), dtype=torch.long)
-        for i, r in enumerate(batch):
-            input_ids[i, prompt_len - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attention[i, prompt_len - len(r.prompt_ids) :] = 1
-        limits = torch.tensor([r.params.max_tokens for r in batch])
-        stops = _PerRowStop(prompt_len, [frozenset(r.params.stop_token_ids) for r in batch],
-                            [self._stop_strings(r.params) for r in batch])
-        params = batch[0].params
-        sampling: dict[str, Any] = (
-            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-            if params.greedy
-            else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
-        )
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            max_new_tokens=int(limits.max()),
-            stopping_criteria=StoppingCriteriaList([_PerRowTokenLimit(prompt_len, limits), stops]),
-            pad_token_id=self.pad_id,
-            eos_token_id=sorted(self.eos_ids),
-            return_dict_in_generate=True,
-            output_logits=params.logprobs,
-            **sampling,
-        )
-        new_tokens = out.sequences[:, prompt_len:].cpu()
-        step_logprobs = None
-        if params.logprobs:
-            step_logprobs = chosen_log_probs(out.logits, new_tokens, 1.0 if params.greedy else params.temperature)
+        """``model.generate`` for a sliding-window model (:func:`~memagent.engines.hf_sliding.generate_sliding`)."""
+        replies = generate_sliding(self.model, [r.prompt_ids for r in batch], [r.params for r in batch],
+                                   [self._stop_strings(r.params) for r in batch], self.pad_id, self.eos_ids, self.device)
         self.stats.batch_sizes[len(batch)] += 1
-        completions = []
-        for i, r in enumerate(batch):
-            tokens = new_tokens[i, : stops.keep[i] or r.params.max_tokens].tolist()
-            stop_at = next((j for j, t in enumerate(tokens) if t in self.eos_ids), None)
-            if stop_at is not None:
-                tokens = tokens[: stop_at + 1]  # the response ends with (and includes) EOS
-            logprobs = step_logprobs[i, : len(tokens)].tolist() if step_logprobs is not None else None
-            stopped = stop_at is not None or stops.keep[i] is not None
-            completions.append(self._completion(r.prompt_ids, tokens, stopped, logprobs, stops=r.params.stop))
-        return completions
+        return [self._completion(r.prompt_ids, reply.tokens, reply.stopped, reply.logprobs, stops=r.params.stop)
+                for r, reply in zip(batch, replies)]
 
     def _prefill_per_row(self, batch: list[_Request]) -> bool:
         """On CPU, padded prompts are prefilled one by one; with the prefix cache, every batch is.

@@ -176,24 +176,8 @@ class DecodeLoop:
             t = 1 + max(len(d) for d in drafts)
             if n + t > mask.shape[1]:  # holes outran the reservation: grow the mask (the cache grows itself)
                 mask = torch.cat([mask, mask.new_zeros((b, n + t + capacity - mask.shape[1]))], dim=1)
-            ids = torch.full((b, t), self.pad_id, dtype=torch.long)
-            pos = torch.zeros((b, t), dtype=torch.long)
-            for i, r in enumerate(rows):
-                pos[i] = torch.arange(position[i], position[i] + t)
-                if r.done:
-                    continue
-                seq = [pending[i], *drafts[i]]
-                ids[i, : len(seq)] = torch.tensor(seq)
-                mask[i, n : n + len(seq)] = 1
-            t0 = time.perf_counter()
-            logits = self.model(input_ids=ids.to(device), position_ids=pos.to(device),
-                                attention_mask=mask[:, : n + t], cache=cache, use_cache=True).logits
-            keep = self._verify(rows, drafts, logits)
-            seconds = time.perf_counter() - t0
-            if self.spec.learn:  # the wall clock steers k only when asked to: greedy replies then vary
-                self.cost.update(b, t, seconds)
-            if log.isEnabledFor(logging.DEBUG):
-                self._log_forward(rows, drafts, chosen, drafters, keep, t - 1, seconds)
+            ids, pos = self._step_inputs(rows, pending, drafts, position, mask, n, t)
+            keep = self._forward(rows, drafts, chosen, drafters, (ids, pos, mask[:, : n + t]), cache, device)
             grown = 0
             for i, r in enumerate(rows):
                 if keep[i] is None:
@@ -207,6 +191,38 @@ class DecodeLoop:
             n += max(grown, 1)
             cache.truncate(n)
         return rows
+
+    def _step_inputs(self, rows: list[Row], pending: list[int], drafts: list[list[int]], position: list[int],
+                     mask: torch.Tensor, n: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's ``[B, t]`` input ids (per row its pending token, then its draft, padded) and positions
+        (each row's own); the slots they fill are opened in ``mask`` from ``n`` on (done rows feed padding)."""
+        ids = torch.full((len(rows), t), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((len(rows), t), dtype=torch.long)
+        for i, r in enumerate(rows):
+            pos[i] = torch.arange(position[i], position[i] + t)
+            if r.done:
+                continue
+            seq = [pending[i], *drafts[i]]
+            ids[i, : len(seq)] = torch.tensor(seq)
+            mask[i, n : n + len(seq)] = 1
+        return ids, pos
+
+    def _forward(self, rows: list[Row], drafts: list[list[int]], chosen: list[int | None], drafters: list[list],
+                 inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cache: ReservedCache,
+                 device: torch.device) -> list[list[int] | None]:
+        """One forward of the step's ``(ids, positions, attention mask)`` and its verification: per row the kept
+        tokens (None: done). Timed, for the cost model (when it learns) and the DEBUG record."""
+        ids, pos, attention = inputs
+        t0 = time.perf_counter()
+        logits = self.model(input_ids=ids.to(device), position_ids=pos.to(device),
+                            attention_mask=attention, cache=cache, use_cache=True).logits
+        keep = self._verify(rows, drafts, logits)
+        seconds = time.perf_counter() - t0
+        if self.spec.learn:  # the wall clock steers k only when asked to: greedy replies then vary
+            self.cost.update(len(rows), ids.shape[1], seconds)
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_forward(rows, drafts, chosen, drafters, keep, ids.shape[1] - 1, seconds)
+        return keep
 
     def _accept(self, row: Row, kept: list[int], draft: list[int], proposals: list[list[int]], drafters: list,
                 trackers: list[AcceptanceTracker], history: TokenHistory) -> list[int]:

@@ -29,6 +29,17 @@ MAX_ARRAY_ITEMS = 20
 MAX_MAGNITUDE = 10**15  # numbers: at most 16 integer digits ...
 NUMBER_STEP = 1e-6  # ... and 6 decimals, no exponent (a digit loop cannot run on)
 DATE_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"
+# Patterns the grammar enforces for formats it has no rule of its own for (checked again after decoding). Each
+# allows printable ASCII only, without `"` or a backslash (a URI and an e-mail address are ASCII: non-ASCII ones are
+# the `iri`/`idn-email` formats), so each character is one byte of JSON text (ASCII_PATTERNS).
+FORMAT_PATTERNS = {
+    "date-time": r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?"
+                 r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
+    "time": r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
+    "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+$",
+    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[!#-\[\]-~]{1,180}$",
+}
+ASCII_PATTERNS = frozenset({DATE_PATTERN, *FORMAT_PATTERNS.values()})
 
 
 def _types(node: dict[str, Any]) -> list[str]:
@@ -87,7 +98,8 @@ def render_schema(schema: str | dict[str, Any]) -> dict[str, Any]:
 # Budgeted bounds: a reply that always closes inside ``max_tokens``. Every token is at least one byte, so a
 # grammar whose longest text is at most ``max_tokens`` bytes cannot be cut. A free string is held to
 # TEXT_PATTERN (no control characters: a loop of blank lines is no value), so each of its characters takes
-# at most 4 bytes (UTF-8; ``\"`` and ``\\`` take 2); a string of another pattern up to 6 (``\u001f``).
+# at most 4 bytes (UTF-8; ``\"`` and ``\\`` take 2); a string of another pattern up to 6 (``\u001f``), of one
+# of ASCII_PATTERNS 1.
 TEXT_PATTERN = r"^[^\x00-\x1f]*$"
 KEY_PATTERN = r"^[^\x00-\x1f]{{1,{}}}$"  # a map's keys in a budgeted grammar (format: the bound) ...
 KEY_BOUND = re.compile(r"\^\[\^\\x00-\\x1f\]\{1,(\d+)\}\$")  # ... and its bound read back
@@ -124,7 +136,8 @@ def longest_bytes(node: Any, chars: int = MAX_STRING_CHARS, items: int = MAX_ARR
         if node.get("pattern", TEXT_PATTERN) == TEXT_PATTERN:
             per_char = BYTES_PER_CHAR if "pattern" in node else BYTES_PER_PATTERN_CHAR
             return 2 + per_char * min(node.get("maxLength", chars), chars)
-        return 2 + BYTES_PER_PATTERN_CHAR * _pattern_chars(node, chars)
+        per_char = 1 if node["pattern"] in ASCII_PATTERNS else BYTES_PER_PATTERN_CHAR
+        return 2 + per_char * _pattern_chars(node, chars)
     if kind in ("number", "integer"):
         return INTEGER_BYTES if kind == "integer" else NUMBER_BYTES
     if kind in ("boolean", "null"):

@@ -2,7 +2,7 @@
 
     schema = load_schema("docs/schemas/contract.json")        # checked on load, before any model
     config = AgentConfig(preset="small", answer_tokens=96, extraction=schema)
-    result = await read_document(engine, None, text, config)   # one memory chain for all fields
+    result = await read_document(engine, None, text, config)   # one read for all fields
     columns = extraction_columns(schema, result.response, result.steps, text)
 
 The schema's field list is the question of every call; the final answer is decoded under the

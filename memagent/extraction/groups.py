@@ -13,7 +13,7 @@ kept whole, then split in turn), the pieces of one object packed together; the u
 order into groups of at most ``answer_tokens`` each. A leaf that alone does not fit is the smallest group there
 can be: the schema is refused, naming its path and the budget to raise.
 A schema whose fields fit in one group is read exactly as before (one final call, the same prompt).
-A group reply that breaks anyway is asked again in halves (:mod:`memagent.group_answers`).
+A group reply that breaks anyway is asked again in halves (:mod:`memagent.extraction.group_answers`).
 """
 
 from __future__ import annotations

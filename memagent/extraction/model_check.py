@@ -8,11 +8,16 @@ every worker imports it again from the recorded config. :func:`model_checked` va
 object with it: a value the model rejects is dropped (a required value: the record holding it; a
 record-level validator: that record) and named with the validator's message and path in
 ``schema_errors``, until the object passes (:func:`load_model` imports ``module:Model``). A rejection
-that names the whole object (a top-level ``model_validator``) drops nothing and is named.
+that names the whole object (a top-level ``model_validator``) drops nothing and is named. The row's records
+columns then hold what is left of each record (:func:`records_kept`).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -51,27 +56,96 @@ def load_model(spec: str) -> Any:
     return obj
 
 
-def model_checked(model: Any, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``(obj with every value ``model`` rejects dropped, one "path: message" per rejection)``."""
+@dataclass
+class ModelCheck:
+    """What :func:`model_checked` did to an object: the object left, each rejection as "path: message", and
+    the paths it removed, in the order removed (replayed on the records by :func:`records_kept`)."""
+
+    obj: dict[str, Any]
+    rejected: list[str] = field(default_factory=list)
+    removed: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def model_checked(model: Any, obj: dict[str, Any]) -> ModelCheck:
+    """``obj`` with every value ``model`` rejects dropped (see the module docstring)."""
     from pydantic import ValidationError
 
-    named: list[str] = []
+    check = ModelCheck(obj)
     for _ in range(MAX_ROUNDS):
         try:
             model.model_validate(obj)
-            return obj, named
+            return check
         except ValidationError as e:
             dropped = False
             # Deepest and last first: dropping list item 2 leaves item 0 where the error found it.
             for err in sorted(e.errors(include_url=False), key=lambda x: _order(x["loc"]), reverse=True):
                 loc = tuple(err["loc"])
                 gone = _drop(obj, loc[:-1] if err["type"] == "missing" else loc)
-                dropped |= gone
-                named.append(f"{_path(loc)}: {err['msg']} (the Pydantic model's validation); "
-                             + ("dropped" if gone else "kept: it names the whole object"))
+                if gone is not None:
+                    check.removed.append(gone)
+                dropped |= gone is not None
+                check.rejected.append(f"{_path(loc)}: {err['msg']} (the Pydantic model's validation); "
+                                      + ("dropped" if gone is not None else "kept: it names the whole object"))
             if not dropped:
-                return obj, named
-    return obj, named
+                return check
+    return check
+
+
+def records_kept(resolved: Any, doc: Mapping[str, Any], records: Mapping[str, Sequence[Any]],
+                 removed: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """Each type's records (:class:`memagent.extraction.records.Record`) as the model check left them: the
+    object assembled again with every record tagged, the check's removals replayed on it in order, then each
+    record kept whose tag is still there, less the values removed inside it (and their evidence)."""
+    tagged = {t: [{**r.values, _TAG: (t, i)} for i, r in enumerate(rs)] for t, rs in records.items()}
+    before = resolved.assemble(doc, tagged)
+    after = copy.deepcopy(before)
+    for path in removed:
+        _drop(after, path)
+    was, left = dict(_tagged_nodes(before)), dict(_tagged_nodes(after))
+    kept: dict[str, list[Any]] = {t: [] for t in records}
+    for (t, i), node in sorted(left.items()):
+        record = records[t][i]
+        values = _pruned(record.values, was[(t, i)], node)
+        evidence = {k: e for k, e in record.evidence.items() if _holds(values, k.split("."))}
+        kept[t].append(dataclasses.replace(record, values=values, evidence=evidence))
+    return kept
+
+
+_TAG = "\x00record"  # never a property name a model or schema states
+
+
+def _tagged_nodes(node: Any) -> Iterator[tuple[tuple[str, int], dict[str, Any]]]:
+    if isinstance(node, dict):
+        if _TAG in node:
+            yield node[_TAG], node
+        for v in node.values():
+            yield from _tagged_nodes(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _tagged_nodes(v)
+
+
+def _pruned(values: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` less what went between ``before`` and ``after`` (the record as assembled: its link
+    properties are not there, so they stay)."""
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if k in before and k not in after:
+            continue
+        if isinstance(v, dict) and isinstance(before.get(k), dict) and isinstance(after.get(k), dict):
+            v = _pruned(v, before[k], after[k])
+        elif k in after and after[k] != before.get(k) and not isinstance(after[k], dict):
+            v = after[k]  # a list that lost an item
+        out[k] = v
+    return out
+
+
+def _holds(values: Any, path: list[str]) -> bool:
+    for step in path:
+        if not isinstance(values, dict) or step not in values:
+            return False
+        values = values[step]
+    return True
 
 
 def _order(loc: Any) -> list[tuple[int, Any]]:
@@ -82,10 +156,10 @@ def _path(loc: tuple[Any, ...]) -> str:
     return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc).lstrip(".") or "(root)"
 
 
-def _drop(obj: Any, loc: tuple[Any, ...]) -> bool:
+def _drop(obj: Any, loc: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """Remove the value at ``loc`` (an object's key or a list's item), or at the deepest part of ``loc`` that
-    names a value (past it, Pydantic names a union's branch: ``int``, ``function-after[...]``); False when
-    not even the first step names one (the root itself)."""
+    names a value (past it, Pydantic names a union's branch: ``int``, ``function-after[...]``); the path
+    removed, None when not even the first step names one (the root itself)."""
     trail: list[tuple[Any, Any]] = []
     node = obj
     for step in loc:
@@ -95,13 +169,13 @@ def _drop(obj: Any, loc: tuple[Any, ...]) -> bool:
         trail.append((node, step))
         node = child
     if not trail:
-        return False
+        return None
     parent, key = trail[-1]
     if isinstance(parent, list):
         parent.pop(key)
     else:
         del parent[key]
-    return True
+    return tuple(step for _, step in trail)
 
 
 _NONE = object()

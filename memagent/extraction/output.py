@@ -9,7 +9,7 @@ Columns (all nullable, null in error rows):
   each record type's records where the schema has them);
 - ``schema_errors``: ``list<string>``, one ``path: message`` per value dropped because it failed the
   user's own schema (a constraint the grammar could not hold, e.g. a ``format``), after one per leaf
-  a wide schema's answer left out because its reply broke even asked alone (:mod:`memagent.group_answers`);
+  a wide schema's answer left out because its reply broke even asked alone (:mod:`memagent.extraction.group_answers`);
 - ``field_evidence``: ``list<struct<field, value, step, char_start, char_end>>``, one entry per
   non-null value (one per item for arrays; ``field`` a dotted path inside objects, ``lender.name``;
   ``value`` is the JSON text of the value or item):

@@ -2,9 +2,11 @@
 record types, with every problem named by its JSON path.
 
 :func:`parse_schema` reads only the derived schema: ``$ref``, ``allOf``, unions, ``const``, formats and
-annotations are already resolved there (a union that no one column holds is a leaf with ``x-kind``). What it
-checks is what the specs need: names (reserved columns, dots, folding, sizes), enum sizes, ``x-key`` and the
-nesting depth of objects. Its shape::
+annotations are already resolved there (a union that no one column holds is a leaf with ``x-kind``), and it
+decides nothing about what a keyword means: which keywords each node may hold is the resolver's vocabulary
+(:mod:`memagent.extraction.keywords`), refused here only as a broken promise. What it checks itself is what
+the specs need: names (reserved columns, dots, folding, sizes), enum sizes, ``x-key`` and the nesting depth
+of objects. Its shape::
 
     schema       {"type": "object", "properties": {name: field | record type}, "required": [names],
                   "additionalProperties": false, "description", "title", "$schema", "$id"}
@@ -42,6 +44,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
+from memagent.extraction.keywords import OBJECT_KEYWORDS, PROPERTY_KEYWORDS, RECORD_KEYWORDS, TOP_KEYWORDS
 from memagent.extraction.kinds import KINDS, SCALAR_KINDS, FieldKind, kind_of
 from memagent.json_walk import walk_json
 
@@ -54,12 +57,6 @@ MAX_NAME_CHARS = 64
 MAX_TYPE_NAME_BYTES = 64
 MAX_OBJECT_DEPTH = 6  # objects inside an item's objects inside an item's ...
 
-TOP_KEYWORDS = {"type", "properties", "required", "description", "title", "$schema", "$id", "additionalProperties"}
-CONSTRAINT_KEYWORDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
-                       "minLength", "maxLength", "minItems", "maxItems", "uniqueItems"}
-PROPERTY_KEYWORDS = {"type", "description", "title", "format", "enum", "items", "anyOf"} | CONSTRAINT_KEYWORDS
-RECORD_KEYWORDS = {"type", "items", "description", "title", "x-key", "x-key-default"}  # what resolve.py writes
-OBJECT_KEYWORDS = {"type", "properties", "required", "description", "title", "additionalProperties"}
 SUPPORTED = ("string, number, integer, boolean, string with format date, enum, "
              "array of strings, object, array of objects (a record type)")
 

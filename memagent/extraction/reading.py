@@ -38,11 +38,13 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from memagent.engines.base import Completion, Engine, SamplingParams
 from memagent.extraction.grounding import Span
-from memagent.extraction.pieces import TAIL_CHARS, Piece, halves, records_reach, sentence_end, split_point  # noqa: F401
+from memagent.extraction.pieces import (  # noqa: F401
+    TAIL_CHARS, HasCharSpan, Piece, halves, records_reach, sentence_end, split_point,
+)
 from memagent.extraction.record_groups import RecordGroup, read_group_reply
 from memagent.extraction.record_grounding import MemoryTrail, ground_chunk
 from memagent.extraction.records import Mention, Record, merge_records
@@ -76,7 +78,7 @@ class Emitted:
 
 @dataclass
 class RecordsTally:
-    """What a read's records calls did besides emitting records; carried whole (chain state, checkpoint
+    """What a read's records calls did besides emitting records; carried whole (read state, checkpoint
     segments, result, output row, job summary), summed with :meth:`add`."""
 
     splits: int = 0  # pieces split in two: the reply was cut, filled the call's limit, or did not parse
@@ -101,7 +103,7 @@ class RecordsTally:
 @dataclass
 class ChunkRecords:
     """What the records calls of one chunk produced, or (summed with :meth:`add`) of a read so far:
-    carried in :class:`memagent.agent.ChainState`, never in the memory."""
+    carried in :class:`memagent.agent.ReadState`, never in the memory."""
 
     emitted: list[Emitted] = field(default_factory=list)
     tally: RecordsTally = field(default_factory=RecordsTally)
@@ -134,9 +136,9 @@ class RecordsCall:
 
 @dataclass(frozen=True)
 class ChunkRead:
-    """One chunk's records calls: the memory they read (and the chain behind it), the document, the step.
+    """One chunk's records calls: the memory they read (and the memory steps behind it), the document, the step.
 
-    ``written`` awaits the memory written from this chunk (its ``chunk`` span): a split piece reads that
+    ``written_memory`` awaits the memory written from this chunk (its ``chunk`` span): a split piece reads that
     memory, so names the chunk defines before the piece (an alias) are known to it, joined with the lines
     of the memory before the chunk that the update dropped (:func:`joined_memory`: a half record the
     chunk completed leaves a memory-keeping reader's memory, yet a later piece must join it).
@@ -147,14 +149,14 @@ class ChunkRead:
     context: str
     step: int
     priority: int = 0
-    written: Callable[[], Awaitable[str]] | None = None
+    written_memory: Callable[[], Awaitable[str]] | None = None
     chunk: tuple[int, int] = (0, 0)
 
     async def memory_for(self, piece: Piece) -> MemoryTrail:
-        """The memory a piece's call reads (see the class docstring) and the chain that grounds through it."""
-        if piece.depth == 0 or self.written is None:
+        """The memory a piece's call reads (see the class docstring) and the memory steps that ground through it."""
+        if piece.depth == 0 or self.written_memory is None:
             return self.trail
-        memory = await self.written()
+        memory = await self.written_memory()
         return MemoryTrail(joined_memory(self.trail.memory, memory), (*self.trail.steps, (memory, *self.chunk)))
 
 
@@ -355,6 +357,36 @@ async def read_chunk_records(read: ChunkRead, start: int, end: int, owned_from: 
     for p in parts:  # group order (record-type order), then piece order: deterministic
         out.add(p)
     return out
+
+
+class MemoryStep(Protocol):
+    """A step of the read so far, as records reading sees it (:class:`memagent.agent.Step`)."""
+
+    kind: str
+    memory: str
+    char_start: int | None
+    char_end: int | None
+
+
+async def read_step_records(call: RecordsCall | None, steps: Sequence[MemoryStep], memory: str, context: str,
+                            chunks: Sequence[HasCharSpan], k: int, priority: int,
+                            written_memory: Callable[[], Awaitable[str]],
+                            shown: Callable[[str], str] = lambda memory: memory) -> ChunkRecords:
+    """The records chunk ``k`` states (none without record types), read with the memory its update reads
+    (and the memory steps behind it, which ground a value resolved through the memory); a split piece
+    reads the memory ``written_memory`` awaits (the update's). Every memory is read as ``shown`` makes it
+    (K heads: without labels, :func:`memagent.heads.records_memory`, so a label's digits ground nothing)."""
+    if call is None:
+        return ChunkRecords()
+    trail = MemoryTrail(shown(memory), tuple((shown(s.memory), s.char_start or 0, s.char_end or 0) for s in steps
+                                             if s.kind == "memory"))
+
+    async def written() -> str:
+        return shown(await written_memory())
+
+    start, owned_from, end = records_reach(context, chunks, k)
+    read = ChunkRead(call, trail, context, len(steps), priority, written, (chunks[k].char_start, chunks[k].char_end))
+    return await read_chunk_records(read, start, end, owned_from)
 
 
 def merge_mentions(schema: ExtractionSchema, emitted: Sequence[Emitted]) -> dict[str, list[Record]]:

@@ -7,7 +7,7 @@ A value of a record (:func:`ground_chunk`) is grounded
   written, case- and space-insensitive: an alias ``the Carrier`` resolved to ``Harlow Freight Ltd``;
   a number as a number and a date as a date, however either is spelled: an invoice's amount and
   issue date carried from the chunk that stated them to the one that states its settlement), and
-  the span is where the chain read it, inside the chunk of the first memory step whose memory
+  the span is where the read met it, inside the chunk of the first memory step whose memory
   holds it (:class:`MemoryTrail`; labelled ``memory``, kept under ``require_grounding``).
 
 Elsewhere in the document is searched only on request (``elsewhere``: ``AgentConfig.ground_elsewhere``),
@@ -59,7 +59,7 @@ def anchored(leaf: Mapping[str, tuple[FieldKind, Any]], spans: dict[str, Span | 
     """A record's window spans moved into one sentence when the first occurrences do not share one (a
     payer named on many lines of a table): the sentence holding the most of its values wins (the
     earliest among equals), and every value takes its occurrence there. A value not written there was
-    resolved from elsewhere (an alias): its span is where the chain read it (memory) when the memory
+    resolved from elsewhere (an alias): its span is where the read met it (memory) when the memory
     holds it, else its first occurrence in the window."""
     here = {p: s for p, s in spans.items() if s is not None and s.where == "window" and s.method != "fuzzy"}
     if len(here) < 2 or one_sentence(text, list(here.values())):
@@ -104,7 +104,7 @@ class MemoryTrail:
     steps: tuple[tuple[str, int, int], ...] = ()
 
     def locate(self, kind: FieldKind, value: Any, text: str) -> Span | None:
-        """The value's span where the chain read it, when the memory the call read holds it (an alias
+        """The value's span where the read met it, when the memory the call read holds it (an alias
         resolved through the memory): inside the chunk of the first memory step that holds it, or the
         chunk before (a sentence the boundary cut, finished by that step). Every kind: a carried value
         is compared as its kind (numbers and dates by value), never fuzzily; the chunk must state it too,
@@ -156,7 +156,7 @@ def ground_value(kind: FieldKind, value: Any, text: str, window: tuple[int, int]
 
 def _cut_at_start(kind: FieldKind, value: Any, text: str, window: tuple[int, int]) -> Span | None:
     """The value written across the window's start (``37837|8376.35``: the boundary cut the number), found in
-    the sentence that start cuts: the call read its rest, the chain its beginning. Only a match that spans
+    the sentence that start cuts: the call read its rest, the memory steps its beginning. Only a match that spans
     the boundary counts (one wholly before it was the chunk before's to read)."""
     lo = window[0]
     if lo <= 0 or lo >= window[1]:

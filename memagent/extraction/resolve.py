@@ -24,9 +24,13 @@ user's schema has it (:meth:`Resolved.assemble`) and to check it there (:meth:`R
   properties (``groups_name``), and :meth:`Resolved.assemble` nests it back under that parent.
   A parent's key is its ``x-key`` (on the array or on the items), else its first required scalar
   property, else its first scalar property (then required).
-- Keywords outside :data:`KNOWN` are annotations: ignored, listed in :attr:`Resolved.annotations`.
-  Constructs that cannot be read as columns are refused with their path: :data:`REFUSED`, an
-  open ``additionalProperties`` schema, arrays of arrays, tuples.
+- Keywords outside :data:`~memagent.extraction.keywords.KNOWN` are annotations: ignored, listed in
+  :attr:`Resolved.annotations`. Constructs that cannot be read as columns are refused with their path:
+  :data:`~memagent.extraction.keywords.REFUSED`, an open ``additionalProperties`` schema, arrays of arrays,
+  tuples.
+
+The vocabulary (which keyword means what, and what the derived schema holds at each node) is
+:mod:`memagent.extraction.keywords`, this module's; :mod:`memagent.extraction.parse` reads it from there.
 """
 
 from __future__ import annotations
@@ -35,34 +39,13 @@ import json
 from typing import Any, Mapping
 
 from memagent.json_refs import ref_cycle, resolve_refs
+from memagent.extraction.keywords import FORMAT_PATTERNS, KIND, KNOWN, MAP_KEYWORDS, REFUSED, SCALARS, TEXT, UNLISTED
 from memagent.extraction.parse import MAX_NAME_CHARS, join
 from memagent.extraction.shape import NULLABLE, Link, Resolved, conform, validator, without_nulls
 
 __all__ = ["Link", "Resolved", "conform", "inline", "resolve", "validator", "without_nulls"]
 
-# Keywords that carry meaning here; anything else is an annotation.
-STRUCTURE = {"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-             "additionalProperties", "nullable", "x-key"}
-CONSTRAINTS = {"format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
-               "minLength", "maxLength", "minItems", "maxItems", "uniqueItems"}
-TEXT = {"description"}
-KNOWN = STRUCTURE | CONSTRAINTS | TEXT
-REFUSED = {"not": "negation", "if": "a conditional", "then": "a conditional", "else": "a conditional",
-           "patternProperties": "properties named by a pattern", "dependentSchemas": "a dependent schema",
-           "prefixItems": "a tuple", "propertyNames": "a property-name schema", "contains": "an array 'contains'",
-           "unevaluatedItems": "unevaluatedItems"}
-SCALARS = ("string", "number", "integer", "boolean")
-MAP_KEYWORDS = {"minProperties", "maxProperties"}  # kept inside a union held as JSON text (maps are allowed there)
-# Patterns the grammar enforces for formats it has no rule of its own for (checked again after decoding).
-FORMAT_PATTERNS = {
-    "date-time": r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?"
-                 r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
-    "time": r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
-    "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+$",
-    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s]{1,180}$",
-}
 MAX_INLINED_NODES = 20_000  # $refs used many times multiply; past this the schema is no field list
-KIND = "x-kind"  # the column kind of a union of scalars (kinds.kind_of reads it)
 
 
 def _without_records(node: Any) -> Any:
@@ -257,7 +240,7 @@ def _union(alts: list[dict[str, Any]], path: str) -> dict[str, Any]:
 
 def _json_branch(node: Any, path: str) -> Any:
     """A union branch kept whole (objects, maps and arrays inside it too), annotations dropped; a refused
-    construct inside it refused as anywhere (:data:`REFUSED`)."""
+    construct inside it refused as anywhere (:data:`~memagent.extraction.keywords.REFUSED`)."""
     if not isinstance(node, dict):
         return node
     for word, what in REFUSED.items():
@@ -449,7 +432,6 @@ def resolve(schema: Any) -> Resolved:
     for word in ("description", "title"):
         if isinstance(schema.get(word), str):
             derived[word] = schema[word]
-    notes = builder.notes - {"title", "$schema", "$id", "$defs", "definitions", "$comment", "x-link", KIND,
-                             "x-pydantic-model"}
+    notes = builder.notes - UNLISTED
     return Resolved(derived, original, dict(builder.links), tuple(sorted(notes)), _without_records(root),
                     builder.items)

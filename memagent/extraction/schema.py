@@ -426,7 +426,24 @@ def load_schema(path: str | PathLike[str] | type) -> ExtractionSchema:
         raise ValueError(f"schema file {path} cannot be read: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"schema file {path} is not valid JSON: {e}") from None
-    return schema_from(data, f"schema file {path}")
+    return schema_from(unwrapped(data), f"schema file {path}")
+
+
+# Files that hold a schema under one key: OpenAI's `response_format` `json_schema` object (`name`, `schema`,
+# `strict`) and ExtractBench's (`name`, `description`, `schema_definition`).
+SCHEMA_WRAPPER_KEYS = ("schema", "json_schema", "schema_definition")
+
+
+def unwrapped(data: Any) -> Any:
+    """The schema a wrapper file holds (``{"name": …, "schema": {…}}``, ``{"json_schema": {…}}``,
+    ``{"schema_definition": {…}}``); ``data`` itself when it is a schema (it has ``type``, ``properties`` or
+    ``$ref``) or holds no wrapper key."""
+    while isinstance(data, dict) and not {"type", "properties", "$ref"} & data.keys():
+        inner = [data[k] for k in SCHEMA_WRAPPER_KEYS if isinstance(data.get(k), dict)]
+        if len(inner) != 1:
+            return data
+        data = inner[0]
+    return data
 
 
 def schema_from(data: Any, where: str = "schema") -> ExtractionSchema:

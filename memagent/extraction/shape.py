@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from memagent.extraction.kinds import KINDS, kind_of
+from memagent.json_walk import walk_json
 
 NULLABLE = "x-nullable"  # a property the user's schema requires but lets be null (absent is filled as null)
 
@@ -85,11 +86,21 @@ class Resolved:
 
 
 def without_nulls(obj: Any) -> Any:
-    """``obj`` with every ``null`` property taken out, objects walked: a null states nothing, as an absent
-    key does (the grammar writes neither; a server's model may write null for an optional value)."""
+    """``obj`` with every ``null`` property taken out, objects inside objects walked (not arrays): a null states
+    nothing, as an absent key does (the grammar writes neither; a server's model may write null for an optional
+    value). ``obj`` itself is left as it was (each object edited is a copy; arrays and values are shared)."""
     if not isinstance(obj, dict):
         return obj
-    return {k: without_nulls(v) for k, v in obj.items() if v is not None}
+    out = dict(obj)
+    for path, node in walk_json(out):  # iterative: a model's reply may nest deeper than the recursion limit
+        if not isinstance(node, dict) or any(isinstance(k, int) for k in path):
+            continue  # an array's items are kept as they are
+        for key in [k for k, v in node.items() if v is None]:
+            del node[key]
+        for key, value in node.items():
+            if isinstance(value, dict):
+                node[key] = dict(value)  # the walk takes the copy, edited when it comes
+    return out
 
 
 def _errors(schema: Mapping[str, Any], obj: Any) -> list[Any]:

@@ -145,46 +145,56 @@ def fields_html(views: Sequence[Mapping[str, Any]], fields: list[dict[str, Any]]
         return ""
     kinds = {f["name"]: f for f in fields or []}
     names = list(dict.fromkeys([*kinds, *(x[0] for v in rows for x in v.get("x") or [])]))
-    n = len(rows)
     h = ['<h3 id="fields">Extracted fields</h3><p class="mut">Filled: rows with a value, of all rows. '
          "With evidence: values found in the document (click a row, then the value, for its span). "
          "Click a count to list its rows.</p>",
          '<table class="fields"><tr><th>field</th><th>type</th><th>filled</th><th>with evidence</th>'
          "<th>values</th></tr>"]
-    for name in names:
-        got = [dict(zip(("f", "v", "s", "a", "b"), x)) for v in rows for x in v.get("x") or [] if x[0] == name]
-        filled = [g for g in got if g["v"] is not None]
-        with_ev = sum(1 for g in filled if g["a"] is not None)
-        spec = kinds.get(name) or {}
-        kind = spec.get("kind") or ("boolean" if filled and all(g["v"] in ("true", "false") for g in filled) else "")
-        rate = f"{100 * len(filled) / n:.1f}%" if n else "n/a"
-        fill = (f'<a href="{_href(name, "*")}">{len(filled)}</a> of {n} ({rate})'
-                + (f' · <a href="{_href(name, "")}">{n - len(filled)} empty</a>' if len(filled) < n else ""))
-        ev = f"{with_ev} of {len(filled)}" if filled else "–"
-        counts = Counter(g["v"] for g in filled)
-        if kind in DISTRIBUTION_KINDS or spec.get("enum"):
-            order = [json.dumps(x, ensure_ascii=False) for x in spec.get("enum") or []] or (
-                ["true", "false"] if kind == "boolean" else [])
-            order += [v for v, _ in counts.most_common() if v not in order]
-            cells = []
-            for k, value in enumerate(order):
-                c = counts.get(value, 0)
-                if k >= MAX_DISTINCT_SHOWN:
-                    rest = sum(counts.get(v, 0) for v in order[k:])
-                    cells.append(f'<span class="mut">{len(order) - k} more values: {rest}</span>')
-                    break
-                share = 100 * c / len(filled) if filled else 0
-                label = _e(json.loads(value) if value.startswith('"') else value)
-                count = f'<a href="{_href(name, value)}">{c}</a>' if c else "0"
-                cells.append(f'<div class="dist"><span class="dl">{label}</span><span class="db">'
-                             f'<i style="width:{share:.1f}%"></i></span> {count} <span class="mut">'
-                             f"({share:.0f}%)</span></div>")
-            values = "".join(cells)
-        else:
-            top = ", ".join(f'<a href="{_href(name, v)}"><code>{_e(v)}</code></a>&nbsp;×{c}'
-                            for v, c in counts.most_common(3) if c > 1)
-            values = f"{len(counts)} distinct" + (f"; most frequent: {top}" if top else "")
-        h.append(f"<tr><td><code>{_e(name)}</code></td><td>{_e(kind)}</td><td>{fill}</td><td>{ev}</td>"
-                 f"<td>{values}</td></tr>")
+    h += [_field_row(name, rows, kinds.get(name) or {}) for name in names]
     h.append("</table>")
     return "\n".join(h)
+
+
+def _field_row(name: str, rows: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> str:
+    """One field's row of the summary: its type, how many rows filled it, how many of those with evidence, and its
+    values (a distribution for an enum, a boolean or a kind in DISTRIBUTION_KINDS; else the most frequent)."""
+    n = len(rows)
+    got = [dict(zip(("f", "v", "s", "a", "b"), x)) for v in rows for x in v.get("x") or [] if x[0] == name]
+    filled = [g for g in got if g["v"] is not None]
+    with_ev = sum(1 for g in filled if g["a"] is not None)
+    kind = spec.get("kind") or ("boolean" if filled and all(g["v"] in ("true", "false") for g in filled) else "")
+    rate = f"{100 * len(filled) / n:.1f}%" if n else "n/a"
+    fill = (f'<a href="{_href(name, "*")}">{len(filled)}</a> of {n} ({rate})'
+            + (f' · <a href="{_href(name, "")}">{n - len(filled)} empty</a>' if len(filled) < n else ""))
+    ev = f"{with_ev} of {len(filled)}" if filled else "–"
+    counts = Counter(g["v"] for g in filled)
+    if kind in DISTRIBUTION_KINDS or spec.get("enum"):
+        values = _distribution(name, spec, kind, counts, len(filled))
+    else:
+        top = ", ".join(f'<a href="{_href(name, v)}"><code>{_e(v)}</code></a>&nbsp;×{c}'
+                        for v, c in counts.most_common(3) if c > 1)
+        values = f"{len(counts)} distinct" + (f"; most frequent: {top}" if top else "")
+    return (f"<tr><td><code>{_e(name)}</code></td><td>{_e(kind)}</td><td>{fill}</td><td>{ev}</td>"
+            f"<td>{values}</td></tr>")
+
+
+def _distribution(name: str, spec: Mapping[str, Any], kind: str, counts: Counter, filled: int) -> str:
+    """A bar per value (the enum's order, or true/false, then the others by count; at most MAX_DISTINCT_SHOWN),
+    each with its count linking to its rows."""
+    order = [json.dumps(x, ensure_ascii=False) for x in spec.get("enum") or []] or (
+        ["true", "false"] if kind == "boolean" else [])
+    order += [v for v, _ in counts.most_common() if v not in order]
+    cells = []
+    for k, value in enumerate(order):
+        c = counts.get(value, 0)
+        if k >= MAX_DISTINCT_SHOWN:
+            rest = sum(counts.get(v, 0) for v in order[k:])
+            cells.append(f'<span class="mut">{len(order) - k} more values: {rest}</span>')
+            break
+        share = 100 * c / filled if filled else 0
+        label = _e(json.loads(value) if value.startswith('"') else value)
+        count = f'<a href="{_href(name, value)}">{c}</a>' if c else "0"
+        cells.append(f'<div class="dist"><span class="dl">{label}</span><span class="db">'
+                     f'<i style="width:{share:.1f}%"></i></span> {count} <span class="mut">'
+                     f"({share:.0f}%)</span></div>")
+    return "".join(cells)

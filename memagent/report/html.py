@@ -144,32 +144,9 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
     answers = [raw] if isinstance(raw, str) else [str(a) for a in raw or []]
     context = row.get("context") if isinstance(row.get("context"), str) else None
     prediction = row.get("prediction")
-    if "answer_found_step" in row and "evidence_step" in row:
-        ev = (row.get("evidence_step"), row.get("evidence_char_start"), row.get("evidence_char_end"))
-        found, lost = row.get("answer_found_step"), row.get("answer_lost_step")
-        spans = [(s["char_start"], s["char_end"]) for s in row.get("answer_spans") or []]
-        held = [holds(metric, s.get("memory"), answers) for s in memory_steps(steps)] if answers else []
-    else:  # an output written before the attribution columns
-        at = attribute(steps, prediction, answers, context, metric) if not row.get("error") else None
-        ev = (at.evidence_step, at.evidence_char_start, at.evidence_char_end) if at else (None, None, None)
-        found, lost = (at.answer_found_step, at.answer_lost_step) if at else (None, None)
-        spans = [(s["char_start"], s["char_end"]) for s in (at.answer_spans or [])] if at else []
-        held = at.held if at else []
+    ev, found, lost, spans, held = _attribution(row, steps, answers, context, metric)
     evidence = ev if ev[0] is not None else None
-    # Per step [step, kind, char_start, char_end, completion tokens, finish reason, memory, diff_ops];
-    # the answer step reads the last memory (its text is not repeated; full-context's is empty).
-    prev, st = "", []
-    for s in steps:
-        mem = s.get("memory") or ""
-        kind = "m" if s.get("kind", "memory") == "memory" else "a"
-        entry = [s.get("step"), kind, s.get("char_start"), s.get("char_end"), s.get("completion_tokens"),
-                 s.get("finish_reason")]
-        if kind == "m":
-            entry += [mem, diff_ops(prev, mem)]
-            prev = mem
-        elif mem and mem != prev:
-            entry += [clip(mem, 4000), []]
-        st.append(entry)
+    st = _step_entries(steps)
     view = {
         "k": key or str(row.get("id")), "id": str(row.get("id")), "q": clip(row.get("question")),
         "a": [clip(a, 200) for a in answers] or None, "p": clip(prediction), "s": row.get("score"),
@@ -187,6 +164,42 @@ def row_view(row: Mapping[str, Any], key: str | None = None, metric: str = "sub_
     add_page_labels(view, row.get(PAGES_COLUMN))
     view["rt"] = retention_view(row)  # known evidence (needles, supporting paragraphs) in the memory per step
     return {k: v for k, v in view.items() if v is not None}
+
+
+def _attribution(row: Mapping[str, Any], steps: list[Any], answers: list[str], context: str | None,
+                 metric: str) -> tuple[tuple[Any, Any, Any], Any, Any, list[tuple[Any, Any]], list[bool]]:
+    """The row's evidence ``(step, char_start, char_end)``, the steps its answer was found and lost at, the gold
+    answers' spans in the text and, per memory step, whether that memory held an answer: from the row's
+    attribution columns, or computed here for an output written before them."""
+    if "answer_found_step" in row and "evidence_step" in row:
+        ev = (row.get("evidence_step"), row.get("evidence_char_start"), row.get("evidence_char_end"))
+        spans = [(s["char_start"], s["char_end"]) for s in row.get("answer_spans") or []]
+        held = [holds(metric, s.get("memory"), answers) for s in memory_steps(steps)] if answers else []
+        return ev, row.get("answer_found_step"), row.get("answer_lost_step"), spans, held
+    at = attribute(steps, row.get("prediction"), answers, context, metric) if not row.get("error") else None
+    if at is None:
+        return (None, None, None), None, None, [], []
+    spans = [(s["char_start"], s["char_end"]) for s in (at.answer_spans or [])]
+    return ((at.evidence_step, at.evidence_char_start, at.evidence_char_end), at.answer_found_step,
+            at.answer_lost_step, spans, at.held)
+
+
+def _step_entries(steps: list[Any]) -> list[list[Any]]:
+    """Per step ``[step, kind, char_start, char_end, completion tokens, finish reason, memory, diff_ops]``; the
+    answer step reads the last memory (its text is not repeated; full-context's is empty)."""
+    prev, st = "", []
+    for s in steps:
+        mem = s.get("memory") or ""
+        kind = "m" if s.get("kind", "memory") == "memory" else "a"
+        entry = [s.get("step"), kind, s.get("char_start"), s.get("char_end"), s.get("completion_tokens"),
+                 s.get("finish_reason")]
+        if kind == "m":
+            entry += [mem, diff_ops(prev, mem)]
+            prev = mem
+        elif mem and mem != prev:
+            entry += [clip(mem, 4000), []]
+        st.append(entry)
+    return st
 
 
 def add_page_labels(view: dict[str, Any], pages: Any) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_log_probs", "entropy_from_logits", "k3_kl", "masked_mean", "policy_loss"]
+__all__ = ["token_log_probs", "entropy_from_logits", "k3_kl", "masked_mean", "token_mean", "policy_loss"]
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -74,7 +74,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     num_tokens: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped, token-mean policy-gradient loss of one (micro-)batch of conversations.
+    """DAPO's clipped, token-mean policy-gradient loss of one (micro-)batch of conversations (module docstring).
 
     Args:
         logp: ``[B, T]`` log-probs of the response tokens under the current policy (with grad).
@@ -90,31 +90,50 @@ def policy_loss(
         num_tokens: the token-mean's denominator (default ``mask.sum()``).
 
     Returns:
-        ``(loss, metrics)``: the scalar loss to back-propagate, and floats averaged over this
-        batch's masked tokens: ``pg_loss``, ``kl``, ``entropy``, ``clip_frac`` (tokens whose
-        clipped branch was taken), ``clip_high_frac`` (A > 0, ratio > 1 + clip_high),
-        ``clip_low_frac`` (A < 0, ratio < 1 - clip_low), ``dual_clip_frac``, ``ratio``,
-        ``approx_kl_old`` (k3 of old vs new) and ``tokens``.
+        ``(loss, metrics)``: the scalar loss to back-propagate, and :func:`_loss_metrics`' floats.
 
     Example: one token, A = +1, ratio = 1.5, clip_high = 0.2 -> loss = -1.2 (clipped, no
     gradient); with A = -1 and ratio = 0.5, clip_low = 0.2 -> loss = max(0.5, 0.8) = 0.8.
     """
     _check(logp, old_logp, mask, dual_clip)
-    mask, adv = mask.to(logp.dtype), advantages.to(logp.dtype)
-    if adv.ndim == 1:
-        adv = adv.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]
-    denom = (mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=logp.dtype)).clamp(min=1.0)
-
+    mask, adv = mask.to(logp.dtype), _per_token(advantages, logp)  # [B, T]
     ratio = (logp - old_logp).clamp(-20.0, 20.0).exp()  # [B, T]; clamp keeps exp finite
     pg, clipped, dual_hit = clipped_pg(adv, ratio, clip_low, clip_high, dual_clip)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else None
     per_token = pg + kl_coef * kl if kl is not None and kl_coef else pg
-    loss = (per_token * mask).sum() / denom
+    loss = token_mean(per_token, mask, num_tokens)
     with torch.no_grad():
-        metrics = {"pg_loss": masked_mean(pg, mask).item(),
-                   **_clip_fractions(adv, ratio, clipped, dual_hit, mask, clip_low, clip_high),
-                   **_logged(logp, old_logp, ratio, kl, entropy, mask)}
+        metrics = _loss_metrics(pg, adv, ratio, clipped, dual_hit, clip_low, clip_high, kl, logp, old_logp,
+                                entropy, mask)
     return loss, metrics
+
+
+def _per_token(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Advantages ``[B]`` (one per conversation) broadcast over its tokens to ``[B, T]``; ``[B, T]`` as they are."""
+    adv = advantages.to(logp.dtype)
+    return adv.unsqueeze(-1).expand_as(logp) if adv.ndim == 1 else adv
+
+
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_tokens: float | torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """DAPO's token-level mean, ``[B, T]`` -> scalar: ``sum_{b,t} mask * per_token / num_tokens`` (default
+    ``mask.sum()``). Every token weighs the same, whatever the length or the number of conversations it is in.
+    """
+    denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=per_token.dtype)
+    return (per_token * mask).sum() / denom.clamp(min=1.0)
+
+
+def _loss_metrics(pg: torch.Tensor, adv: torch.Tensor, ratio: torch.Tensor, clipped: torch.Tensor,
+                  dual_hit: torch.Tensor, clip_low: float, clip_high: float, kl: torch.Tensor | None,
+                  logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor | None,
+                  mask: torch.Tensor) -> dict[str, float]:
+    """The floats :func:`policy_loss` logs, averaged over the batch's masked tokens: ``pg_loss``, ``kl``,
+    ``entropy``, ``clip_frac`` (tokens whose clipped branch was taken), ``clip_high_frac`` (A > 0, ratio >
+    1 + clip_high), ``clip_low_frac`` (A < 0, ratio < 1 - clip_low), ``dual_clip_frac``, ``ratio``,
+    ``approx_kl_old`` (k3 of old vs new) and ``tokens``."""
+    return {"pg_loss": masked_mean(pg, mask).item(),
+            **_clip_fractions(adv, ratio, clipped, dual_hit, mask, clip_low, clip_high),
+            **_logged(logp, old_logp, ratio, kl, entropy, mask)}
 
 
 def _clip_fractions(adv: torch.Tensor, ratio: torch.Tensor, clipped: torch.Tensor, dual_hit: torch.Tensor,

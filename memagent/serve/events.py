@@ -42,7 +42,7 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
-    """A memory update's note, as the chain writes it."""
+    """A memory update's note, as the read writes it."""
 
     text: str
 

@@ -7,14 +7,14 @@ user message holds both (:func:`one_message`): with ``response_format`` json_sch
 (LangExtract's shape: the schema is the question); otherwise, when it is longer than ``query_tokens``,
 its last paragraph (the text after its last blank line) is the question and the rest the document. A
 question still over ``query_tokens`` is a 400 that says where the document goes. ``usage`` counts every
-token the chain read and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
+token the read took and wrote; the trace rides in the ``memagent`` extension field; streamed, each memory
 update is a reasoning delta before the answer. The final answer is the engine's model's, asked with
 the client's tools, stop strings, seed, logprobs and ``json_object`` over the memory (so it streams,
-calls tools and stops as the engine's model does). With ``response_format`` json_schema the
-extraction chain runs: the schema's fields are the question, the reply the user's whole object (any
+calls tools and stops as the engine's model does). With ``response_format`` json_schema an
+extraction read runs: the schema's fields are the question, the reply the user's whole object (any
 schema the extraction job takes: Pydantic's ``$defs``, nested models, lists of models, records nested
 back where the schema has them; the per-record evidence in the extension field). Cancelling the
-request (a disconnect) cancels the chain.
+request (a disconnect) cancels the read.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class MemAgentModel:
     tools, ``tool_choice``, ``stop``, ``seed``, ``logprobs`` and ``json_object``, over the answer prompt
     (question and memory, no document): whatever the engine's model takes, the memory agent's answer
     takes; the memory updates are sampled with the request's temperature and seed. ``json_schema``
-    runs the extraction chain instead (its answer is the schema's calls)."""
+    runs an extraction read instead (its answer is the schema's calls)."""
 
     def __init__(self, engine: Engine, max_tokens: int, config: AgentConfig | None = None):
         self.engine, self.max_tokens = engine, max_tokens
@@ -171,10 +171,11 @@ class MemAgentModel:
                 updates.put_nowait(notes[-1])
 
         if run.question is None:
-            chain = read_document(self.engine, None, run.document, run.config, on_step=on_step, seed=req.seed)
+            read = asyncio.ensure_future(read_document(self.engine, None, run.document, run.config, on_step=on_step,
+                                                       seed=req.seed))
         else:
-            chain = read_memory(self.engine, run.question, run.document, run.config, on_step=on_step, seed=req.seed)
-        read = asyncio.ensure_future(chain)
+            read = asyncio.ensure_future(read_memory(self.engine, run.question, run.document, run.config,
+                                                     on_step=on_step, seed=req.seed))
         try:
             async for note in _as_written(read, updates):
                 yield ReasoningDelta(note)
@@ -186,7 +187,7 @@ class MemAgentModel:
                 yield Done(_unreadable(exc, "".join(notes)))
                 return
         finally:
-            read.cancel()  # a disconnect (the generator closed) stops the chain
+            read.cancel()  # a disconnect (the generator closed) stops the read
         if isinstance(done, Result):
             yield Done(_reply(done, run.config, "".join(notes)))
             return
@@ -199,7 +200,7 @@ class MemAgentModel:
 
 
 async def _as_written(read: asyncio.Future, updates: asyncio.Queue[str]) -> AsyncIterator[str]:
-    """Each memory note as the chain writes it, until the chain has ended and every note was sent."""
+    """Each memory note as the read writes it, until the read has ended and every note was sent."""
     while not read.done() or not updates.empty():
         getter = asyncio.ensure_future(updates.get())
         await asyncio.wait({getter, read}, return_when=asyncio.FIRST_COMPLETED)
@@ -210,7 +211,7 @@ async def _as_written(read: asyncio.Future, updates: asyncio.Queue[str]) -> Asyn
 
 
 def _answered(read: MemoryRead, answer: Reply, config: AgentConfig, reasoning: str, seconds: float) -> Reply:
-    """The engine's answer as the memory agent's reply: usage and trace over the whole chain."""
+    """The engine's answer as the memory agent's reply: usage and trace over the whole read."""
     step = Step(step=len(read.steps), kind="answer", chunk_index=None, char_start=None, char_end=None,
                 memory=read.memory, prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
                 finish_reason=answer.finish_reason, seconds=round(seconds, 4))

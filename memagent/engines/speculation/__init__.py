@@ -5,7 +5,7 @@ reply's last n-gram usually occurs earlier in its prompt (or reply), and the tok
 it there are a good guess for what comes next. The decode loop (:mod:`memagent.engines.hf_decode`)
 feeds each row's pending token plus its draft in one forward pass and keeps, per row, the
 drafted tokens the model agrees with plus the model's own next token, so the output is the
-model's (:mod:`.acceptance`: greedy keeps the argmax chain, sampling keeps the distribution).
+model's (:mod:`.acceptance`: greedy keeps the argmax continuation, sampling keeps the distribution).
 
 - :mod:`.drafters`: n-gram lookup over an index of the row's tokens (:class:`NgramDrafter`) and
   aligned drafting (:class:`AlignedDrafter`): a memory update is mostly a copy of the previous

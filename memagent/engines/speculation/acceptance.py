@@ -1,7 +1,7 @@
 """Acceptance: which drafted tokens a step keeps, and each drafter's running acceptance rate.
 
 - greedy: a drafted token is kept iff it is the argmax at its position, so the reply is the
-  argmax chain, token for token (up to float rounding of a (k+1)-token forward against k+1
+  argmax continuation, token for token (up to float rounding of a (k+1)-token forward against k+1
   one-token forwards: a flip needs a near-tie of the top two logits);
 - sampling: the rule for a deterministic draft x (a point-mass proposal q = δ_x): keep x with
   probability p(x), else sample from p with x removed and renormalised (p(y) / (1 - p(x)) for
