@@ -1,14 +1,15 @@
-"""OpenAI Batch API runs against ``memagent batch``: the API's overhead, and the work a kill at 50% recomputes.
+"""OpenAI Batch API runs against ``memagent batch``: the API's cost per document, and what a kill at 50% redoes.
 
     python -m benchmarks.openai_batch --docs 4 --chats 8 --doc-tokens 1200
 
-1. ``api_vs_batch``: the same long documents (memagent lines) answered by the runner behind ``/v1/batches``
-   (:meth:`pipelines.openai_batch_api.BatchService.run`: parse, the batch job, output files) and by
-   ``run_batch_qa`` on the same rows as Parquet (``memagent batch``); then the mixed batch (documents and short
-   chats). HTTP upload and polling are not in the figure (a few ms each).
-2. ``kill_at_50``: ``memagent run-batch`` on the mixed batch, SIGKILLed with every process under it (the local
-   Ray's GCS, raylet and actors: the machine lost) once half the documents' chunks are checkpointed, then rerun: the chunks the rerun reads beyond those left at the kill are the recomputed work
-   (at most one checkpoint interval, here 1 chunk, per document being read).
+1. ``api_vs_batch``: the same long documents (memagent lines, greedy) answered by the runner behind
+   ``/v1/batches`` (:meth:`pipelines.openai_batch_api.BatchService.run`: parse, each line through serve's
+   handler in one process, output files) and by ``run_batch_qa`` on the same rows as Parquet (``memagent
+   batch``, Ray actors); then the mixed batch (documents and short chats). HTTP upload and polling are not in
+   the figure (a few ms each).
+2. ``kill_at_50``: ``memagent run-batch`` on the mixed batch, SIGKILLed with its process group once half the
+   lines are answered, then rerun: the lines answered before the kill must not be answered again (the
+   documents being read at the kill are read again from their start: batch lines keep no checkpoints).
 
 Writes benchmarks/results/openai_batch.json and prints a table.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -38,8 +38,9 @@ def request_lines(model_dir: str, docs: int, chats: int, tokens: int) -> list[di
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     lines = [{"custom_id": f"doc-{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "memagent", "messages": [{"role": "user", "content": r["context"]},
-                                                         {"role": "user", "content": r["question"]}]}}
+              "body": {"model": "memagent", "temperature": 0,  # greedy, as the batch job's default agent reads
+                       "messages": [{"role": "user", "content": r["context"]},
+                                    {"role": "user", "content": r["question"]}]}}
              for i, r in enumerate(niah_docs(tok, docs, tokens))]
     lines += [{"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
                "body": {"model": "tiny-llama", "max_tokens": 16, "messages": [{"role": "user", "content": f"Hi {i}"}]}}
@@ -70,8 +71,7 @@ def api_vs_batch(model_dir: str, lines: list[dict], work: Path, repeats: int) ->
         rows.append({"id": x["custom_id"], "question": question, "context": document})
     (work / "in").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows), work / "in" / "part-0.parquet")
-    service = BatchService(str(work / "root"), BatchRunConfig(engine=engine, agent=agent, job=job,
-                                                                engine_model="tiny-llama"))
+    service = BatchService(str(work / "root"), BatchRunConfig(engine=engine, agent=agent, engine_model="tiny-llama"))
 
     def via_api(subset: list[dict]) -> float:
         f = service.add_file(jsonl(subset), "r.jsonl", "batch")
@@ -101,66 +101,29 @@ def api_vs_batch(model_dir: str, lines: list[dict], work: Path, repeats: int) ->
     return times
 
 
-def _checkpointed(work: Path) -> dict[str, int]:
-    """Chunks checkpointed per row log (the end step of its last segment)."""
-    out = {}
-    for log in work.glob("run/job_output/_progress/*"):
-        ends = [int(m.group(1)) for p in log.glob("*.json") if (m := re.match(r"\d+-(\d+)\.json", p.name))]
-        if ends:
-            out[log.name] = max(ends)
-    return out
-
-
-def kill_at_50(model_dir: str, lines: list[dict], work: Path, total_chunks: int) -> dict:
+def kill_at_50(model_dir: str, lines: list[dict], work: Path) -> dict:
+    """``memagent run-batch`` SIGKILLed once half the lines are answered, then rerun on the same state."""
     requests, out = work / "requests.jsonl", work / "results.jsonl"
     work.mkdir(parents=True, exist_ok=True)
     requests.write_text("".join(json.dumps(x) + "\n" for x in lines))
     cmd = [sys.executable, "-m", "memagent_cli", "run-batch", "-i", str(requests), "-o", str(out), "-q",
-           "--model", model_dir, "--served-model", "tiny-llama", "--checkpoint-every-steps", "1",
+           "--model", model_dir, "--served-model", "tiny-llama",
            *[a for k, v in AGENT.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
-    state = work / "results.jsonl.work"
-    while proc.poll() is None and sum(_checkpointed(state).values()) < total_chunks / 2:
+    proc = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.DEVNULL)
+    answered = work / "results.jsonl.work" / "run" / "lines"
+    while proc.poll() is None and len(list(answered.glob("*.json"))) < len(lines) / 2:
         time.sleep(0.05)
-    # The machine dies: the driver and every process under it (the local Ray's GCS, raylet and the actors
-    # reading, which would otherwise run on for seconds in sessions of their own) killed at once.
-    import psutil
-
-    tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
-    at_kill = _checkpointed(state)
-    chats_at_kill = len(list(state.glob("run/chat/*.json")))
-    for pid in tree:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    os.killpg(proc.pid, signal.SIGKILL)  # the machine dies: the process and everything under it
     proc.wait()
-    time.sleep(2)
-    before_rerun = _checkpointed(state)
-    committed = set((state / "run" / "job_output").glob("*.parquet"))  # rows written before the kill: not read again
+    at_kill = {p: p.stat().st_mtime_ns for p in answered.glob("*.json")}
     t = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     rerun_s = time.perf_counter() - t
-    import pyarrow.dataset as pads
-
-    files = sorted(set((state / "run" / "job_output").glob("*.parquet")) - committed)
-    rows = pads.dataset([str(f) for f in files], format="parquet").to_table(
-        columns=["id", "n_chunks", "resumed_at_chunk"]).to_pylist()  # the rows the rerun read
-    read_again = sum(r["n_chunks"] - (r["resumed_at_chunk"] or 0) for r in rows)
-    from pipelines.storage import row_key
-
-    left = sum(r["n_chunks"] - before_rerun.get(row_key(r["id"]), 0) for r in rows)
     results = [json.loads(x) for x in out.read_text().splitlines()]
-    return {"checkpointed_chunks_at_kill": sum(at_kill.values()), "chats_committed_at_kill": chats_at_kill,
-            "checkpointed_chunks_before_rerun": sum(before_rerun.values()),
-            "docs_committed_before_rerun": pads.dataset([str(f) for f in committed], format="parquet").count_rows()
-            if committed else 0,
-            "rows_read_by_rerun": len(rows),
-            "chunks_left_at_kill": left, "chunks_read_by_rerun": read_again,
-            "recomputed_chunks": read_again - left, "docs_being_read_at_kill": sum(1 for r in rows if before_rerun.get(row_key(r["id"]))),
-            "resumed_at_chunk": {r["id"]: r["resumed_at_chunk"] for r in rows},
-            "rerun_s": rerun_s, "custom_ids_once": len({r["custom_id"] for r in results}) == len(results) == len(lines)}
+    return {"lines_answered_at_kill": len(at_kill),
+            "lines_answered_again": sum(p.stat().st_mtime_ns != m for p, m in at_kill.items()),
+            "lines_answered_by_rerun": len(list(answered.glob("*.json"))) - len(at_kill), "rerun_s": rerun_s,
+            "custom_ids_once": len({r["custom_id"] for r in results}) == len(results) == len(lines)}
 
 
 def main() -> None:
@@ -176,8 +139,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-openai-batch-"))
     load = loadavg()
     timings = api_vs_batch(model_dir, lines, work / "a", args.repeats)
-    total_chunks = args.docs * -(-args.doc_tokens // AGENT["chunk_tokens"])
-    kill = kill_at_50(model_dir, lines, work / "k", total_chunks)
+    kill = kill_at_50(model_dir, lines, work / "k")
     data = {"settings": {**vars(args), "agent": AGENT, "model": "tiny-llama (random, 2 layers)"},
             "api_vs_batch": timings, "kill_at_50": kill, "load_before": load, "load_after": loadavg(),
             "machine": machine()}

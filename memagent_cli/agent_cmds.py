@@ -87,20 +87,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"at http://{server.host}:{server.port}/v1{key}", file=sys.stderr)
     if server.memagent_model:
         print(f"also serving the memory agent as {server.memagent_model!r}", file=sys.stderr)
-    serve(engine, server, agent, extra_routers=_batch_routes(args, config, agent, engine.name, server.max_tokens))
+    serve(engine, server, agent, extra_routers=_batch_routes(args, config, agent, engine.name, server))
     return 0
 
 
-def _batch_routes(args: argparse.Namespace, engine: Any, agent: Any, name: str, max_tokens: int) -> list:
+def _batch_routes(args: argparse.Namespace, engine: Any, agent: Any, name: str, server: Any) -> list:
     """/v1/files and /v1/batches when --batch-root is set; unfinished batches there resume now."""
     if not args.batch_root:
         return []
-    from pipelines.job import JobConfig
     from pipelines.openai_batch import BatchRunConfig
     from pipelines.openai_batch_api import BatchService, batch_router
 
-    cfg = BatchRunConfig(engine=engine, agent=agent, job=JobConfig(progress=False), engine_model=name,
-                         max_tokens=max_tokens, s3=s3_options(args))
+    # The lines are answered as this server answers its chat requests: same models, limits and reasoning field.
+    cfg = BatchRunConfig(engine=engine, agent=agent, engine_model=name, max_tokens=server.max_tokens,
+                         s3=s3_options(args), memagent_model=server.memagent_model or None,
+                         reasoning_field=server.reasoning_field)
     print(f"batches: /v1/files and /v1/batches, state under {args.batch_root}", file=sys.stderr)
     return [batch_router(BatchService(args.batch_root, cfg).start())]
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from memagent_cli.flags import add_model_flags, build
 from memagent_cli.options import (
-    add_agent_flags, add_engine_flags, add_job_flags, add_s3_flags, agent_config, engine_config, job_config, s3_options,
+    add_agent_flags, add_engine_flags, add_s3_flags, agent_config, engine_config, s3_options,
 )
 
 
 def batch_run_config(args: argparse.Namespace, engine_model: str | None = None):
-    """The BatchRunConfig of the engine, agent, job and S3 flags."""
+    """The BatchRunConfig of the batch, engine, agent and S3 flags."""
     from pipelines.openai_batch import BatchRunConfig
 
-    return BatchRunConfig(engine=engine_config(args, drop=("served_model",)), agent=agent_config(args),
-                          job=job_config(args), s3=s3_options(args), engine_model=engine_model)
+    values = {**args._run_flags.values(args), "engine": engine_config(args, drop=("served_model",)),
+              "agent": agent_config(args), "s3": s3_options(args), "engine_model": engine_model}
+    return build(BatchRunConfig, values, "run-batch options")
 
 
 def cmd_run_batch(args: argparse.Namespace) -> int:
@@ -32,7 +34,7 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
         for error in duplicates:
             print(f"error: {args.input}: {error['message']}", file=sys.stderr)
         return 2
-    # State beside the output: a rerun with the same -o skips answered lines and resumes documents.
+    # State beside the output: a rerun with the same -o answers only the lines not answered yet.
     work = Store(args.output.rstrip("/") + ".work", cfg.s3)
     bar = tqdm(total=None, unit="line", desc="run-batch", disable=args.quiet or None, file=sys.stderr)
 
@@ -58,14 +60,17 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     rb = sub.add_parser("run-batch", parents=[common],
-                        help="answer an OpenAI Batch API request file (JSONL) with the batch job, no server")
+                        help="answer an OpenAI Batch API request file (JSONL) as `memagent serve` answers each "
+                        "request, no server")
     rb.add_argument("-i", "--input", required=True, help="request file: JSONL of custom_id, method, url, body "
                     "(local or s3://)")
     rb.add_argument("-o", "--output", required=True, help="results JSONL (local or s3://): output lines then error "
                     "lines; state goes to OUTPUT.work, and a rerun resumes from it")
     rb.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    from pipelines.openai_batch import BatchRunConfig
+
+    rb.set_defaults(_run_flags=add_model_flags(rb, BatchRunConfig, "batch lines", exclude=("engine_model",)))
     add_agent_flags(rb)
     add_engine_flags(rb)
-    add_job_flags(rb)
     add_s3_flags(rb)
     rb.set_defaults(func=cmd_run_batch, progress=False)

@@ -13,7 +13,8 @@ A checkpoint log is keyed by more: the row's fingerprint plus what changes the t
 arithmetic of a read without changing its answer's meaning (:func:`decode_parts`: dtype and
 device, the model files, the tokenizer files, the versions of the libraries that decode). A rerun
 after a library upgrade keeps its done rows, but never resumes a read written by the old stack;
-the row's ``checkpoint_ignored`` names the part that differed (:func:`key_difference`).
+the row's ``checkpoint_ignored`` names the part that differed (:func:`key_difference`). Each job
+setting is a part of its own too (:func:`settings_parts`), so a changed one is named with its values.
 """
 
 from __future__ import annotations
@@ -85,21 +86,50 @@ def decode_parts(engine_cfg: Any, engine: Any = None) -> dict[str, str]:
             "versions": json.dumps(versions, sort_keys=True)}
 
 
+def settings_parts(cfg: BatchQAConfig) -> dict[str, str]:
+    """The job settings that change answers (:func:`answer_key`), one key part each (``job.method``,
+    ``job.model``, ``agent.memory_heads``, ...), so that a checkpoint ignored for a changed setting names it
+    and its values. The row's input fingerprint covers them too; these only say which."""
+    settings = json.loads(answer_key(cfg))
+    agent = settings.pop("agent")
+    return {**{f"job.{k}": _part(v) for k, v in settings.items()}, **{f"agent.{k}": _part(v) for k, v in agent.items()}}
+
+
+def _part(value: Any) -> str:
+    """A setting as a key part: its JSON, or a hash of it when long (an extraction schema, prompts), so that every
+    checkpoint segment, which stores its key, stays small."""
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 64 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def checkpoint_key(input_fingerprint: str, parts: dict[str, str]) -> str:
     """The key a row's checkpoint log is written and read under."""
     return json.dumps({"input": input_fingerprint, **parts}, sort_keys=True)
 
 
 def key_difference(stored: str, wanted: str) -> str:
-    """Which parts of two checkpoint keys differ, in words ("dtype, versions"); "the input or config" when unknown."""
+    """Which parts of two checkpoint keys differ, in words: a setting with its values ("agent.memory_heads:
+    2 → 3"), a part of the stack by name ("dtype, versions"), "the input or config" when nothing says more."""
     try:
         a, b = json.loads(stored), json.loads(wanted)
     except (ValueError, RecursionError):  # a stored key is data from disk: any text, nested past the stack
         return "the input or config"
     if not isinstance(a, dict) or not isinstance(b, dict):
         return "the input or config"
-    names = {"input": "the input or config"}
-    return ", ".join(names.get(k, k) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)) or "nothing"
+    differ = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    settings = [k for k in differ if k.startswith(("job.", "agent."))]
+    if settings:  # the input fingerprint covers the settings: the settings that changed say more
+        differ = [k for k in differ if k != "input"]
+    words = [f"{k}: {_value(a.get(k))} → {_value(b.get(k))}" if k in settings else
+             "the input or config" if k == "input" else k for k in differ]
+    return ", ".join(words[:4] + [f"and {len(words) - 4} more"] * (len(words) > 4)) or "nothing"
+
+
+def _value(part: Any) -> str:
+    """A setting's value in a key (JSON text), short; "unset" for a key written without it."""
+    if not isinstance(part, str):
+        return "unset"
+    return part if len(part) <= 40 else part[:37] + "..."
 
 
 def job_question(cfg: BatchQAConfig) -> str | None:

@@ -2,8 +2,10 @@
 
 Every file and every batch's state is a JSON or data file under the storage root (nothing only in
 memory): a server killed mid-batch and started again on the same root picks each unfinished batch up
-(:meth:`BatchService.start`), and the batch job resumes it (finished lines skipped, documents from
-their checkpoints). One batch runs at a time, in a background thread, in the order created.
+(:meth:`BatchService.start`) and answers only its lines not answered yet. A batch keeps its own copy of
+its input file, taken at creation (``batches/<id>/input.jsonl``): deleting the file under a running batch
+changes nothing, before a restart or after. One batch runs at a time, in a background thread, in the
+order created.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import Response
 
+from memagent.serve.handling import load_body
 from memagent.serve.protocol import APIError
 from pipelines.openai_batch import ENDPOINT, BatchRunConfig, Store, duplicate_ids, jsonl, now, run_requests
 
@@ -24,6 +28,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 DAY_S = 24 * 3600
+CREATE_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata"})
 
 
 class BatchService:
@@ -45,9 +50,13 @@ class BatchService:
         return meta
 
     def file(self, file_id: str) -> dict:
-        raw = self.store.get(f"files/{_safe(file_id)}.json")
+        return self._record(f"files/{_safe(file_id)}.json", "File", file_id, "file_id", "file_not_found")
+
+    def _record(self, rel: str, kind: str, id_: str, param: str, code: str) -> dict:
+        """The JSON record at ``rel``, or OpenAI's 404 for the ``kind`` of object ``id_`` names."""
+        raw = self.store.get(rel)
         if raw is None:
-            raise APIError(404, f"No such File object: {file_id}", param="file_id", code="file_not_found")
+            raise APIError(404, f"No such {kind} object: {id_}", param=param, code=code)
         return json.loads(raw)
 
     def content(self, file_id: str) -> bytes:
@@ -66,6 +75,9 @@ class BatchService:
 
     # --- batches -------------------------------------------------------------------------------
     def create(self, body: dict) -> dict:
+        if unknown := sorted(set(body) - CREATE_FIELDS):  # as OpenAI answers an unknown argument: a 400 naming it
+            raise APIError(400, f"{unknown[0]}: Extra inputs are not permitted (a batch takes "
+                           f"{', '.join(sorted(CREATE_FIELDS))})", param=unknown[0])
         endpoint, window = body.get("endpoint"), body.get("completion_window")
         if endpoint != ENDPOINT:
             raise APIError(400, f"endpoint: this server runs batches of {ENDPOINT!r} only, got {endpoint!r}",
@@ -86,15 +98,16 @@ class BatchService:
                  "expires_at": t + DAY_S, "finalizing_at": None, "completed_at": None, "failed_at": None,
                  "expired_at": None, "cancelling_at": None, "cancelled_at": None,
                  "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": meta}
+        # The batch's own copy of its input, taken now as OpenAI's batch takes it at validation: the file deleted
+        # under the batch, before or after a restart, changes nothing; written before the batch exists.
+        self.store.put(f"batches/{batch['id']}/input.jsonl", self.content(input_file["id"]))
         self._save(batch)
         self.queue.put(batch["id"])
         return batch
 
     def batch(self, batch_id: str) -> dict:
-        raw = self.store.get(f"batches/{_safe(batch_id, 'batch_id')}/batch.json")
-        if raw is None:
-            raise APIError(404, f"No such Batch object: {batch_id}", param="batch_id", code="batch_not_found")
-        return json.loads(raw)
+        return self._record(f"batches/{_safe(batch_id, 'batch_id')}/batch.json", "Batch", batch_id, "batch_id",
+                            "batch_not_found")
 
     def batches(self, after: str | None, limit: int) -> dict:
         all_ = sorted((self.batch(n) for n in self.store.names("batches")), key=lambda b: (b["created_at"], b["id"]),
@@ -157,7 +170,9 @@ class BatchService:
         batch = self.batch(batch_id)
         if batch["status"] not in ACTIVE:
             return
-        data = self.content(batch["input_file_id"])
+        data = self.store.get(f"batches/{batch_id}/input.jsonl")
+        if data is None:
+            raise RuntimeError(f"the batch's copy of its input (batches/{batch_id}/input.jsonl) is missing")
         if batch["status"] == "validating":
             if duplicates := duplicate_ids(data):  # the batch fails validation, as OpenAI's does
                 self._update(batch_id, status="failed", failed_at=now(), errors={"object": "list", "data": duplicates})
@@ -200,7 +215,12 @@ def _safe(name: str, param: str = "file_id") -> str:
 def batch_router(service: BatchService) -> APIRouter:
     """The routes of OpenAI's Files and Batches APIs over ``service``."""
     router = APIRouter()
+    _file_routes(router, service)
+    _batch_routes(router, service)
+    return router
 
+
+def _file_routes(router: APIRouter, service: BatchService) -> None:
     @router.post("/v1/files")
     async def upload(file: UploadFile = File(...), purpose: str = Form(...)) -> dict:
         if purpose != "batch":
@@ -217,24 +237,18 @@ def batch_router(service: BatchService) -> APIRouter:
         return service.file(file_id)
 
     @router.get("/v1/files/{file_id}/content")
-    async def get_content(file_id: str) -> Any:
-        from fastapi.responses import Response
-
+    async def get_content(file_id: str) -> Response:
         return Response(service.content(file_id), media_type="application/jsonl")
 
     @router.delete("/v1/files/{file_id}")
     async def delete(file_id: str) -> dict:
         return service.delete_file(file_id)
 
+
+def _batch_routes(router: APIRouter, service: BatchService) -> None:
     @router.post("/v1/batches")
     async def create(request: Request) -> dict:
-        try:
-            body = json.loads(await request.body())
-        except ValueError as exc:
-            raise APIError(400, f"request body is not JSON: {exc}", code="invalid_body") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "request body must be a JSON object", code="invalid_body")
-        return service.create(body)
+        return service.create(load_body(await request.body()))
 
     @router.get("/v1/batches")
     async def list_batches(after: str | None = None, limit: int = 20) -> dict:
@@ -249,5 +263,3 @@ def batch_router(service: BatchService) -> APIRouter:
     @router.post("/v1/batches/{batch_id}/cancel")
     async def cancel(batch_id: str) -> dict:
         return service.cancel(batch_id)
-
-    return router

@@ -93,8 +93,10 @@ class AgentWorker:
         # Checkpoints beside the output (pipelines/checkpoints.py); none for the one-prompt baseline.
         every = job.checkpoint_every_steps
         self.checkpoints = CheckpointLog(cfg.output, cfg.s3, every, job.checkpoint_every_s) if memagent and every else None
-        # A read resumes only on the stack that wrote it: dtype, model and tokenizer files, library versions.
-        self.decode_parts = fingerprint.decode_parts(cfg.engine, inner) if self.checkpoints else {}
+        # A read resumes only on the stack that wrote it (dtype, model and tokenizer files, library versions) and
+        # with the settings it was read with, each a part of the key so that a changed one is named.
+        self.decode_parts = {**fingerprint.decode_parts(cfg.engine, inner), **fingerprint.settings_parts(cfg)} \
+            if self.checkpoints else {}
 
     async def _report(self) -> None:
         """Send the gate's counts to the run's ledger (awaited: the driver reads it after the last call)."""

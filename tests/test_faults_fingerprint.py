@@ -1,4 +1,5 @@
-"""A chain resumes only on the stack that wrote it: the checkpoint key covers dtype, model, tokenizer, versions."""
+"""A chain resumes only on the stack that wrote it: the checkpoint key covers dtype, model, tokenizer, versions;
+and only with the settings it was read with, a changed one named with its values."""
 
 from __future__ import annotations
 
@@ -69,3 +70,21 @@ def test_library_versions_are_in_the_key(tiny_llama_dir):
     versions = json.loads(decode_parts(EngineConfig(model=str(tiny_llama_dir)))["versions"])
     assert versions["torch"] == metadata.version("torch")
     assert versions["transformers"] == metadata.version("transformers")
+
+
+def test_a_chain_read_with_other_settings_names_the_setting_and_its_values(tmp_path, states):
+    """A log written with memory_heads 1 and read for memory_heads 2 is refused with "agent.memory_heads: 1 → 2",
+    not only "the input or config"."""
+    from pipelines.batch_config import BatchQAConfig
+    from pipelines.fingerprint import checkpoint_key, settings_parts
+
+    def key(heads: int) -> str:
+        cfg = BatchQAConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"),
+                            agent=AgentConfig(**{**FAST.model_dump(), "memory_tokens": 16, "memory_heads": heads}))
+        return checkpoint_key(f"fp{heads}", settings_parts(cfg))  # the input fingerprint covers the settings too
+
+    log = CheckpointLog(str(tmp_path / "out"), None, every_steps=1, every_s=3600)
+    log.write("r", key(1), states[2], 0)
+    assert log.load("r", key(1))[0] == states[2]
+    state, why = log.load("r", key(2))
+    assert state is None and "stale: agent.memory_heads: 1 → 2 differed" in why, why

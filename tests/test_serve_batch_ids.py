@@ -1,8 +1,9 @@
 """Batch API details (pipelines/openai_batch_api.py, openai_batch.py): an id holding anything but letters,
 digits, ``-`` and ``_`` is refused (before, its other characters were stripped, so ``file-a.b`` and
 ``file-ab`` named one file); a query parameter FastAPI cannot parse is a 400 in OpenAI's shape, not a 422;
-a ``memagent`` line's field the batch job would not honour is an error line naming it (before: dropped); a
-file repeating a ``custom_id`` fails validation naming the lines (before: the id was in both result files)."""
+a file repeating a ``custom_id`` fails validation naming the lines (before: the id was in both result files);
+an input file deleted under a batch changes nothing, before a restart or after (before: the batch completed,
+or after a restart failed, losing the lines answered)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from pipelines.openai_batch import BatchRunConfig, parse_requests
+from pipelines.openai_batch import BatchRunConfig
 from pipelines.openai_batch_api import BatchService, batch_router
 
 
@@ -66,21 +67,39 @@ def test_a_query_parameter_that_does_not_parse_is_a_400_naming_it(client):
     assert client.get("/v1/batches?limit=5").json()["object"] == "list"
 
 
-def test_a_memagent_lines_fields_the_job_does_not_take_are_error_lines():
-    """Only model and messages (and the batch's own temperature) pass; any other field is an error line naming it."""
-    messages = [{"role": "system", "content": "The doc."}, {"role": "user", "content": "Q?"}]
-    bodies = {"plain": {}, "greedy": {"temperature": 0}, "warm": {"temperature": 0.7}, "cap": {"max_tokens": 9},
-              "json": {"response_format": {"type": "json_object"}}, "stops": {"stop": ["\n"]}}
-    data = "\n".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
-                                 "body": {"model": "memagent", "messages": messages, **extra}})
-                      for cid, extra in bodies.items()).encode()
-    parsed = parse_requests(data, BatchRunConfig(), "tiny-llama")
-    assert [r["id"] for r in parsed.rows] == ["plain", "greedy"]
-    errors = {e["custom_id"]: e["error"] for e in parsed.errors}
-    assert set(errors) == {"warm", "cap", "json", "stops"}
-    for cid, field in (("warm", "temperature"), ("cap", "max_tokens"), ("json", "response_format"),
-                       ("stops", "stop")):
-        assert errors[cid]["code"] == "unsupported_in_batch" and f"body.{field}:" in errors[cid]["message"]
+def _chat_batch(client, n: int) -> tuple[str, str]:
+    """(file id, batch id) of a new batch of ``n`` chat lines to the engine's model."""
+    data = "\n".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": {"max_tokens": 3, "temperature": 0,
+                                          "messages": [{"role": "user", "content": f"Say {i}"}]}})
+                      for i in range(n)).encode()
+    up = client.post("/v1/files", files={"file": ("r.jsonl", data)}, data={"purpose": "batch"}).json()
+    batch = client.post("/v1/batches", json={"input_file_id": up["id"], "endpoint": "/v1/chat/completions",
+                                             "completion_window": "24h"}).json()
+    return up["id"], batch["id"]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_an_input_deleted_under_a_batch_changes_nothing(client, service, tiny_engine, tmp_path, restart):
+    """A batch whose input file is deleted after its creation completes with every line answered, whether it
+    runs in the server that took it or in one started again on the same root after a kill mid-batch (the
+    lines answered before the kill kept, not answered again)."""
+    from pipelines.openai_batch import run_requests
+
+    file_id, batch_id = _chat_batch(client, 3)
+    if restart:  # one line answered, then the server is gone: a new service on the same root runs the rest
+        data = service.store.get(f"batches/{batch_id}/input.jsonl")
+        run_requests(data.split(b"\n", 1)[0], service.store, f"batches/{batch_id}", service.cfg, engine=tiny_engine)
+        first = service.store.get(f"batches/{batch_id}/lines/" + service.store.names(f"batches/{batch_id}/lines")[0])
+    assert client.delete(f"/v1/files/{file_id}").json()["deleted"]
+    runner = BatchService(str(tmp_path), BatchRunConfig(), engine=tiny_engine) if restart else service
+    runner.run(batch_id)
+    done = client.get(f"/v1/batches/{batch_id}").json()
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    lines = [json.loads(x) for x in client.get(f"/v1/files/{done['output_file_id']}/content").text.splitlines()]
+    assert [x["custom_id"] for x in lines] == ["c0", "c1", "c2"]
+    if restart:
+        assert json.loads(first) == lines[0]  # the line answered before the restart, as it was written
 
 
 def test_run_batch_refuses_a_repeated_custom_id_before_any_model_loads(tmp_path, capsys, monkeypatch):
@@ -99,3 +118,29 @@ def test_run_batch_refuses_a_repeated_custom_id_before_any_model_loads(tmp_path,
     err = capsys.readouterr().err
     assert "line 2: custom_id 'a' is already the custom_id of line 1" in err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_engine_failure_is_an_error_line_that_a_rerun_answers_again(tiny_engine, tmp_path, monkeypatch):
+    """A line whose engine raised is a server_error line (the batch goes on); a rerun on the same state answers
+    it, while the line answered the first time is not answered again."""
+    from memagent.serve.chat import EngineModel
+    from pipelines.openai_batch import Store, run_requests
+
+    line = lambda cid, text: json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",  # noqa: E731
+                                         "body": {"max_tokens": 2, "messages": [{"role": "user", "content": text}]}})
+    data = f"{line('ok', 'hi')}\n{line('boom', 'BOOM')}".encode()
+    prepare = EngineModel.prepare
+
+    async def fails_on_boom(self, req):
+        if "BOOM" in req.messages[-1].text():
+            raise RuntimeError("the engine died")
+        return await prepare(self, req)
+
+    monkeypatch.setattr(EngineModel, "prepare", fails_on_boom)
+    store = Store(str(tmp_path))
+    out, err = run_requests(data, store, "run", BatchRunConfig(), engine=tiny_engine)
+    assert [x["custom_id"] for x in out] == ["ok"] and [(x["custom_id"], x["error"]["code"]) for x in err] == [
+        ("boom", "server_error")]
+    monkeypatch.setattr(EngineModel, "prepare", prepare)
+    again, err = run_requests(data, store, "run", BatchRunConfig(), engine=tiny_engine)
+    assert not err and [x["custom_id"] for x in again] == ["ok", "boom"] and again[0] == out[0]

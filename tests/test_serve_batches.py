@@ -1,4 +1,5 @@
-"""OpenAI's Batch API (/v1/files, /v1/batches) and ``memagent run-batch`` through the real openai SDK and real Ray."""
+"""OpenAI's Batch API (/v1/files, /v1/batches) and ``memagent run-batch`` through the real openai SDK, a real
+server process killed mid-batch, and S3 (a loopback server)."""
 
 from __future__ import annotations
 
@@ -16,27 +17,26 @@ import openai
 import pytest
 
 from memagent.engines import EngineConfig
-from pipelines.job import JobConfig
 from pipelines.openai_batch import BatchRunConfig
 from tests.pipeline_helpers import FAST_AGENT, good_rows
 from tests.test_serve_guard import running
 
-pytestmark = pytest.mark.slow  # Ray, a server
+pytestmark = pytest.mark.slow  # servers, subprocesses
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_config(model_dir: Path) -> BatchRunConfig:
-    # A checkpoint per memory update: a killed read loses at most one chunk.
     return BatchRunConfig(engine=EngineConfig(model=str(model_dir)), agent=FAST_AGENT, engine_model="tiny-llama",
-                          job=JobConfig(progress=False, batch_size=2, checkpoint_every_steps=1), max_tokens=16)
+                          max_tokens=16, concurrency=2)
 
 
 def request_lines(n_docs: int = 2, n_chats: int = 2, tokens: int = 150) -> list[dict]:
     lines = []
     for r in good_rows(n_docs, tokens=tokens):
         lines.append({"custom_id": r["id"], "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"model": "memagent", "messages": [{"role": "user", "content": r["context"]},
-                                                                 {"role": "user", "content": r["question"]}]}})
+                      "body": {"model": "memagent", "temperature": 0,  # greedy: a rerun's answers repeat
+                               "messages": [{"role": "user", "content": r["context"]},
+                                            {"role": "user", "content": r["question"]}]}})
     for i in range(n_chats):
         lines.append({"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
                       "body": {"model": "tiny-llama", "max_tokens": 5, "temperature": 0,
@@ -62,7 +62,7 @@ def parse_jsonl(text: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def client(ray_local_s3, engine, tiny_llama_dir, tmp_path_factory):
+def client(engine, tiny_llama_dir, tmp_path_factory):
     from memagent.serve import create_app
     from pipelines.openai_batch_api import BatchService, batch_router
 
@@ -155,8 +155,9 @@ def test_cancel(client):
         client.batches.cancel(batch.id)
 
 
-def test_batch_state_on_s3(ray_local_s3, tiny_llama_dir, monkeypatch):
-    """With an s3:// batch root the files, the batch's state and its job live on S3; a rerun there redoes nothing."""
+def test_batch_state_on_s3(tiny_llama_dir, monkeypatch):
+    """With an s3:// batch root the files, the batch's state and its answered lines live on S3; a rerun there
+    redoes nothing."""
     from infra.local_s3 import CREDENTIALS, s3_server
     from pipelines.openai_batch import jsonl, run_requests
     from pipelines.openai_batch_api import BatchService
@@ -176,8 +177,8 @@ def test_batch_state_on_s3(ray_local_s3, tiny_llama_dir, monkeypatch):
         assert done["status"] == "completed" and done["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
         out = parse_jsonl(service.content(done["output_file_id"]).decode())
         assert sorted(x["custom_id"] for x in out) == ["chat-0", "doc-000"]
-        assert service.store.names(f"batches/{batch['id']}/chat") and service.store.exists(
-            f"batches/{batch['id']}/job_input/part-0.parquet")
+        assert len(service.store.names(f"batches/{batch['id']}/lines")) == 2 and service.store.exists(
+            f"batches/{batch['id']}/input.jsonl")
         again, err = run_requests(jsonl(lines), service.store, f"batches/{batch['id']}", cfg,
                                   build_engine=_no_engine)
         assert not err and [x["response"]["body"]["choices"] for x in again] == [
@@ -215,7 +216,7 @@ def start_server(root: Path, cfg: BatchRunConfig, model_dir: Path) -> tuple[subp
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SERVER, str(root), str(port), cfg.model_dump_json(),
                              str(model_dir)], cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "RAY_ADDRESS": ""}, stdout=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -238,24 +239,27 @@ def answers(client: openai.OpenAI, batch) -> dict[str, object]:
 
 
 def test_server_killed_mid_batch_resumes(tiny_llama_dir, tmp_path):
-    """A server SIGKILLed mid-batch and restarted finishes the batch with each custom_id once and the answers
-    of a batch of the same requests never killed (greedy decoding; run next on the restarted server)."""
-    cfg = run_config(tiny_llama_dir)
-    data = jsonl_bytes(request_lines(n_docs=2, n_chats=3, tokens=600))
+    """A server SIGKILLed mid-batch and restarted finishes the batch with each custom_id once, the lines answered
+    before the kill not answered again, and the answers of a batch of the same requests never killed (greedy
+    decoding; run next on the restarted server)."""
+    cfg = run_config(tiny_llama_dir).model_copy(update={"concurrency": 1})  # a line at a time: the kill lands mid-batch
+    data = jsonl_bytes(request_lines(n_docs=2, n_chats=3, tokens=1200))
     root = tmp_path / "state"
     proc, client = start_server(root, cfg, tiny_llama_dir)
     try:
         f = client.files.create(file=("r.jsonl", io.BytesIO(data)), purpose="batch")
         killed = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-        deadline = time.time() + 180  # kill once a document has checkpointed, i.e. mid-read
-        while not list(root.glob("batches/*/job_output/_progress/*/*")) and time.time() < deadline:
-            time.sleep(0.1)
-        assert client.batches.retrieve(killed.id).status == "in_progress"
+        deadline = time.time() + 180  # kill once a line is answered, i.e. mid-batch
+        while not list(root.glob("batches/*/lines/*.json")) and time.time() < deadline:
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        answered = {p: p.stat().st_mtime_ns for p in root.glob("batches/*/lines/*.json")}
+        assert 0 < len(answered) < 5, answered  # killed mid-batch
         proc, client = start_server(root, cfg, tiny_llama_dir)
         killed = wait_done(client, killed.id)
         assert killed.status == "completed"
+        assert {p: p.stat().st_mtime_ns for p in answered} == answered  # not answered again
         clean = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
         clean = wait_done(client, clean.id)
         assert clean.status == "completed"
@@ -274,18 +278,17 @@ def test_run_batch_cli_resumes(tiny_llama_dir, tmp_path):
     out = tmp_path / "results.jsonl"
     cmd = [sys.executable, "-m", "memagent_cli", "run-batch", "-i", str(requests), "-o", str(out), "-q",
            "--model", str(tiny_llama_dir), "--served-model", "tiny-llama", "--chunk-tokens", "64", "--memory-tokens",
-           "8", "--answer-tokens", "6", "--query-tokens", "64", "--no-progress-timeout", "-1", "--concurrency", "1"]
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+           "8", "--answer-tokens", "6", "--query-tokens", "64", "--concurrency", "2"]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     lines = parse_jsonl(out.read_text())
     assert sorted(x["custom_id"] for x in lines) == ["bad-url", "chat-0", "chat-1", "doc-000", "doc-001"]
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "results.jsonl.work").rglob("*") if p.is_file()
-              and "chat" in p.parts}
-    assert len(stamps) == 2
-    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+              and "lines" in p.parts}
+    assert len(stamps) == 4
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
-    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # no chat line answered again
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # no line answered again
     again = parse_jsonl(out.read_text())
     content = lambda ls: {x["custom_id"]: x["response"] and x["response"]["body"]["choices"][0]["message"]["content"]
                           for x in ls}

@@ -12,7 +12,8 @@ One job a module: :mod:`~memagent.serve.protocol` (request models, errors, reply
 :mod:`~memagent.serve.tool_calls` (the Hermes tool-call parser), :mod:`~memagent.serve.streaming`
 (SSE), :mod:`~memagent.serve.responses` (``/v1/responses``), :mod:`~memagent.serve.messages`
 (Anthropic's ``/v1/messages``), :mod:`~memagent.serve.memagent_model` (the memory agent as a served
-model). The Batch API's routes live in ``pipelines/openai_batch_api.py`` (a Ray Data job runs a batch).
+model). The Batch API's routes live in ``pipelines/openai_batch_api.py`` (each line answered by
+:func:`memagent.serve.handling.respond`, as the chat route answers it).
 """
 
 from memagent.serve.app import ServeConfig, create_app, serve

@@ -18,9 +18,9 @@ from starlette.exceptions import HTTPException
 from memagent.config import AgentConfig
 from memagent.engines.base import Engine
 from memagent.serve import messages, responses
-from memagent.serve.chat import EngineModel, ServedModel
+from memagent.serve.chat import ServedModel
 from memagent.serve.guard import AccessLogRedactor, Guard
-from memagent.serve.handling import handle, load_body, validated
+from memagent.serve.handling import handle, load_body, served_models, validated
 from memagent.serve.handling import unknown_model as _unknown_model
 from memagent.serve.protocol import APIError, ChatRequest
 from memagent.serve.streaming import ChatWriter
@@ -116,11 +116,7 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
     config = config or ServeConfig()
     key = config.auth_key()
     redactor = AccessLogRedactor(key)
-    models: dict[str, ServedModel] = {engine.name: EngineModel(engine, config.max_tokens)}
-    if config.memagent_model and config.memagent_model != engine.name:
-        from memagent.serve.memagent_model import MemAgentModel
-
-        models[config.memagent_model] = MemAgentModel(engine, config.max_tokens, agent)
+    models = served_models(engine, config.max_tokens, agent, memagent_model=config.memagent_model)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -1,6 +1,7 @@
 """What every route does with a request, whichever API it speaks (chat, Responses, Messages, a batch
 line): read the body, name a bad field, find the model, settle the request, and answer it whole or
-streamed, stopping the work when the client goes away.
+streamed, stopping the work when the client goes away. A batch line (``pipelines/openai_batch.py``) is
+answered by the same :func:`respond` with the chat translation and the chat writer's whole reply.
 
 A surface is a translation of its request into a :class:`ChatRequest` and a :class:`Writer` (the
 reply whole, the reply as events); :func:`handle` does the rest, so the surfaces cannot disagree
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -20,7 +21,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from memagent.serve.chat import ServedModel, Settled
+from memagent.config import AgentConfig
+from memagent.engines.base import Engine
+from memagent.serve.chat import EngineModel, ServedModel, Settled
 from memagent.serve.events import Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import check_unicode
 from memagent.serve.protocol import APIError, ChatRequest
@@ -95,16 +98,25 @@ async def collect(events: AsyncIterator[Event]) -> Answer:
     raise RuntimeError("the model produced no reply")  # pragma: no cover - every model ends with one
 
 
-async def answer(chat: ChatRequest, models: Mapping[str, ServedModel], default_model: str) -> tuple[str, Answer]:
-    """(the model's name, its whole answer) of one request not sent by a client (a batch line)."""
-    name, settled = await settle(chat, models, default_model)
-    return name, await collect(settled.events())
+def served_models(engine: Engine, max_tokens: int, agent: AgentConfig | None = None, *,
+                  memagent_model: str | None = "memagent", engine_model: str | None = None) -> dict[str, ServedModel]:
+    """The models one server answers, by id: the engine under its name (or ``engine_model``) and, unless
+    ``memagent_model`` is empty or that name, the memory agent over it reading with ``agent``. The chat routes
+    and the Batch API's lines answer from the same dict's models, so a model id means one behaviour."""
+    name = engine_model or engine.name
+    models: dict[str, ServedModel] = {name: EngineModel(engine, max_tokens)}
+    if memagent_model and memagent_model != name:
+        from memagent.serve.memagent_model import MemAgentModel  # the agent's imports only where it is served
+
+        models[memagent_model] = MemAgentModel(engine, max_tokens, agent)
+    return models
 
 
-async def handle(request: Request, translate: Callable[[], ChatRequest], models: Mapping[str, ServedModel],
-                 default_model: str, writer: Writer) -> Any:
-    """The response to one route's request: ``translate`` gives it as a chat request, ``writer`` writes the
-    run; errors about chat fields name the writer's own (:attr:`Writer.fields`)."""
+async def respond(translate: Callable[[], ChatRequest], models: Mapping[str, ServedModel], default_model: str,
+                  writer: Writer, wait: Callable[[Awaitable[Answer]], Awaitable[Answer]] | None = None) -> Any:
+    """The one handler of every request, from a client's route or a batch line: ``translate`` gives it as a
+    chat request, ``writer`` writes the run (whole after ``wait``, which may cancel it, or streamed); errors
+    about chat fields name the writer's own (:attr:`Writer.fields`)."""
     try:
         chat = translate()
         name, settled = await settle(chat, models, default_model)
@@ -113,7 +125,14 @@ async def handle(request: Request, translate: Callable[[], ChatRequest], models:
     if chat.stream:
         return StreamingResponse(writer.stream(name, settled.events(tool_deltas=writer.tool_deltas)),
                                  media_type="text/event-stream")
-    return writer.whole(name, await unless_disconnected(request, collect(settled.events())))
+    work = collect(settled.events())
+    return writer.whole(name, await (wait(work) if wait is not None else work))
+
+
+async def handle(request: Request, translate: Callable[[], ChatRequest], models: Mapping[str, ServedModel],
+                 default_model: str, writer: Writer) -> Any:
+    """The response to one route's request (:func:`respond`), its run cancelled if the client goes away."""
+    return await respond(translate, models, default_model, writer, lambda work: unless_disconnected(request, work))
 
 
 def validation_message(exc: ValidationError) -> tuple[str, str | None]:

@@ -181,8 +181,11 @@ class MemAgentModel:
                 yield ReasoningDelta(note)
             try:
                 done = read.result()
-            except (InputError, ValueError) as exc:
+            except InputError as exc:  # the request's document or question: the client's to fix
                 raise APIError(400, first_line(str(exc)), param="messages") from None
+            except ValueError as exc:  # a model reply the read could not use (e.g. JSON that does not parse)
+                yield Done(_unreadable(exc, "".join(notes)))
+                return
         finally:
             read.cancel()  # a disconnect (the generator closed) stops the read
         if isinstance(done, Result):
@@ -222,6 +225,14 @@ def _answered(read: MemoryRead, answer: Reply, config: AgentConfig, reasoning: s
                                  "context_tokens": read.context_tokens, "truncated": read.truncated,
                                  "prediction": prediction}}
     return answer
+
+
+def _unreadable(exc: ValueError, reasoning: str) -> Reply:
+    """The reply of a read whose model wrote what the read could not use: never the client's error (a 400)
+    nor the server's (a 5xx), but an empty answer whose ``memagent.error`` says what failed, as the batch
+    job's error row does."""
+    return Reply("", "stop", 0, 0, extra={"memagent": {"error": f"agent: {first_line(str(exc))}"}},
+                 reasoning=reasoning)
 
 
 def _content(result: Result, config: AgentConfig) -> str:

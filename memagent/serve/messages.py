@@ -41,15 +41,18 @@ class Message(BaseModel):
 
 
 class CountTokensRequest(BaseModel):
-    """The fields of a Messages request that make its prompt; unknown fields are ignored."""
+    """The fields of a Messages request that make its prompt; any other field is a 400 naming it, as Anthropic's
+    server answers (``foo: Extra inputs are not permitted``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     system: str | list[dict[str, Any]] | None = None
     messages: list[Message] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # extended thinking budgets: accepted, nothing here thinks
+    mcp_servers: list[dict[str, Any]] | None = None  # accepted; server tools are skipped
 
 
 class OutputFormat(BaseModel):
@@ -68,7 +71,8 @@ class OutputConfig(BaseModel):
 
 
 class MessagesRequest(CountTokensRequest):
-    """The subset of a Messages request this server serves (``top_k``, ``metadata``, ``thinking`` ignored)."""
+    """The subset of a Messages request this server serves; ``thinking``, ``mcp_servers`` and the fields after
+    ``output_config`` are accepted and do nothing here (docs/serve-messages.md says why each)."""
 
     max_tokens: int = Field(gt=0, description="required, as Anthropic requires it")
     stop_sequences: list[str] | None = None
@@ -76,6 +80,10 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
     output_config: OutputConfig | None = None
+    top_k: int | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    container: str | dict[str, Any] | None = None
 
 
 def _text_of(content: Any, where: str) -> str:

@@ -1,7 +1,9 @@
 """The OpenAI chat protocol as this server reads and writes it: request models, errors, reply bodies.
 
-Unknown request fields are ignored (as OpenAI-compatible servers do); unsupported values of known
-ones are a 400 in OpenAI's error shape naming the field.
+An unknown request field is a 400 naming it (``foo: Extra inputs are not permitted``), as OpenAI's and
+Anthropic's servers answer, never silently dropped; unsupported values of known ones are a 400 in
+OpenAI's error shape naming the field. (Inside a message, a tool or a format, extra keys are still
+ignored: the SDKs send back what they received, e.g. an assistant message's ``refusal``.)
 """
 
 from __future__ import annotations
@@ -145,9 +147,9 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The subset of the OpenAI chat request the engines support."""
+    """The subset of the OpenAI chat request the engines support; any other field is a 400 naming it."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)

@@ -56,9 +56,9 @@ class TextConfig(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    """The subset of a Responses request this server serves; unknown fields are ignored."""
+    """The subset of a Responses request this server serves; any other field is a 400 naming it."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     input: str | list[dict[str, Any]] = ""
@@ -74,7 +74,12 @@ class ResponsesRequest(BaseModel):
     store: bool | None = None  # accepted (clients send it: OpenAI's default is true); nothing is stored
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None  # echoed
+    # What the Agents SDK and Codex send, documented as served (docs/serve-responses.md): nothing to do, or a 400.
+    reasoning: dict[str, Any] | None = None  # effort: the engine's model does not reason; memagent always writes memory
+    user: str | None = None
+    include: list[str] | None = Field(None, max_length=0, description="nothing extra to include: only []")
+    truncation: Literal["disabled"] | None = None  # a prompt over the window is a 400, never cut
 
 
 def _new_id(prefix: str) -> str:

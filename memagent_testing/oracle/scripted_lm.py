@@ -139,6 +139,11 @@ class ScriptedLM(torch.nn.Module):
         self.replies: dict[str, str] = {}  # prompt text -> reply text, one call of ``reply`` each
         self._scripts: dict[tuple[int, ...], tuple[str, list[int]]] = {}
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model lives (a seeded request's sampler is made there), as a transformers model has it."""
+        return self.anchor.device
+
     # -- the script ---------------------------------------------------------------------------
 
     def split(self, seq: list[int]) -> tuple[tuple[int, ...], list[int]] | None:
