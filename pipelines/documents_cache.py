@@ -78,11 +78,8 @@ def convert_entry(data: bytes, name: str, limits: DocumentLimits) -> dict[str, A
 
 def convert_files(batch: pa.Table, root: str, cache: str, s3: S3Options | None, limits: DocumentLimits,
                   schema: pa.Schema, questions: Any = None) -> pa.Table:
-    """Ray Data stage: ``read_binary_files`` rows (``path``, ``bytes``) to document rows of ``schema``.
-
-    Files under a name starting with ``_`` or ``.`` (below ``root``) are skipped, as Parquet inputs
-    skip them (job markers, hidden directories, this cache).
-    """
+    """Ray Data stage: ``read_binary_files`` rows (``path``, ``bytes``) to document rows of ``schema``, one
+    per file (the reader's ``partition_filter`` chose the files: pipelines.documents_input.PathFilter)."""
     if questions is not None and not isinstance(questions, dict):
         import ray
 
@@ -91,8 +88,6 @@ def convert_files(batch: pa.Table, root: str, cache: str, s3: S3Options | None, 
     rows = []
     for path, data in zip(batch.column("path").to_pylist(), batch.column("bytes").to_pylist()):
         doc_id = path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path.rsplit("/", 1)[-1]
-        if any(part.startswith(("_", ".")) for part in doc_id.split("/")):
-            continue
         sha = hashlib.sha256(data).hexdigest()
         entry = store.get(sha)
         if entry is None:

@@ -80,13 +80,15 @@ def test_mixed_folder_rows_errors_pages_and_no_reconversion(ray_local_s3, tiny_l
     assert out["bad/scan.pdf"]["evidence_pages"] is None
     cache = tmp_path / "runs" / CACHE_DIR
     entries = cache_entries(cache)
-    assert len(entries) == 8 and not list((cache / "staged").iterdir())  # staged rows removed after the run
+    assert len(entries) == 8 and not (cache / "staged").exists()  # nothing staged: the rows stream
 
     again = run_batch_qa(cfg)
     assert again.rows_out == 0 and again.skipped == 8
     assert cache_entries(cache) == entries  # nothing converted again
 
     (tmp_path / "lake" / "bad" / "empty.txt").write_text("Now it has text: 7 units.")
+    with pytest.raises(ValueError, match=r"1 id\(s\) already in .* were answered from a different input.*bad/empty.txt"):
+        run_batch_qa(cfg)
     changed = run_batch_qa(cfg.model_copy(update={"redo_changed": True}))
     assert changed.rows_out == 1
     assert {r["id"]: r for r in read_output(cfg.output)}["bad/empty.txt"]["error"] is None
