@@ -71,10 +71,15 @@ def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = Non
     had_ray = ray.is_initialized()
     try:
         return run_phases(cfg, write_rows, check_budget=check_budget,
-                          plan_input=functools.partial(plan_documents, source=source))
+                          plan_input=functools.partial(plan_documents, source=source, start_ray=_start_ray))
     finally:
         if not had_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _start_ray(cfg: BatchQAConfig) -> None:
+    ensure_ray(cfg)
+    configure_data_context(cfg)
 
 
 def _write_with_ray(cfg: BatchQAConfig, plan: InputPlan, run_id: str, started: float,

@@ -50,6 +50,10 @@ class DocumentSource:
         """The file of document ``doc_id``."""
         return f"{self.root}/{doc_id}" if self.root else doc_id
 
+    def includes(self, doc_id: str) -> bool:
+        """Whether the input names document ``doc_id`` (its glob matches it)."""
+        return self.pattern is None or _matches(doc_id, self.pattern)
+
 
 def documents_source(cfg: BatchQAConfig) -> DocumentSource | None:
     """The documents the input names, or None for a Parquet input (a file named ``.parquet``, or a

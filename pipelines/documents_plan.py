@@ -12,25 +12,24 @@ conversion starts before this run holds the output.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pyarrow as pa
 
 from memagent.documents.columns import DOCUMENT_COLUMNS
-from pipelines import fingerprint, storage
+from pipelines import fingerprint
 from pipelines.batch_config import BatchQAConfig
-from pipelines.documents_input import DocumentSource, PathFilter, _matches, document_rows, read_questions
+from pipelines.documents_input import DocumentSource, PathFilter, document_rows, read_questions
 from pipelines.input_plan import InputPlan, check_output, committed_state, output_schema
 
 
-def plan_documents(cfg: BatchQAConfig, source: DocumentSource) -> InputPlan:
-    """The plan of a documents input (module doc); Ray is started (by the caller's rules) if it is not."""
+def plan_documents(cfg: BatchQAConfig, source: DocumentSource, start_ray: Callable[[BatchQAConfig], object]) -> InputPlan:
+    """The plan of a documents input (module doc); ``start_ray`` starts Ray (the job's way) unless it runs."""
     import ray
-
-    from pipelines.batch_qa import configure_data_context, ensure_ray
 
     done_files = check_output(cfg)
     questions = read_questions(cfg)
-    ensure_ray(cfg)
-    configure_data_context(cfg)
+    start_ray(cfg)
     questions_ref = ray.put(questions) if questions is not None else None
     present: set[str] = set()
 
@@ -46,7 +45,7 @@ def plan_documents(cfg: BatchQAConfig, source: DocumentSource) -> InputPlan:
     keep = PathFilter(source.root, source.pattern, skip)
     rows = document_rows(cfg, source, source.paths, keep, questions_ref)
     schema = DOCUMENT_COLUMNS if questions is None else DOCUMENT_COLUMNS.append(pa.field("question", pa.string()))
-    skipped = sum(1 for i in skip & present if source.pattern is None or _matches(i, source.pattern))
+    skipped = sum(1 for i in skip & present if source.includes(i))
     return InputPlan(schema=schema, total_rows=skipped + (keep.kept if rows is not None else 0), committed_ids=done,
                      skipped=skipped, output_schema=output_schema(cfg, schema), redo_ids=redo, documents=rows)
 
