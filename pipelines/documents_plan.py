@@ -19,6 +19,7 @@ import pyarrow as pa
 from memagent.documents.columns import DOCUMENT_COLUMNS
 from pipelines import fingerprint
 from pipelines.batch_config import BatchQAConfig
+from pipelines.documents_cache import sweep_staged
 from pipelines.documents_input import DocumentSource, PathFilter, document_rows, read_questions
 from pipelines.input_plan import InputPlan, check_output, committed_state, output_schema
 
@@ -28,6 +29,7 @@ def plan_documents(cfg: BatchQAConfig, source: DocumentSource, start_ray: Callab
     import ray
 
     done_files = check_output(cfg)
+    sweep_staged(cfg)
     questions = read_questions(cfg)
     start_ray(cfg)
     questions_ref = ray.put(questions) if questions is not None else None
