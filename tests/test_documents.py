@@ -191,12 +191,16 @@ _CONTENT = st.tuples(st.lists(_PARAGRAPH, min_size=1, max_size=25, unique=True),
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(content=_CONTENT, columns=st.sampled_from([1, 2]), break_every=st.sampled_from([0, 3, 7]))
-def test_generated_pdf_content_comes_back_in_order_with_its_rows(content, columns, break_every):
-    """Whatever the paragraphs and ruled tables, one or two columns, any page breaks: the PDF's text
-    holds the paragraphs in order and every table row as a line, rows in order."""
+@given(content=_CONTENT, columns=st.sampled_from([1, 2]), break_every=st.sampled_from([0, 3, 7]),
+       rotated=st.sampled_from([(), (1,), (1, 2, 3, 4, 5, 6, 7, 8, 9)]))
+def test_generated_pdf_content_comes_back_in_order_with_its_rows(content, columns, break_every, rotated):
+    """Whatever the paragraphs and ruled tables, one or two columns, any page breaks, upright or /Rotate 90
+    pages: the PDF's text holds the paragraphs in order and every table row as a line, rows in order."""
     paragraphs, tables = content
     rendered = render_pdf(paragraphs, tables, columns=columns, page_break_every=break_every)
+    rotated = tuple(p for p in rotated if p <= rendered.pages)
+    if rotated:
+        rendered = render_pdf(paragraphs, tables, columns=columns, page_break_every=break_every, rotated_pages=rotated)
     doc = convert(rendered.data, "gen.pdf")
     assert_in_order(doc, paragraphs)
     for table in tables:
