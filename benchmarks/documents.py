@@ -33,7 +33,9 @@ from pathlib import Path
 from benchmarks.common import loadavg, machine, print_table, write_json
 from memagent.documents import convert
 from memagent.documents.layout import table_row
-from memagent_testing.document_files import SAMPLE_TABLE, render_docx, render_html, render_pdf, sample_paragraphs
+from memagent_testing.document_files import (
+    SAMPLE_TABLE, render_docx, render_html, render_pdf, sample_lake, sample_paragraphs,
+)
 
 
 def _flat(text: str) -> str:
@@ -209,7 +211,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/documents.json")
     ap.add_argument("--extraction", action="store_true", help="also run the extraction share (packaged model)")
+    ap.add_argument("--write-lake", metavar="DIR", help="only write the sample mixed folder (memagent_testing."
+                    "document_files.sample_lake: PDF, HTML, DOCX, text, a corrupt and an encrypted file) to DIR")
     args = ap.parse_args()
+    if args.write_lake:
+        for name, data in sample_lake().items():
+            (Path(args.write_lake) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(args.write_lake) / name).write_bytes(data)
+        print(f"wrote {len(sample_lake())} files to {args.write_lake}")
+        return
     load = [loadavg()]
     pdf = pdf_readers()
     others = other_formats()

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from memagent_cli.flags import add_model_flags, build
 from memagent_cli.options import (
-    add_agent_flags, add_engine_flags, add_job_flags, add_s3_flags, agent_config, engine_config, job_config, s3_options,
+    add_agent_flags, add_document_limits_flags, add_engine_flags, add_job_flags, add_s3_flags, agent_config,
+    document_limits, engine_config, job_config, s3_options,
 )
 
 
@@ -21,7 +22,8 @@ def batch_config(args: argparse.Namespace, **fields):
 
     values = {**args._batch_flags.values(args), **fields} if hasattr(args, "_batch_flags") else dict(fields)
     return build(BatchQAConfig, {**values, "s3": s3_options(args), "engine": engine_config(args),
-                                 "agent": agent_config(args), "job": job_config(args)}, "batch options")
+                                 "agent": agent_config(args), "job": job_config(args),
+                                 "document_limits": document_limits(args)}, "batch options")
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -118,6 +120,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     add_engine_flags(batch)
     add_job_flags(batch)
     add_s3_flags(batch)
+    add_document_limits_flags(batch)
 
     demo = sub.add_parser("demo", parents=[common],
                           help="generate a small corpus and run batch QA on it with the packaged model")

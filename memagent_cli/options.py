@@ -83,3 +83,15 @@ def s3_options(args: argparse.Namespace) -> Any:
 
     return build(S3Options, args._s3_flags.values(args) if hasattr(args, "_s3_flags") else {}, "S3 options")
 
+
+def add_document_limits_flags(parser: argparse.ArgumentParser) -> None:
+    from memagent.documents import DocumentLimits
+
+    parser.set_defaults(_document_limits_flags=add_model_flags(parser, DocumentLimits, "documents input"))
+
+
+def document_limits(args: argparse.Namespace) -> Any:
+    from memagent.documents import DocumentLimits
+
+    values = args._document_limits_flags.values(args) if hasattr(args, "_document_limits_flags") else {}
+    return build(DocumentLimits, values, "document limits")

@@ -192,3 +192,20 @@ def sample_paragraphs(n: int, seed: int = 0) -> list[str]:
         picked = [words[(seed + i * 7 + k * 3) % len(words)] for k in range(14)]
         out.append(f"Paragraph {i + 1} states that the " + " ".join(picked) + f" closed at {1000 + i * 37} units.")
     return out
+
+
+def sample_lake() -> dict[str, bytes]:
+    """A small mixed folder of statements (relative path -> bytes) for trying ``memagent batch --input`` with
+    docs/schemas/statement.json: a 3-page PDF whose payments sit on pages 1 and 3, an HTML notice, a DOCX
+    with a payments table, a text note, and two bad files (corrupt, encrypted)."""
+    filler = sample_paragraphs(4)
+    pdf = render_pdf(["Statement of account. Account holder: Jane Roe.", "Harlow Freight Ltd paid 1250 on 2021-03-14.",
+                      filler[0], filler[1], "Brant Mills Ltd paid 880 on 2022-07-01.", filler[2]],
+                     page_break_every=2).data
+    html = render_html(["Payment notice for the account of Jane Roe.", "Corran Textiles Ltd paid 4410 on 2023-11-20."],
+                       title="Payment notice").data
+    docx = render_docx(["Quarterly payments received on the account of Jane Roe."],
+                       [[["Payer", "Amount", "Date"], ["Delta Shipping Ltd", "310", "2024-01-05"]]], header=None).data
+    return {"statements/ledger.pdf": pdf, "notices/notice.html": html, "reports/payments.docx": docx,
+            "notes.txt": b"Account holder: Jane Roe.\nEcho Paper Ltd paid 95 on 2024-02-11.\n",
+            "bad/corrupt.pdf": b"%PDF-1.7\n1 0 obj garbage", "bad/locked.pdf": render_encrypted_pdf()}

@@ -24,7 +24,7 @@ class BatchQAConfig(BaseModel):
     input: str = Field(..., description="Parquet file or directory, local or s3://bucket/prefix. In a directory: "
                        "files named *.parquet (any case) at any depth, except under names starting with _ or . "
                        "(docs/deployment.md). Or documents: a folder, glob (*, **) or S3 prefix of .pdf, .html, "
-                       ".htm, .docx, .txt, .md files (no Parquet among them), each one row, its id the path under "
+                       ".htm, .docx, .txt, .md files (a folder whose first files hold no .parquet), each one row, its id the path under "
                        "the input root (docs/documents.md).")
     output: str = Field(..., description="Output directory, local or s3://; reruns resume into it.")
     s3: S3Options = Field(default_factory=S3Options)

@@ -21,6 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import gc
 import re
 import signal
@@ -40,7 +41,8 @@ from memagent.error_kinds import InfrastructureFailure
 from pipelines import checkpoints, fingerprint, lease, resources, storage, storage_errors
 from pipelines.admission import AdmissionPlan, OccupancyLedger
 from pipelines.batch_config import BatchQAConfig
-from pipelines.documents_input import documents_source, staged_input
+from pipelines.documents_input import check_documents_job, documents_source
+from pipelines.documents_plan import plan_documents
 from pipelines.driver import ActorSnapshots, run_phases, summarise
 from pipelines.input_plan import InputPlan, plan_input, unreadable_input
 from pipelines.job import ray_init_address
@@ -57,21 +59,27 @@ def run_batch_qa(cfg: BatchQAConfig, *, build_engine: EngineBuilder | None = Non
     lease, taken before Ray starts or any model loads), the rows written by Ray Data. ``build_engine``
     builds each actor's engine instead of ``make_engine(cfg.engine)``.
     """
-    source = documents_source(cfg)
-    if source is not None:  # documents: converted (or taken from the cache) into a Parquet input first
-        started_ray = ensure_ray(cfg)
-        configure_data_context(cfg)
-        try:
-            with staged_input(cfg, source) as staged:
-                return run_batch_qa(cfg.model_copy(update={"input": staged}), build_engine=build_engine)
-        finally:
-            if started_ray and ray.is_initialized():
-                ray.shutdown()
-
     def write_rows(plan: InputPlan, run_id: str, started: float) -> ActorSnapshots:
         return _write_with_ray(cfg, plan, run_id, started, build_engine)
 
-    return run_phases(cfg, write_rows, check_budget=build_engine is None and cfg.method == "memagent")
+    check_budget = build_engine is None and cfg.method == "memagent"
+    source = documents_source(cfg)
+    if source is None:
+        return run_phases(cfg, write_rows, check_budget=check_budget)
+    # Documents: converted as they stream into the same stages (pipelines/documents_plan.py starts Ray, under the lease).
+    check_documents_job(cfg, source)
+    had_ray = ray.is_initialized()
+    try:
+        return run_phases(cfg, write_rows, check_budget=check_budget,
+                          plan_input=functools.partial(plan_documents, source=source, start_ray=_start_ray))
+    finally:
+        if not had_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def _start_ray(cfg: BatchQAConfig) -> None:
+    ensure_ray(cfg)
+    configure_data_context(cfg)
 
 
 def _write_with_ray(cfg: BatchQAConfig, plan: InputPlan, run_id: str, started: float,
@@ -127,14 +135,17 @@ class LeasedFilenames(FilenameProvider):
 
 def _dataset(cfg: BatchQAConfig, plan: InputPlan, run: _Run, build_engine: EngineBuilder | None) -> ray.data.Dataset:
     """read the planned files -> drop done ids -> fingerprint -> [longest first] -> the actors."""
-    in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
-    # Exactly the files the plan checked (not a directory Ray would list by its own rules), with
-    # the unified schema of all of them; columns come from the files, not from directory names.
-    ds = ray.data.read_parquet(plan.files, filesystem=in_fs, schema=plan.schema, file_extensions=None,
-                               partitioning=None)
+    if plan.documents is not None:  # converted as they stream; the done ids' files were never listed for reading
+        ds = plan.documents
+    else:
+        in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
+        # Exactly the files the plan checked (not a directory Ray would list by its own rules), with
+        # the unified schema of all of them; columns come from the files, not from directory names.
+        ds = ray.data.read_parquet(plan.files, filesystem=in_fs, schema=plan.schema, file_extensions=None,
+                                   partitioning=None)
     if plan.carried:  # input columns named like output columns keep their values under CARRIED_PREFIX
         ds = ds.rename_columns(plan.carried)
-    if len(plan.committed_ids):
+    if len(plan.committed_ids) and plan.documents is None:
         ds = ds.map_batches(drop_done, fn_args=[ray.put(plan.committed_ids)], batch_format="pyarrow",
                             batch_size=None, num_cpus=0.25)
     # What each row is answered from, kept in the output so that a rerun can check what it skips.

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from memagent.documents import DocumentError, DocumentLimits, convert, converter_version
 from memagent.documents.columns import DOCUMENT_ERROR_COLUMN, DOCUMENT_SHA_COLUMN, PAGES_COLUMN, page_rows
@@ -23,7 +25,10 @@ from pipelines import storage
 from pipelines.batch_config import BatchQAConfig
 from pipelines.storage import S3Options
 
+log = logging.getLogger(__name__)
+
 CACHE_DIR = ".memagent-documents"
+STAGED_DIR = "staged"  # under the cache: where an earlier version staged converted rows (a killed run left them)
 
 
 def cache_uri(cfg: BatchQAConfig) -> str:
@@ -32,6 +37,18 @@ def cache_uri(cfg: BatchQAConfig) -> str:
         return cfg.documents_cache
     parent = cfg.output.rstrip("/").rsplit("/", 1)[0] if "/" in cfg.output.rstrip("/") else "."
     return f"{parent}/{CACHE_DIR}"
+
+
+def sweep_staged(cfg: BatchQAConfig) -> None:
+    """Remove the rows an earlier version staged under the cache (this one stages nothing): what a killed
+    run of it left. A store's error is logged: the files are only litter."""
+    fs, root = storage.filesystem(cache_uri(cfg), cfg.s3)
+    path = f"{root.rstrip('/')}/{STAGED_DIR}"
+    try:
+        if fs.get_file_info(path).type == pafs.FileType.Directory:
+            fs.delete_dir(path)
+    except OSError as exc:
+        log.warning("documents cache %s: staged rows of an earlier run not removed (%s)", cache_uri(cfg), exc)
 
 
 class DocumentCache:
@@ -78,11 +95,8 @@ def convert_entry(data: bytes, name: str, limits: DocumentLimits) -> dict[str, A
 
 def convert_files(batch: pa.Table, root: str, cache: str, s3: S3Options | None, limits: DocumentLimits,
                   schema: pa.Schema, questions: Any = None) -> pa.Table:
-    """Ray Data stage: ``read_binary_files`` rows (``path``, ``bytes``) to document rows of ``schema``.
-
-    Files under a name starting with ``_`` or ``.`` (below ``root``) are skipped, as Parquet inputs
-    skip them (job markers, hidden directories, this cache).
-    """
+    """Ray Data stage: ``read_binary_files`` rows (``path``, ``bytes``) to document rows of ``schema``, one
+    per file (the reader's ``partition_filter`` chose the files: pipelines.documents_input.PathFilter)."""
     if questions is not None and not isinstance(questions, dict):
         import ray
 
@@ -91,8 +105,6 @@ def convert_files(batch: pa.Table, root: str, cache: str, s3: S3Options | None, 
     rows = []
     for path, data in zip(batch.column("path").to_pylist(), batch.column("bytes").to_pylist()):
         doc_id = path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path.rsplit("/", 1)[-1]
-        if any(part.startswith(("_", ".")) for part in doc_id.split("/")):
-            continue
         sha = hashlib.sha256(data).hexdigest()
         entry = store.get(sha)
         if entry is None:

@@ -1,27 +1,26 @@
 """Documents in: a folder, glob or S3 prefix of PDF, HTML, DOCX and text files as a batch job's input.
 
-    read_binary_files (Ray Data, streamed) ─► id = path under the input root ─► content hash
-        ─► the cached conversion, or convert and cache it ─► staged Parquet rows
-           (id, context, pages, document_sha256, document_error[, question])
+    read_binary_files (Ray Data: its listing, filtered by :class:`PathFilter`) ─► id = path under the
+        input root ─► content hash ─► the cached conversion, or convert and cache it
+        ─► document rows (id, context, pages, document_sha256, document_error[, question])
+        ─► the job's stages, as Parquet rows go (pipelines/batch_qa.py)
 
-The staged rows are an ordinary Parquet input: the job reads them as it reads any (resume by id,
-the fingerprint check, checkpoints, error rows), so nothing downstream knows documents. A
-file that cannot be converted is a row with a null context and its ``document_error``; its output
-row is an ``input:`` error naming the file and the reason, done (a rerun skips it) unless the
-file changes (its hash is part of the row's fingerprint). Conversions are cached by content hash
-and converter version (:mod:`pipelines.documents_cache`): a rerun, a resume after a kill or a
-second schema over the same files converts nothing again. The staged rows are written under the
-cache and removed when the job ends.
+Nothing is staged and nothing lists the lake but Ray Data's reader: the rows stream from the files
+into the same stages as Parquet rows (the fingerprint, the actors, the writer), so nothing downstream
+knows documents. A file that cannot be converted is a row with a null context and its
+``document_error``; its output row is an ``input:`` error naming the file and the reason, done (a
+rerun skips it) unless the file changes (its hash is part of the row's fingerprint). Conversions are
+cached by content hash and converter version (:mod:`pipelines.documents_cache`): a rerun, a resume
+after a kill or a second schema over the same files converts nothing again. The plan (which ids are
+done, which changed) is pipelines/documents_plan.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
-import uuid
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -33,47 +32,98 @@ from pipelines.batch_config import BatchQAConfig
 from pipelines.documents_cache import cache_uri, convert_files
 
 GLOB_CHARS = "*?["
-STAGED_DIR = "staged"  # under the cache: one directory per run, removed when it ends
+NO_FILES = f"no files found (documents: {', '.join(DOCUMENT_SUFFIXES)}; names starting with _ or . are skipped)"
 
 
 @dataclass(frozen=True)
 class DocumentSource:
-    """What the job reads: ``paths`` (the root directory itself, or the files a glob matched) inside
-    ``fs``; each document's id is its path relative to ``root``."""
+    """What the job reads: ``paths`` (the root directory itself, or one file) inside ``fs``, the files
+    whose path under ``root`` matches ``pattern`` (a glob; None: all); each document's id is its path
+    relative to ``root``."""
 
     fs: pafs.FileSystem
     root: str
     paths: str | list[str]
+    pattern: str | None = None
+
+    def path_of(self, doc_id: str) -> str:
+        """The file of document ``doc_id``."""
+        return f"{self.root}/{doc_id}" if self.root else doc_id
+
+    def includes(self, doc_id: str) -> bool:
+        """Whether the input names document ``doc_id`` (its glob matches it)."""
+        return self.pattern is None or _matches(doc_id, self.pattern)
 
 
 def documents_source(cfg: BatchQAConfig) -> DocumentSource | None:
     """The documents the input names, or None for a Parquet input (a file named ``.parquet``, or a
-    directory holding Parquet files: those inputs are read as they always were)."""
+    directory of Parquet files: read as they always were). Nothing is listed but the directories down
+    to the first level that holds files (:func:`_holds_parquet`)."""
     fs, path = storage.filesystem(cfg.input, cfg.s3)
     if any(c in cfg.input for c in GLOB_CHARS):
-        return _glob_source(fs, path, cfg.input)
+        fixed = path[: min(path.index(c) for c in GLOB_CHARS if c in path)]
+        root = fixed.rsplit("/", 1)[0] if "/" in fixed else ""
+        return DocumentSource(fs, root, root or ".", path[len(root) + 1:] if root else path)
     with storage_errors.io_errors("input", cfg.input, storage_errors.s3_endpoint(cfg.s3)):
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.File:
             return DocumentSource(fs, path.rsplit("/", 1)[0], [path]) if document_format(path) else None
-        if info.type != pafs.FileType.Directory or storage.parquet_files(fs, path):
+        if info.type != pafs.FileType.Directory or _holds_parquet(fs, path):
             return None
     return DocumentSource(fs, path.rstrip("/"), path)
 
 
-def _glob_source(fs: pafs.FileSystem, path: str, uri: str) -> DocumentSource:
-    """The files a glob matches (``*`` within a name, ``**`` across directories), under the glob's
-    fixed directory: the ids are relative to it."""
-    fixed = path[: min(path.index(c) for c in GLOB_CHARS if c in path)]
-    root = fixed.rsplit("/", 1)[0] if "/" in fixed else fixed
-    pattern = path[len(root) + 1:]
-    with storage_errors.io_errors("input", uri, None):
-        infos = fs.get_file_info(pafs.FileSelector(root, recursive="/" in pattern or "**" in pattern,
-                                                   allow_not_found=True))
-    matches = sorted(i.path for i in infos if i.type == pafs.FileType.File and _matches(i.path[len(root) + 1:], pattern))
-    if not matches:
-        raise ValueError(f"input {uri}: no files match")
-    return DocumentSource(fs, root, matches)
+def check_documents_job(cfg: BatchQAConfig, source: DocumentSource) -> None:
+    """What a documents job needs, refused before anything is taken or converted: a question for every
+    document, and an output outside the input (the next run would read it as documents)."""
+    if cfg.question is None and cfg.questions is None and cfg.agent.extraction is None:
+        raise ValueError(f"input {cfg.input}: documents need a question: --question (one for every document), "
+                         "--questions (a file of one per document id) or --schema")
+    storage.check_not_nested(cfg.input, source.root, cfg.output, storage.filesystem(cfg.output, cfg.s3)[1])
+
+
+def _holds_parquet(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether a directory is a Parquet input: level by level (names starting with ``_`` or ``.`` skipped),
+    the first level that holds files holds a ``.parquet`` file. A documents lake is known by its first
+    files, not listed whole (Ray Data's reader lists it once, as it reads)."""
+    level = [path.rstrip("/")]
+    while level:
+        infos = [i for d in level for i in fs.get_file_info(pafs.FileSelector(d, allow_not_found=True))
+                 if not i.base_name.startswith(("_", "."))]
+        files = [i for i in infos if i.type == pafs.FileType.File]
+        if files:
+            return any(i.path.lower().endswith(".parquet") for i in files)
+        level = [i.path for i in infos if i.type == pafs.FileType.Directory]
+    return False
+
+
+class PathFilter:
+    """Ray Data's ``partition_filter`` of a documents read: the listed files under ``root`` that the glob
+    ``pattern`` matches (None: all), not under a name starting with ``_`` or ``.`` (as Parquet inputs skip
+    job markers, hidden directories, the conversion cache) and not in ``skip`` (ids done: never read).
+    It runs once, on the driver, as the reader plans; ``listed`` and ``kept`` count what it saw."""
+
+    def __init__(self, root: str, pattern: str | None, skip: set[str] | None = None):
+        self.root, self.pattern, self.skip = root, pattern, skip or set()
+        self.listed = self.kept = 0
+
+    def doc_id(self, path: str) -> str:
+        return path[len(self.root) + 1:] if self.root and path.startswith(self.root + "/") else path
+
+    def __call__(self, paths: list[str]) -> list[str]:
+        kept = []
+        for path in paths:
+            doc_id = self.doc_id(path)
+            if any(part.startswith(("_", ".")) for part in doc_id.split("/")):
+                continue
+            if self.pattern is not None and not _matches(doc_id, self.pattern):
+                continue
+            self.listed += 1
+            if doc_id not in self.skip:
+                kept.append(path)
+        self.kept = len(kept)
+        self.skip = set()  # the read tasks carry this filter: not the done ids
+        return kept
 
 
 def _matches(relative: str, pattern: str) -> bool:
@@ -88,6 +138,27 @@ def _match_parts(parts: list[str], patterns: list[str]) -> bool:
     if patterns[0] == "**":
         return any(_match_parts(parts[i:], patterns[1:]) for i in range(len(parts) + 1))
     return bool(parts) and fnmatch.fnmatchcase(parts[0], patterns[0]) and _match_parts(parts[1:], patterns[1:])
+
+
+def document_rows(cfg: BatchQAConfig, source: DocumentSource, paths: str | list[str], keep: PathFilter | None,
+                  questions: Any = None) -> Any:
+    """The Ray dataset of the document rows of ``paths`` (``source.paths``, or files named one by one: a
+    missing one is left out), converted as they stream; None when no file is left to read. Ray is started."""
+    import ray
+
+    try:
+        ds = ray.data.read_binary_files(paths, filesystem=source.fs, include_paths=True, partitioning=None,
+                                        partition_filter=keep, ignore_missing_paths=isinstance(paths, list))
+    except ValueError as exc:
+        if "No files found" not in str(exc) and "No input files found" not in str(exc):
+            raise
+        if keep is None or keep.listed:  # the files named are all gone, or every file listed is done
+            return None
+        raise ValueError(f"input {cfg.input}: {NO_FILES}") from None
+    schema = DOCUMENT_COLUMNS if questions is None else DOCUMENT_COLUMNS.append(pa.field("question", pa.string()))
+    return ds.map_batches(convert_files, batch_format="pyarrow", batch_size=8, fn_kwargs=dict(
+        root=source.root, cache=cache_uri(cfg), s3=cfg.s3, limits=cfg.document_limits, schema=schema,
+        questions=questions))
 
 
 def read_questions(cfg: BatchQAConfig) -> dict[str, str] | None:
@@ -112,37 +183,3 @@ def read_questions(cfg: BatchQAConfig) -> dict[str, str] | None:
             raise ValueError(f"questions {cfg.questions}: line {n}: id and question must be non-empty strings")
         questions[doc_id] = question
     return questions
-
-
-@contextlib.contextmanager
-def staged_input(cfg: BatchQAConfig, source: DocumentSource) -> Iterator[str]:
-    """Convert (or take from the cache) every document of ``source`` into a Parquet input under the
-    cache; yields its URI, removed afterwards. Ray is started by the caller."""
-    import ray
-
-    # As for Parquet inputs: an output inside the input would be read as documents by the next run.
-    storage.check_not_nested(cfg.input, source.root, cfg.output, storage.filesystem(cfg.output, cfg.s3)[1])
-    cache = cache_uri(cfg)
-    staged = f"{cache.rstrip('/')}/{STAGED_DIR}/{uuid.uuid4().hex[:12]}"
-    fs, staged_path = storage.filesystem(staged, cfg.s3)
-    questions = read_questions(cfg)
-    try:
-        try:
-            ds = ray.data.read_binary_files(source.paths, filesystem=source.fs, include_paths=True,
-                                            partitioning=None, ignore_missing_paths=False)
-        except ValueError as exc:
-            if "No files found" not in str(exc):
-                raise
-            raise ValueError(f"input {cfg.input}: no files found (documents: {', '.join(DOCUMENT_SUFFIXES)}; "
-                             "names starting with _ or . are skipped)") from None
-        schema = DOCUMENT_COLUMNS if questions is None else DOCUMENT_COLUMNS.append(pa.field("question", pa.string()))
-        ds = ds.map_batches(convert_files, batch_format="pyarrow", batch_size=8, fn_kwargs=dict(
-            root=source.root, cache=cache, s3=cfg.s3, limits=cfg.document_limits, schema=schema,
-            questions=ray.put(questions) if questions is not None else None))
-        ds.write_parquet(staged_path, filesystem=fs)
-        if not storage.parquet_files(fs, staged_path):  # files only under _ or . names
-            raise ValueError(f"input {cfg.input}: no documents found (looked for {', '.join(DOCUMENT_SUFFIXES)})")
-        yield staged
-    finally:
-        with contextlib.suppress(OSError):
-            fs.delete_dir(staged_path)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import pyarrow.compute as pc
 
@@ -44,9 +44,11 @@ class RowPhase(Protocol):
     def __call__(self, plan: InputPlan, run_id: str, started: float) -> ActorSnapshots | None: ...
 
 
-def run_phases(cfg: BatchQAConfig, write_rows: RowPhase, *, check_budget: bool) -> BatchSummary:
+def run_phases(cfg: BatchQAConfig, write_rows: RowPhase, *, check_budget: bool,
+               plan_input: Callable[[BatchQAConfig], InputPlan] = plan_input) -> BatchSummary:
     """Run the phases (module doc) under the output's lease, taken before any row is read or any
-    model loads; ``check_budget``: refuse budgets the engine's tokenizer cannot meet, first."""
+    model loads; ``check_budget``: refuse budgets the engine's tokenizer cannot meet, first;
+    ``plan_input``: the plan phase (a documents input's: pipelines/documents_plan.py)."""
     out_fs, out_path = storage.filesystem(cfg.output, cfg.s3)
     storage.check_output_location(out_fs, out_path, cfg.output, cfg.s3)  # a bad output named before the lease
     with lease.hold(cfg.output, cfg.s3, force=cfg.force_unlock) as held:

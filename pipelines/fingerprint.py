@@ -157,9 +157,9 @@ def add_fingerprints(batch: pa.Table, question: str | None, key: str) -> pa.Tabl
     return batch.append_column(COLUMN, _fingerprints(batch, question, key))
 
 
-def changed_ids(in_fs: pafs.FileSystem, files: list[str], out_fs: pafs.FileSystem, done_files: list[str],
-                done: pa.Array, question: str | None, key: str) -> pa.Array:
-    """Ids done in the output whose recorded fingerprint differs from this input's (streamed, file by file)."""
+def recorded_fingerprints(out_fs: pafs.FileSystem, done_files: list[str], done: pa.Array) -> dict[str, str]:
+    """The fingerprints the output recorded for the ids in ``done`` (id -> fingerprint; outputs written
+    before the column existed: none)."""
     recorded: dict[str, str] = {}
     for file in done_files:
         with out_fs.open_input_file(file) as f:
@@ -170,7 +170,13 @@ def changed_ids(in_fs: pafs.FileSystem, files: list[str], out_fs: pafs.FileSyste
         recorded.update({i: fp for i, fp in zip(t.column("id").to_pylist(), t.column(COLUMN).to_pylist())
                          if fp is not None})
     done_set = set(done.to_pylist())
-    recorded = {i: fp for i, fp in recorded.items() if i in done_set}  # retryable rows are redone anyway
+    return {i: fp for i, fp in recorded.items() if i in done_set}  # retryable rows are redone anyway
+
+
+def changed_ids(in_fs: pafs.FileSystem, files: list[str], out_fs: pafs.FileSystem, done_files: list[str],
+                done: pa.Array, question: str | None, key: str) -> pa.Array:
+    """Ids done in the output whose recorded fingerprint differs from this input's (streamed, file by file)."""
+    recorded = recorded_fingerprints(out_fs, done_files, done)
     if not recorded:
         return pa.array([], pa.string())
     wanted = pa.array(list(recorded), pa.string())

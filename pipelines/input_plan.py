@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +39,8 @@ class InputPlan:
     files: list[str] = field(default_factory=list)  # the input files checked: exactly what the job reads
     # Input columns named like output columns -> the names they are carried under (CARRIED_PREFIX)
     carried: dict[str, str] = field(default_factory=dict)
+    # A documents input: its rows as a Ray dataset, converted as they stream (pipelines/documents_plan.py)
+    documents: Any = None
 
 
 def plan_input(cfg: BatchQAConfig) -> InputPlan:
@@ -130,6 +133,26 @@ def check_output(cfg: BatchQAConfig) -> list[str]:
 def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]) -> tuple[pa.Array, pa.Array]:
     """The ids already answered (skipped) and those in the output to redo (infrastructure errors,
     and with ``redo_changed`` rows whose input changed); refuses a changed input otherwise."""
+    in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
+
+    def changed_of(out_fs: object, done: pa.Array, retry: pa.Array) -> pa.Array:
+        if not len(done):
+            return pa.array([], pa.string())
+        return fingerprint.changed_ids(in_fs, source.files, out_fs, done_files, done, fingerprint.job_question(cfg),
+                                       fingerprint.answer_key(cfg))
+
+    return committed_state(cfg, done_files, changed_of, lambda: source.ids.combine_chunks())
+
+
+# (output filesystem, done ids, ids to retry) -> the done ids whose input changed
+ChangedIds = Callable[[Any, pa.Array, pa.Array], pa.Array]
+
+
+def committed_state(cfg: BatchQAConfig, done_files: list[str], changed_of: ChangedIds,
+                    input_ids: Callable[[], pa.Array]) -> tuple[pa.Array, pa.Array]:
+    """:func:`resume_state` for any input: ``changed_of`` finds the done ids whose input changed (called once,
+    first), ``input_ids`` then gives (at least) the output's ids the input still has (a row to redo that
+    the input lacks is left)."""
     out_fs, _ = storage.filesystem(cfg.output, cfg.s3)
     with storage_errors.output_errors(cfg.output, cfg.s3):
         # Rows written as infrastructure errors (`infra:`) are not done: a rerun takes them out and redoes them.
@@ -138,20 +161,18 @@ def resume_state(cfg: BatchQAConfig, source: CheckedInput, done_files: list[str]
         if dup:  # not trusting the lease alone: two writers, or a store ignoring conditional writes
             raise ValueError(f"output {cfg.output} holds duplicate ids, e.g. {', '.join(sorted(dup))}; repair it with: "
                              f"memagent repair-output --output {cfg.output}")
-        if len(done):  # resume checks what it skips: same question, context and answer-changing settings?
-            in_fs, _ = storage.filesystem(cfg.input, cfg.s3)
-            changed = fingerprint.changed_ids(in_fs, source.files, out_fs, done_files, done,
-                                              fingerprint.job_question(cfg), fingerprint.answer_key(cfg))
-            if len(changed) and not cfg.redo_changed:
-                raise ValueError(f"{len(changed)} id(s) already in {cfg.output} were answered from a different input "
-                                 "(question, context, schema or answer-changing settings), "
-                                 f"e.g. {changed[0].as_py()!r}; "
-                                 "use a new output, or --redo-changed to answer them again")
-            if len(changed):
-                log.warning("%d id(s) in %s changed since they were answered: redoing them", len(changed), cfg.output)
-                done = done.filter(pc.invert(pc.is_in(done, value_set=changed)))
-                retry = pa.concat_arrays([retry.cast(pa.string()), changed])
-    retry = retry.filter(pc.is_in(retry, value_set=source.ids.combine_chunks())) if len(retry) else retry
+        # Resume checks what it skips: same question, context and answer-changing settings?
+        changed = changed_of(out_fs, done, retry.cast(pa.string()))
+        if len(changed) and not cfg.redo_changed:
+            raise ValueError(f"{len(changed)} id(s) already in {cfg.output} were answered from a different input "
+                             "(question, context, schema or answer-changing settings), "
+                             f"e.g. {changed[0].as_py()!r}; "
+                             "use a new output, or --redo-changed to answer them again")
+        if len(changed):
+            log.warning("%d id(s) in %s changed since they were answered: redoing them", len(changed), cfg.output)
+            done = done.filter(pc.invert(pc.is_in(done, value_set=changed)))
+            retry = pa.concat_arrays([retry.cast(pa.string()), changed])
+    retry = retry.filter(pc.is_in(retry, value_set=input_ids())) if len(retry) else retry
     return done, retry
 
 

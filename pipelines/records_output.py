@@ -8,7 +8,8 @@ by Ray Data's writer; nothing else is written while the job runs, so nothing can
 
 **The records dataset** (one per type; ``<record type>`` percent-quoted, nothing kept) is derived from
 the committed rows by :func:`export_records`, under the output's lease at the end of every run and by
-``repair-output``: its rows are :func:`memagent.extraction.records_arrow_schema`'s, each file holding
+``repair-output``: its rows are :func:`memagent.extraction.records_arrow_schema`'s (and, for an output of
+converted documents, ``evidence_pages``: each record's spans with their pages), each file holding
 the records of whole documents files and naming them (name and size) in its footer. A file is
 *current* while every documents file it names is in the output unchanged and no current file names
 one of them too. An export adds the committed records of the documents files no current file names
@@ -41,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from memagent.documents.evidence_pages import EVIDENCE_PAGES_COLUMN, EVIDENCE_PAGES_TYPE, record_evidence_pages
 from memagent.result_schema import RECORDS_PREFIX
 from pipelines import commit_rules, storage, storage_errors
 from pipelines.storage import S3Options
@@ -134,13 +136,17 @@ def _row_records(fs: pafs.FileSystem, file: str, record_type: str) -> pa.Table |
                                 "directory")
         if column not in names:
             return pa.table({})
-        table = pf.read(columns=["id", "error", column])
+        pages = [EVIDENCE_PAGES_COLUMN] if EVIDENCE_PAGES_COLUMN in names else []
+        table = pf.read(columns=["id", "error", column, *pages])
     table = table.filter(commit_rules.committed_mask(table.column("error")))
-    return flatten(table.column("id"), table.column(column), record_type)
+    return flatten(table.column("id"), table.column(column), record_type,
+                   table.column(EVIDENCE_PAGES_COLUMN) if pages else None)
 
 
-def flatten(ids: pa.ChunkedArray | pa.Array, records: pa.ChunkedArray | pa.Array, record_type: str) -> pa.Table:
-    """Rows' ``records_<type>`` lists as the records dataset's rows: each record's row id, its type, its fields."""
+def flatten(ids: pa.ChunkedArray | pa.Array, records: pa.ChunkedArray | pa.Array, record_type: str,
+            evidence_pages: pa.ChunkedArray | pa.Array | None = None) -> pa.Table:
+    """Rows' ``records_<type>`` lists as the records dataset's rows: each record's row id, its type, its fields;
+    with the rows' ``evidence_pages`` (a converted document's), each record's own: its spans and their pages."""
     ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     records = records.combine_chunks() if isinstance(records, pa.ChunkedArray) else records
     items = pc.list_flatten(records)
@@ -148,6 +154,11 @@ def flatten(ids: pa.ChunkedArray | pa.Array, records: pa.ChunkedArray | pa.Array
     columns = {"id": ids.take(parents).cast(pa.string()),
                "record_type": pa.array([record_type] * len(items), pa.string())}
     columns |= {f.name: items.field(i) for i, f in enumerate(items.type)}
+    if evidence_pages is not None:
+        column, counts = RECORDS_PREFIX + record_type, pc.list_value_length(records).fill_null(0).to_pylist()
+        per_record = [part for entries, n in zip(evidence_pages.to_pylist(), counts)
+                      for part in record_evidence_pages(entries, column, n)]
+        columns[EVIDENCE_PAGES_COLUMN] = pa.array(per_record, EVIDENCE_PAGES_TYPE)
     return pa.table(columns)
 
 

@@ -87,6 +87,22 @@ def test_rotated_page_keeps_its_reading_order():
     assert [p.rotation for p in doc.pages] == [90, 0, 0]
 
 
+@pytest.mark.parametrize("rotated", [(3,), (1, 3)])
+def test_tables_on_a_rotated_page_come_out_as_rows(rotated):
+    """Ruled tables on a page with /Rotate 90 are rows with their cells separated, as on upright pages,
+    whichever page first needs the table finder."""
+    paragraphs = sample_paragraphs(9)
+    second = [["Item", "Qty"], ["Bolts", "120"], ["Nuts", "75"]]
+    rendered = render_pdf(paragraphs, [SAMPLE_TABLE, second], rotated_pages=rotated, page_break_every=4)
+    doc = convert(rendered.data, "rotated-table.pdf")
+    assert [p.rotation for p in doc.pages] == [90 if p in rotated else 0 for p in range(1, rendered.pages + 1)]
+    last = doc.pages[-1]
+    assert "North | 48,250 | 1,200" in doc.text[last.start:last.end]  # the tables are on the rotated page 3
+    assert_in_order(doc, paragraphs)
+    assert_rows(doc, SAMPLE_TABLE)
+    assert_rows(doc, second)
+
+
 def test_html_keeps_the_article_and_drops_the_boilerplate():
     """An article page: the paragraphs and table rows in order; navigation, cookie banner, sidebar and footer gone."""
     paragraphs = sample_paragraphs(6)
@@ -175,12 +191,16 @@ _CONTENT = st.tuples(st.lists(_PARAGRAPH, min_size=1, max_size=25, unique=True),
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(content=_CONTENT, columns=st.sampled_from([1, 2]), break_every=st.sampled_from([0, 3, 7]))
-def test_generated_pdf_content_comes_back_in_order_with_its_rows(content, columns, break_every):
-    """Whatever the paragraphs and ruled tables, one or two columns, any page breaks: the PDF's text
-    holds the paragraphs in order and every table row as a line, rows in order."""
+@given(content=_CONTENT, columns=st.sampled_from([1, 2]), break_every=st.sampled_from([0, 3, 7]),
+       rotated=st.sampled_from([(), (1,), (1, 2, 3, 4, 5, 6, 7, 8, 9)]))
+def test_generated_pdf_content_comes_back_in_order_with_its_rows(content, columns, break_every, rotated):
+    """Whatever the paragraphs and ruled tables, one or two columns, any page breaks, upright or /Rotate 90
+    pages: the PDF's text holds the paragraphs in order and every table row as a line, rows in order."""
     paragraphs, tables = content
     rendered = render_pdf(paragraphs, tables, columns=columns, page_break_every=break_every)
+    rotated = tuple(p for p in rotated if p <= rendered.pages)
+    if rotated:
+        rendered = render_pdf(paragraphs, tables, columns=columns, page_break_every=break_every, rotated_pages=rotated)
     doc = convert(rendered.data, "gen.pdf")
     assert_in_order(doc, paragraphs)
     for table in tables:
@@ -253,3 +273,49 @@ def test_glob_inputs_match_name_by_name(path, pattern, matched):
     from pipelines.documents_input import _matches
 
     assert _matches(path, pattern) is matched
+
+
+def test_holds_parquet_looks_down_to_the_first_level_with_files(tmp_path):
+    """A folder is a Parquet input when the first level holding files (names under _ or . aside) holds a
+    .parquet file: partitioned Parquet is, a documents lake is, whatever lies deeper."""
+    from pipelines.documents_input import _holds_parquet
+
+    import pyarrow.fs as pafs
+
+    fs = pafs.LocalFileSystem()
+    for rel in ("parts/year=2024/part-0.parquet", "parts/_SUCCESS", "lake/a.pdf", "lake/deep/x.parquet",
+                "nested/_tmp/b.parquet", "nested/docs/2024/q1.docx"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    assert _holds_parquet(fs, str(tmp_path / "parts"))
+    assert not _holds_parquet(fs, str(tmp_path / "lake"))
+    assert not _holds_parquet(fs, str(tmp_path / "nested"))
+    assert not _holds_parquet(fs, str(tmp_path / "empty"))
+
+
+def test_path_filter_keeps_matching_files_not_done_and_forgets_the_done_ids():
+    """The reader's filter drops _ and . names, files the glob does not match and done ids, counts what it
+    listed and kept, and keeps no done ids after its one call (its read tasks carry it)."""
+    from pipelines.documents_input import PathFilter
+
+    keep = PathFilter("/lake", "**/*.pdf", {"a/done.pdf"})
+    paths = ["/lake/a/done.pdf", "/lake/a/new.pdf", "/lake/b.pdf", "/lake/c.txt", "/lake/_x/d.pdf", "/lake/.e.pdf"]
+    assert keep(paths) == ["/lake/a/new.pdf", "/lake/b.pdf"]
+    assert (keep.listed, keep.kept, keep.skip) == (3, 2, set())
+    assert PathFilter("/lake", None)(["/lake/c.txt", "/lake/_SUCCESS"]) == ["/lake/c.txt"]
+
+
+def test_document_limits_flags_reach_the_batch_config():
+    """--max-document-bytes and --max-pdf-pages (derived from DocumentLimits' fields) set the job's limits;
+    a bad value is refused in flag names; unset, the config's defaults hold."""
+    from memagent_cli.job_cmds import batch_config
+    from memagent_cli.main import build_parser
+
+    parse = build_parser().parse_args
+    cfg = batch_config(parse(["batch", "--input", "lake", "--output", "o", "--question", "q?",
+                              "--max-document-bytes", "4K", "--max-pdf-pages", "12"]))
+    assert cfg.document_limits == DocumentLimits(max_bytes=4096, max_pages=12)
+    assert batch_config(parse(["batch", "--input", "lake", "--output", "o"])).document_limits == DocumentLimits()
+    with pytest.raises(ValueError, match="--max-pdf-pages: Input should be greater than 0"):
+        batch_config(parse(["batch", "--input", "lake", "--output", "o", "--max-pdf-pages", "0"]))

@@ -57,10 +57,14 @@ def job(tiny_llama_dir, input: str, output: str, **kw) -> BatchQAConfig:
 
 def test_mixed_folder_rows_errors_pages_and_no_reconversion(ray_local_s3, tiny_llama_dir, tmp_path):
     """Every document is one row under its relative path, bad files are input: error rows with the
-    reason, good rows carry their page map; a rerun skips all and converts nothing; a second output
-    beside the first (another question) reuses the conversions."""
+    reason, good rows carry their page map, nothing is staged (an earlier version's staged rows are swept);
+    a rerun skips all and converts nothing; a changed file is refused, then redone with redo_changed; a
+    second output beside the first (another question) reuses the conversions."""
     files = mixed_folder(tmp_path / "lake")
     cfg = job(tiny_llama_dir, str(tmp_path / "lake"), str(tmp_path / "runs" / "out"), question="How many units?")
+    left = tmp_path / "runs" / CACHE_DIR / "staged" / "0f3a9c" / "part-0.parquet"  # an earlier version's killed run
+    left.parent.mkdir(parents=True)
+    left.write_bytes(b"PAR1")
     summary = run_batch_qa(cfg)
     out = {r["id"]: r for r in read_output(cfg.output)}
     assert sorted(out) == sorted(f for f in files if f != "_SUCCESS") and summary.rows_out == 8
@@ -80,13 +84,15 @@ def test_mixed_folder_rows_errors_pages_and_no_reconversion(ray_local_s3, tiny_l
     assert out["bad/scan.pdf"]["evidence_pages"] is None
     cache = tmp_path / "runs" / CACHE_DIR
     entries = cache_entries(cache)
-    assert len(entries) == 8 and not list((cache / "staged").iterdir())  # staged rows removed after the run
+    assert len(entries) == 8 and not (cache / "staged").exists()  # nothing staged (the rows stream), the old swept
 
     again = run_batch_qa(cfg)
     assert again.rows_out == 0 and again.skipped == 8
     assert cache_entries(cache) == entries  # nothing converted again
 
     (tmp_path / "lake" / "bad" / "empty.txt").write_text("Now it has text: 7 units.")
+    with pytest.raises(ValueError, match=r"1 id\(s\) already in .* were answered from a different input.*bad/empty.txt"):
+        run_batch_qa(cfg)
     changed = run_batch_qa(cfg.model_copy(update={"redo_changed": True}))
     assert changed.rows_out == 1
     assert {r["id"]: r for r in read_output(cfg.output)}["bad/empty.txt"]["error"] is None

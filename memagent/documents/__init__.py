@@ -21,7 +21,7 @@ from memagent.documents.model import Document, DocumentError, DocumentLimits, Pa
 __all__ = ["CONVERTER_VERSION", "DOCUMENT_SUFFIXES", "Document", "DocumentError", "DocumentLimits", "PageSpan",
            "convert", "converter_version", "document_format", "pages_of"]
 
-CONVERTER_VERSION = "1"  # bump when a converter's output changes for the same file and libraries
+CONVERTER_VERSION = "2"  # bump when a converter's output changes for the same file and libraries
 FORMATS = {".pdf": "pdf", ".html": "html", ".htm": "html", ".docx": "docx", ".txt": "text", ".md": "text"}
 DOCUMENT_SUFFIXES = tuple(FORMATS)
 _LIBRARIES = ("pypdfium2", "pdfplumber", "trafilatura", "python-docx", "charset-normalizer")

@@ -62,3 +62,22 @@ def page_label(page_numbers: list[int] | None) -> str:
     if page_numbers == list(range(page_numbers[0], page_numbers[-1] + 1)):
         return f"pp. {page_numbers[0]}-{page_numbers[-1]}"
     return "pp. " + ", ".join(map(str, page_numbers))
+
+
+def record_evidence_pages(row_entries: list[Mapping[str, Any]] | None, column: str,
+                          n_records: int) -> list[list[dict[str, Any]] | None]:
+    """Each record's part of its row's ``evidence_pages`` (``row_entries``): for record ``j`` of the row's
+    ``column`` (``records_<type>``) the entries of ``column[j]``, named from the record on
+    (``record_evidence[2]``); None for every record of a row without a page map."""
+    if row_entries is None:
+        return [None] * n_records
+    out: list[list[dict[str, Any]] | None] = [[] for _ in range(n_records)]
+    head = f"{column}["
+    for entry in row_entries:
+        span = entry["span"]
+        if not span.startswith(head):
+            continue
+        index, _, rest = span[len(head):].partition("].")
+        if index.isdigit() and int(index) < n_records and rest:
+            out[int(index)].append({**entry, "span": rest})
+    return out

@@ -26,8 +26,10 @@ class DocumentLimits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest file converted, in bytes.")
-    max_pages: int = Field(5000, gt=0, description="Most pages of a PDF converted.")
+    max_bytes: int = Field(200 * 1024 * 1024, gt=0, json_schema_extra={"flag": "max-document-bytes"},
+                           description="Largest document file converted, in bytes (a larger one is an error row).")
+    max_pages: int = Field(5000, gt=0, json_schema_extra={"flag": "max-pdf-pages"},
+                           description="Most pages of a PDF converted (a longer one is an error row).")
 
 
 @dataclass(frozen=True)

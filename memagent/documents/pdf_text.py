@@ -7,9 +7,9 @@ interleaves the columns) and puts a table row on one line; only pdfplumber finds
 So pdfplumber runs only on pages that draw lines (a ruled table needs them) and only its table
 finder: the chars pdfium places inside a found table are replaced by the table's rows, one line
 each, cells separated (:func:`memagent.documents.layout.table_row`). A page with /Rotate is read
-unrotated (pdfium would order its lines as displayed, sideways: last line first), its tables as
-pdfium's lines (a row per line, cells separated by spaces): the table finder's coordinates there
-are not pdfium's.
+unrotated (pdfium would order its lines as displayed, sideways: last line first); its tables are
+found on an unrotated copy of the file (made once, for the first rotated page that draws lines), so
+the finder's coordinates are pdfium's there too.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _page_text(page: pdfium.PdfPage, index: int, tables: _TableFinder) -> tuple[
     textpage = page.get_textpage()
     try:
         text = textpage.get_text_range()
-        found = tables.on_page(index) if pdfium_c.FPDF_PAGEOBJ_PATH in kinds and not rotated else []
+        found = tables.on_page(index, rotated) if pdfium_c.FPDF_PAGEOBJ_PATH in kinds else []
         if found and len(text) == textpage.count_chars():
             text = _with_table_rows(text, textpage, found, page.get_height())
     finally:
@@ -107,14 +107,19 @@ def _with_table_rows(text: str, textpage: pdfium.PdfTextPage, tables: list[tuple
 
 class _TableFinder:
     """pdfplumber's ruled-table finder, opened on the first page that needs it; each page's parsed
-    objects are released after use, so memory stays flat over a long file."""
+    objects are released after use, so memory stays flat over a long file. pdfplumber lays a page
+    out as displayed (rotated): for a rotated page it reads an unrotated copy of the file instead."""
 
     def __init__(self, data: bytes):
         self.data = data
         self.pdf: Any = None
+        self.unrotated = False
 
-    def on_page(self, index: int) -> list[tuple[tuple, list]]:
+    def on_page(self, index: int, rotated: bool = False) -> list[tuple[tuple, list]]:
         """(bbox as pdfplumber gives it: x0, top, x1, bottom; rows of cell texts) per table found."""
+        if rotated and not self.unrotated:  # upright pages read the same in the copy: one finder from here on
+            self.close()
+            self.data, self.pdf, self.unrotated = _unrotated(self.data), None, True
         if self.pdf is None:
             import pdfplumber
 
@@ -128,3 +133,18 @@ class _TableFinder:
     def close(self) -> None:
         if self.pdf is not None:
             self.pdf.close()
+
+
+def _unrotated(data: bytes) -> bytes:
+    """The PDF with every page's /Rotate set to 0 (what pdfium reads a rotated page as)."""
+    doc = pdfium.PdfDocument(data)
+    try:
+        for i in range(len(doc)):
+            page = doc[i]
+            page.set_rotation(0)
+            page.close()
+        out = io.BytesIO()
+        doc.save(out)
+        return out.getvalue()
+    finally:
+        doc.close()

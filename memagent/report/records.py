@@ -25,6 +25,7 @@ import datetime as dt
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
+from memagent.documents.evidence_pages import EVIDENCE_PAGES_COLUMN, page_label
 from memagent.report.fields import VALUE_CHARS, cap, is_int
 from memagent.result_schema import RECORD_COLUMNS
 
@@ -65,27 +66,30 @@ def _int(x: Any) -> int | None:
 def record_snippets(context: str | None, evidence: Sequence[Mapping[str, Any]] | None,
                     pad: int = RECORD_SNIPPET_CHARS) -> list[list[Any]]:
     """``[[offset, text, [[start, end, field], ...]], ...]``: windows of ``context`` around the spans
-    (offsets into the document; span bounds relative to the window's text), close spans merged."""
+    (offsets into the document; span bounds relative to the window's text), close spans merged; a window
+    of spans with ``pages`` (a converted document's) has a fourth element, their pages ("p. 14")."""
     if not isinstance(context, str):
         return []
-    spans = sorted((s, e, _label(ev)) for ev in evidence or ()
+    spans = sorted((s, e, _label(ev), tuple(ev.get("pages") or ())) for ev in evidence or ()
                    if isinstance(ev, Mapping) and (s := _int(ev.get("char_start"))) is not None
                    and (e := _int(ev.get("char_end"))) is not None and 0 <= s < e <= len(context))
-    groups: list[list[tuple[int, int, str]]] = []
+    groups: list[list[tuple[int, int, str, tuple[int, ...]]]] = []
     for span in spans:
-        if groups and span[0] - max(e for _, e, _ in groups[-1]) <= 2 * pad:
+        if groups and span[0] - max(g[1] for g in groups[-1]) <= 2 * pad:
             groups[-1].append(span)
         else:
             groups.append([span])
     out = []
     for group in groups[:MAX_RECORD_SNIPPETS]:
         lo = max(0, group[0][0] - pad)
-        hi = min(len(context), max(e for _, e, _ in group) + pad)
+        hi = min(len(context), max(g[1] for g in group) + pad)
         text = context[lo:hi]
         if len(text) > SNIPPET_MAX_CHARS:
             text = cap(text, SNIPPET_MAX_CHARS)
-        out.append([lo, text, [[s - lo, min(e - lo, SNIPPET_MAX_CHARS), f] for s, e, f in group
-                               if s - lo < SNIPPET_MAX_CHARS]])
+        snippet = [lo, text, [[s - lo, min(e - lo, SNIPPET_MAX_CHARS), f] for s, e, f, _ in group
+                              if s - lo < SNIPPET_MAX_CHARS]]
+        label = page_label(sorted({n for g in group for n in g[3]}))
+        out.append(snippet + [label] if label else snippet)  # a converted document's: "p. 14"
     return out
 
 
@@ -104,7 +108,7 @@ def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
     """A record's leaves by dotted path (the first of two leaves with one path wins; the schema refuses such names)."""
     values: dict[str, Any] = {}
     for key, value in row.items():
-        if key not in RECORD_COLUMNS:
+        if key not in RECORD_COLUMNS and key != EVIDENCE_PAGES_COLUMN:
             for path, leaf in _leaves(value, key):
                 values.setdefault(path, leaf)
     return values
@@ -121,10 +125,13 @@ def _snippet_chars(spans: list[dict[str, Any]]) -> int:
     return sum(sizes[:MAX_RECORD_SNIPPETS])
 
 
-def _spans(evidence: Any) -> list[dict[str, Any]]:
-    """What a record's snippets need of its evidence: each entry's field and char span."""
-    return [{k: ev.get(k) for k in ("field", "char_start", "char_end", "grounding")}
-            for ev in evidence or () if isinstance(ev, Mapping)]
+def _spans(evidence: Any, pages: Any = None) -> list[dict[str, Any]]:
+    """What a record's snippets need of its evidence: each entry's field and char span, and its pages when the
+    record's ``evidence_pages`` (a converted document's) names them."""
+    by_span = {e.get("span"): e.get("pages") for e in pages or () if isinstance(e, Mapping)}
+    return [{**{k: ev.get(k) for k in ("field", "char_start", "char_end", "grounding")},
+             "pages": by_span.get(f"record_evidence[{j}]")}
+            for j, ev in enumerate(evidence or ()) if isinstance(ev, Mapping)]
 
 
 Wanted = dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]
@@ -150,7 +157,7 @@ def records_view(name: str, rows: Iterable[Mapping[str, Any]], contexts: Mapping
         if len(out_rows) >= limit or budget < 0:
             continue
         values = {path: _text(leaf) for path, leaf in _flat(row).items()}
-        doc, spans = str(row.get("id")), _spans(row.get("record_evidence"))
+        doc, spans = str(row.get("id")), _spans(row.get("record_evidence"), row.get(EVIDENCE_PAGES_COLUMN))
         budget -= _size(values.values()) + _snippet_chars(spans)
         if budget < 0 and out_rows:
             continue

@@ -69,3 +69,10 @@ def oracle_app(reply: ReplyFn, tokenizer: Any, served: str = "oracle") -> FastAP
                 "usage": {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n}}
 
     return app
+
+
+def oracle_engine(reply: ReplyFn, tokenizer_dir: str, engine_config: Any = None) -> OracleEngine:
+    """Bound with functools.partial: a batch job's ``build_engine`` (it runs inside the Ray actor)."""
+    from transformers import AutoTokenizer
+
+    return OracleEngine(reply, AutoTokenizer.from_pretrained(tokenizer_dir))

@@ -338,7 +338,8 @@ function recSnippet(s) {
     h += esc(text.slice(at, a)) + '<mark class="fld rec" title="' + esc(m[2]) + '">' + esc(text.slice(a, e)) + "</mark>";
     at = e;
   }
-  return '<div class="snip"><span class="mut">@' + esc(s[0]) + ": </span>" + h + esc(text.slice(at)) + "</div>";
+  return '<div class="snip"><span class="mut">@' + esc(s[0]) + (s[3] ? ", " + esc(s[3]) : "") + ": </span>" + h +
+    esc(text.slice(at)) + "</div>";
 }
 function recDraw() {
   const t = RT[rs.type];
