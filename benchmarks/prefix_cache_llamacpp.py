@@ -19,14 +19,13 @@ per document (llama.cpp's own ``n_p_eval``). A measurement, never an assertion.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import resource
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import add_threads_option, loadavg, machine, median, print_table, set_threads, write_json
-from benchmarks.prefix_cache import document_prompts, merged_schema
+from benchmarks.prefix_cache import document_prompts, merged_schema, run_doc
 from memagent.engines import EngineConfig, SamplingParams
 from memagent.engines.hf import TransformersEngine
 from memagent.models import packaged_gguf
@@ -65,17 +64,6 @@ class LlamaCppReader:
                 "text": out["choices"][0]["message"]["content"]}
 
 
-def run_hf(engine: TransformersEngine, calls: list[list[dict]], params: SamplingParams) -> dict:
-    async def go():
-        return [await engine.chat(m, params) for m in calls]
-
-    t0 = time.perf_counter()
-    replies = asyncio.run(go())
-    return {"seconds": time.perf_counter() - t0, "load": loadavg()[0],
-            "prompt_tokens": sum(r.prompt_tokens for r in replies),
-            "reused_tokens": sum(r.cached_prompt_tokens for r in replies), "texts": [r.text for r in replies]}
-
-
 def run_llamacpp(reader: LlamaCppReader, calls: list[list[dict]], max_tokens: int) -> dict:
     t0 = time.perf_counter()
     replies = [reader.chat(m, max_tokens) for m in calls]
@@ -102,7 +90,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens)
     rows: dict[str, list[dict]] = {"hf (prefix cache)": [], **{name: [] for name in llamas}}
     for i, calls in enumerate(prompts):  # in turn: every engine under the same load
-        rows["hf (prefix cache)"].append(run_hf(hf, calls, params))
+        rows["hf (prefix cache)"].append(run_doc(hf, calls, params))
         for name, llama in llamas.items():
             rows[name].append(run_llamacpp(llama, calls, args.max_tokens))
         print(f"doc {i + 1}: " + ", ".join(f"{k} {v[-1]['seconds']:.2f}s" for k, v in rows.items())
@@ -118,8 +106,8 @@ def main() -> None:
             "summary": summary,
             "wall_ratio_over_hf": {n: summary[n]["wall_after_first_doc_s"] / hf_s for n in llamas} if hf_s else None,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "per_doc": {n: [{k: v for k, v in r.items() if k != "texts"} for r in rs] for n, rs in rows.items()},
-            "replies": {n: [r["texts"] for r in rs] for n, rs in rows.items()}, "machine": machine()}
+            "per_doc": {n: [{k: v for k, v in r.items() if k not in ("texts", "replies")} for r in rs]
+                        for n, rs in rows.items()}, "machine": machine()}
     write_json(args.out, data)
     print_table(["engine", "prompt tok/doc", "prefill tok/doc", "wall/doc (median s)", "load"],
                 [[n, s["prompt_tokens_per_doc"], s["prefill_tokens_per_doc"], s["wall_per_doc_median_s"],
