@@ -248,9 +248,9 @@ function showRow(k) {
       "the previous memory; <mark class=gold>gold answer</mark>, <mark class=pred>prediction</mark>" +
       ((r.x || []).length ? ", <mark class=fld>extracted value</mark>" : "") + "</div>";
   }
-  let j = 0, prev = "", i = 0;
+  let j = 0, prev = "", si = 0;
   for (const s of r.st || []) {
-    const pf = (r.pf || [])[i++];  // [prompt tokens, of them reused by the engine's prefix cache]
+    const pf = (r.pf || [])[si++];  // [prompt tokens, of them reused by the engine's prefix cache]
     const prefill = pf ? "prompt " + esc(pf[0]) + " tokens (" + esc(pf[1]) + " reused) · " : "";
     const isMem = s[1] === "m", hj = isMem ? held[j++] === "1" : false;
     const c = ["step", hj ? "held" : "", s[0] === ev ? "ev" : "", s[0] === r.l ? "lost" : ""].join(" ");
