@@ -187,7 +187,7 @@ TABLE: dict[str, dict[str, tuple[Callable, dict, Check | str]]] = {
         "output_config": (_messages, {"extra_body": {"output_config": {"format": {"type": "json_schema",
                                                                                     "schema": CITY}}}},
                           lambda r: set(json.loads(r.content[0].text)) == {"city"}),
-        "top_k": (_messages, {"extra_body": {"top_k": 5}}, "accepted: sampling is top_p's"),
+        "top_k": (_messages, {"extra_body": {"top_k": 5}}, REFUSED),
         "metadata": (_messages, {"metadata": {"user_id": "u1"}}, "accepted: no per-user state"),
         "thinking": (_messages, {"thinking": {"type": "enabled", "budget_tokens": 1024}},
                      "accepted: the engine's model does not think"),

@@ -190,3 +190,17 @@ def test_memagent_memory_updates_are_a_thinking_block(engine):
     thinking = [i for i, d in enumerate(deltas) if d == "thinking_delta"]
     text = [i for i, d in enumerate(deltas) if d == "text_delta"]
     assert len(thinking) == n and (not text or max(thinking) < min(text))
+
+
+@pytest.mark.parametrize("top_k, temperature", [(1, 0.0), (None, 0.7)])
+def test_top_k_one_is_greedy_and_any_other_is_refused_naming_it(top_k, temperature):
+    """``top_k: 1`` is served as greedy (``temperature: 0``), no ``top_k`` leaves the temperature as sent, and any
+    other ``top_k`` is a 400 naming it: never accepted and ignored."""
+    from memagent.serve.messages import MessagesRequest, to_chat
+    from memagent.serve.protocol import APIError
+
+    body = {"model": "m", "max_tokens": 8, "temperature": 0.7, "messages": [{"role": "user", "content": "hi"}]}
+    assert to_chat(MessagesRequest(**body, top_k=top_k)).temperature == temperature
+    with pytest.raises(APIError, match="top_k: 5 is not served") as err:
+        to_chat(MessagesRequest(**body, top_k=5))
+    assert err.value.param == "top_k"

@@ -164,6 +164,11 @@ def to_chat(req: CountTokensRequest) -> ChatRequest:
     if isinstance(req, MessagesRequest):
         body |= {"max_tokens": req.max_tokens, "stop": req.stop_sequences, "stream": req.stream}
         body |= {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
+        if req.top_k is not None:  # sampling is temperature and top_p's; top_k 1 is greedy, which they say too
+            if req.top_k != 1:
+                raise APIError(400, f"top_k: {req.top_k} is not served: this server samples with temperature and "
+                                    "top_p (top_k 1, greedy, is)", param="top_k")
+            body["temperature"] = 0.0
         fmt = req.output_config.format if req.output_config else None
         if fmt is not None:  # the reply's text block is JSON under the schema's grammar
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
