@@ -133,10 +133,11 @@ def run_case(name: str, schema_path: Path, text: str, work: Path) -> dict:
     log, _ = proc.communicate()
     wall = time.perf_counter() - t0
     done.set()
-    result = {"case": name, "schema": schema_path.name, "command": " ".join(cmd[1:]), "exit": proc.returncode,
-              "wall_s": round(wall, 1), "peak_rss_mib": peak[0] >> 20, "log_tail": log[-2000:]}
+    result = {"case": name, "schema": schema_path.name, "exit": proc.returncode, "wall_s": round(wall, 1),
+              "command": f"memagent batch --input {inp.name} --output {out.name} --schema {schema_path.name}",
+              "peak_rss_mib": peak[0] >> 20}
     if proc.returncode != 0:
-        return result
+        return {**result, "log_tail": log[-2000:]}
     rows = ds.dataset(out, format="parquet", ignore_prefixes=["_", "."]).to_table().to_pylist()
     schema = unwrapped(json.loads(schema_path.read_text()))
     row = rows[0]
