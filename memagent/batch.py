@@ -137,14 +137,14 @@ def _extraction_record(row: Mapping[str, Any], result: Result, config: AgentConf
         error=error, model=model, config=config.model_dump_json(), seconds=round(seconds, 3), method=method,
         resumed_at_chunk=result.resumed_at_chunk, **columns,
     )
-    doc, records = json.loads(record[EXTRACTION_COLUMN] or "null"), result.records or {}
+    records = result.records or {}
     if schema.record_types:
         record.update({column: getattr(result.records_tally, name) for name, column in TALLY_COLUMNS.items()})
         _records_columns(record, schema, records)
         if error is None:
             _nest_records(record, schema, records, result.records_incomplete)
     if error is None and schema.model is not None:
-        _model_checked(record, schema, doc, records)
+        _model_checked(record, schema, json.loads(columns[EXTRACTION_COLUMN]), records)  # the fields, unnested
     return record
 
 

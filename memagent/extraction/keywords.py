@@ -4,7 +4,8 @@ One list per decision, so that what a schema means is decided in one place:
 
 - what a user's schema may say: :data:`KNOWN` keywords carry meaning (structure, constraints, text), every
   other one is an annotation; :data:`REFUSED` constructs cannot be columns; a union held as JSON text also
-  keeps :data:`MAP_KEYWORDS`; formats the grammar has no rule for become :data:`FORMAT_PATTERNS`;
+  keeps :data:`MAP_KEYWORDS`; formats the grammar has no rule for become
+  :data:`memagent.engines.json_schema.FORMAT_PATTERNS`;
 - what the resolver writes, the *derived* schema :mod:`memagent.extraction.parse` reads: per kind of node
   (the top, a leaf property, a record type, an object), the keywords it may hold (``x-`` ones aside).
   :mod:`memagent.extraction.parse` refuses anything else: a broken promise of the resolver, or a derived
@@ -12,8 +13,6 @@ One list per decision, so that what a schema means is decided in one place:
 """
 
 from __future__ import annotations
-
-from memagent.engines.json_schema import FORMAT_PATTERNS  # noqa: F401 - the grammar's (ASCII: one byte a character)
 
 SCALARS = ("string", "number", "integer", "boolean")
 KIND = "x-kind"  # the column kind of a union (kinds.kind_of reads it)

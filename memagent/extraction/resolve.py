@@ -39,7 +39,8 @@ import json
 from typing import Any, Mapping
 
 from memagent.json_refs import ref_cycle, resolve_refs
-from memagent.extraction.keywords import FORMAT_PATTERNS, KIND, KNOWN, MAP_KEYWORDS, REFUSED, SCALARS, TEXT, UNLISTED
+from memagent.engines.json_schema import FORMAT_PATTERNS
+from memagent.extraction.keywords import KIND, KNOWN, MAP_KEYWORDS, REFUSED, SCALARS, TEXT, UNLISTED
 from memagent.extraction.parse import MAX_NAME_CHARS, join
 from memagent.extraction.shape import NULLABLE, Link, Resolved, conform, validator, without_nulls
 
