@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from memagent.engines.json_schema import (
@@ -122,17 +122,35 @@ RESUME = {"type": "object", "properties": {
         "fullName": {"type": "string"}, "personalStatement": {"type": "string"}}}}}
 
 
-@pytest.mark.parametrize("budget", [200, 360, 700])
-def test_every_answer_group_leaves_each_list_two_items_links_and_addresses_too(budget):
-    """Each field group a résumé-shaped reply is split into at a small budget, bounded to that budget, leaves every
-    list at least two items and every text 16 characters (the room the packing counts on): a format's pattern is
-    ASCII, one byte a character, so a list of URIs or addresses is not priced out of its group (it was: 0 items)."""
-    from memagent.extraction import schema_from
-    from memagent.extraction.groups import group_fields, group_schema
+USER_LEAVES = st.sampled_from([  # leaves as a user writes them: formats, not the grammar's patterns
+    {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "string", "format": "date"},
+    {"type": "string", "format": "uri"}, {"type": "string", "format": "email"},
+    {"type": "string", "format": "date-time"}, {"type": "array", "items": {"type": "string"}},
+    {"type": "array", "items": {"type": "string", "format": "uri"}},
+    {"type": "array", "items": {"type": "string", "format": "email"}},
+])
+USER_SCHEMAS = _objects(st.recursive(USER_LEAVES, _objects, max_leaves=12))
 
-    schema = schema_from(RESUME)
-    decoding = schema.decoding_schema()
-    for group in group_fields(schema.fields, budget):
+
+@settings(max_examples=60, deadline=None)
+@given(USER_SCHEMAS, st.integers(120, 1500))
+@example(RESUME, 200)
+@example(RESUME, 360)
+@example(RESUME, 700)
+def test_every_answer_group_leaves_each_list_two_items_links_and_addresses_too(schema, budget):
+    """Under any answer budget the job would run with (at least :func:`smallest_group_tokens`, which a derived
+    budget always is), each field group of any reply, bounded to that budget, leaves every list at least two items
+    and every text 16 characters (the room the packing counts on): a format's pattern is ASCII, one byte a
+    character, so lists of URIs or addresses are not priced out of their group (the résumé's were: 0 items)."""
+    from memagent.extraction import schema_from
+    from memagent.extraction.groups import group_fields, group_schema, smallest_group_tokens
+
+    extraction = schema_from(schema)
+    if not extraction.fields:
+        return
+    budget = max(budget, smallest_group_tokens(extraction.fields))
+    decoding = extraction.decoding_schema()
+    for group in group_fields(extraction.fields, budget):
         chars, items = budget_bounds(text_bounded(group_schema(decoding["properties"], group)), budget)
         assert items >= MIN_BUDGET_ITEMS and chars >= MIN_BUDGET_CHARS, (group.describe(), chars, items)
 
