@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Annotated
 
 import httpx
 import jsonschema
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tests.serve_helpers import engine, url  # noqa: F401 (fixtures)
 from tests.test_serve_guard import running
@@ -31,8 +32,11 @@ DOC = " ".join(f"Line {i}: the key of box {i} is {i * 7 % 13}." for i in range(6
 
 
 class City(BaseModel):
-    name: str
-    population: int
+    """Bounded, and asked greedily, so the random model's reply always closes within 128 tokens (a free string may
+    run to 200 characters, more tokens than that)."""
+
+    name: str = Field(max_length=16)
+    population: int = Field(ge=0, le=10**9)
 
 
 @pytest.fixture
@@ -125,7 +129,8 @@ def test_round_trip_items_and_skipped_hosted_tools(client):
 def test_text_format_json_schema_parses_into_the_model(client):
     """responses.parse with a Pydantic model gets output_parsed, an instance of it (text.format json_schema); a
     json_object format answers one JSON object."""
-    r = client.responses.parse(model="tiny-llama", input="A city?", text_format=City, max_output_tokens=128)
+    r = client.responses.parse(model="tiny-llama", input="A city?", text_format=City, max_output_tokens=128,
+                               temperature=0)
     assert isinstance(r.output_parsed, City)
     r = client.responses.create(model="tiny-llama", input="A JSON object please", max_output_tokens=128,
                                 text={"format": {"type": "json_object"}})
@@ -158,7 +163,7 @@ def test_agents_sdk_runs_a_function_tool_to_its_final_output(url):
     seen: list[dict] = []
 
     @function_tool
-    def get_weather(city: str) -> str:
+    def get_weather(city: Annotated[str, Field(max_length=12)]) -> str:
         """Weather of a city."""
         seen.append({"city": city})
         return f"sunny in {city}"
@@ -166,9 +171,9 @@ def test_agents_sdk_runs_a_function_tool_to_its_final_output(url):
     model = OpenAIResponsesModel("tiny-llama", AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0))
     agent = Agent(name="weather", instructions="Use the tool.", model=model, tools=[get_weather],
                   tool_use_behavior="stop_on_first_tool",
-                  model_settings=ModelSettings(tool_choice="required", max_tokens=128))
+                  model_settings=ModelSettings(tool_choice="required", max_tokens=128, temperature=0))
     typed = Agent(name="cities", instructions="Name a city.", model=model, output_type=City,
-                  model_settings=ModelSettings(max_tokens=128))
+                  model_settings=ModelSettings(max_tokens=128, temperature=0))
 
     async def both():  # one event loop: the client's connections belong to it
         return await Runner.run(agent, "Weather in Paris?", max_turns=2), await Runner.run(typed, "A city?", max_turns=1)
