@@ -87,23 +87,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"at http://{server.host}:{server.port}/v1{key}", file=sys.stderr)
     if server.memagent_model:
         print(f"also serving the memory agent as {server.memagent_model!r}", file=sys.stderr)
-    serve(engine, server, agent, extra_routers=_batch_routes(args, config, agent, engine.name, server))
+    routers, on_startup = _batch_routes(args, config, agent, engine, server)
+    serve(engine, server, agent, extra_routers=routers, on_startup=on_startup)
     return 0
 
 
-def _batch_routes(args: argparse.Namespace, engine: Any, agent: Any, name: str, server: Any) -> list:
-    """/v1/files and /v1/batches when --batch-root is set; unfinished batches there resume now."""
+def _batch_routes(args: argparse.Namespace, config: Any, agent: Any, engine: Any, server: Any) -> tuple[list, list]:
+    """(/v1/files and /v1/batches when --batch-root is set, the hook that starts their runner on the server's loop:
+    unfinished batches there resume then, their lines answered by the server's own engine)."""
     if not args.batch_root:
-        return []
+        return [], []
     from pipelines.openai_batch import BatchRunConfig
     from pipelines.openai_batch_api import BatchService, batch_router
 
     # The lines are answered as this server answers its chat requests: same models, limits and reasoning field.
-    cfg = BatchRunConfig(engine=engine, agent=agent, engine_model=name, max_tokens=server.max_tokens,
+    cfg = BatchRunConfig(engine=config, agent=agent, engine_model=engine.name, max_tokens=server.max_tokens,
                          s3=s3_options(args), memagent_model=server.memagent_model or None,
                          reasoning_field=server.reasoning_field)
     print(f"batches: /v1/files and /v1/batches, state under {args.batch_root}", file=sys.stderr)
-    return [batch_router(BatchService(args.batch_root, cfg).start())]
+    service = BatchService(args.batch_root, cfg, engine=engine)
+    return [batch_router(service)], [service.start]
 
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -216,11 +216,13 @@ class Store:
 
 def run_requests(data: bytes, store: Store, prefix: str, cfg: BatchRunConfig, *, engine: Any = None,
                  build_engine: Any = None, progress: Progress | None = None,
-                 cancelled: Callable[[], bool] = lambda: False) -> tuple[list[dict], list[dict]]:
+                 cancelled: Callable[[], bool] = lambda: False,
+                 run: Callable[[Coroutine[Any, Any, None]], Any] = asyncio.run) -> tuple[list[dict], list[dict]]:
     """Answer every line of ``data`` not answered yet under ``prefix`` of ``store``; (output lines, error
     lines) in file order. ``engine`` answers them (default: one built from ``cfg.engine`` by ``build_engine``,
-    only when a line is left); ``cancelled`` is asked before each line starts (a cancelled batch's lines not
-    started are in neither file)."""
+    only when a line is left), on the event loop ``run`` runs them on (``engine``'s own, for an engine a server
+    drives); ``cancelled`` is asked before each line starts (a cancelled batch's lines not started are in
+    neither file)."""
     from memagent.engines import make_engine
 
     engine_name = (engine.name if engine is not None else None) or cfg.engine_model or cfg.engine.model
@@ -233,10 +235,10 @@ def run_requests(data: bytes, store: Store, prefix: str, cfg: BatchRunConfig, *,
         own = engine is None  # loaded only when some line is left to answer
         engine = engine if engine is not None else (build_engine or make_engine)(cfg.engine)
         try:
-            asyncio.run(_answer_lines(pending, store, prefix, cfg, engine, done, cancelled))
+            run(_answer_lines(pending, store, prefix, cfg, engine, done, cancelled))
         finally:
             if own:
-                asyncio.run(engine.close())
+                run(engine.close())
     return collect(parsed, store, prefix)
 
 

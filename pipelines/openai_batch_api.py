@@ -5,16 +5,20 @@ memory): a server killed mid-batch and started again on the same root picks each
 (:meth:`BatchService.start`) and answers only its lines not answered yet. A batch keeps its own copy of
 its input file, taken at creation (``batches/<id>/input.jsonl``): deleting the file under a running batch
 changes nothing, before a restart or after. One batch runs at a time, in a background thread, in the
-order created.
+order created. Attached to the server's event loop (:meth:`BatchService.attach`, ``memagent serve`` does it at
+startup), the lines run on the server's own engine there: one copy of the model, and lines batched with the live
+requests by the engine's batcher.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
 import threading
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
@@ -39,6 +43,19 @@ class BatchService:
         self.queue: queue.Queue[str | None] = queue.Queue()
         self.lock = threading.Lock()  # batch.json read-modify-writes
         self.thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answer lines on ``loop``, the server's, where ``engine`` (the server's engine) is driven: a second event
+        loop would need a second engine, a second copy of the weights on the GPU."""
+        self.loop = loop
+
+    def _on_loop(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` to its end: on the attached loop (from the runner's thread), else on a loop of its own."""
+        if self.loop is None:
+            asyncio.run(work)
+        else:
+            asyncio.run_coroutine_threadsafe(work, self.loop).result()
 
     # --- files ---------------------------------------------------------------------------------
     def add_file(self, data: bytes, filename: str, purpose: str) -> dict:
@@ -143,8 +160,11 @@ class BatchService:
             return batch
 
     # --- the runner ------------------------------------------------------------------------------
-    def start(self) -> BatchService:
-        """Queue every batch a previous server left unfinished, then start the runner thread."""
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> BatchService:
+        """Queue every batch a previous server left unfinished, then start the runner thread (its lines answered on
+        ``loop`` when given: :meth:`attach`)."""
+        if loop is not None:
+            self.attach(loop)
         active = [b for b in (self.batch(n) for n in self.store.names("batches")) if b["status"] in ACTIVE]
         for b in sorted(active, key=lambda b: b["created_at"]):
             self.queue.put(b["id"])
@@ -186,7 +206,8 @@ class BatchService:
             return self.batch(batch_id)["status"] == "cancelling"
 
         out, err = run_requests(data, self.store, f"batches/{batch_id}", self.cfg, engine=self.engine,
-                                build_engine=self.build_engine, progress=progress, cancelled=cancelled)
+                                build_engine=self.build_engine, progress=progress, cancelled=cancelled,
+                                run=self._on_loop)
         final = "cancelled" if cancelled() else "completed"
         self._update(batch_id, status="finalizing", finalizing_at=now())
         fields = {"status": final, f"{final}_at": now(), "request_counts": {

@@ -9,6 +9,7 @@ two paths that built different prompts, decoded under other limits or dropped a 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -31,6 +32,7 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city", "days"]}}}
 CITY = {"type": "json_schema", "json_schema": {"name": "City", "schema": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+LOOPS: set = set()  # the event loops the engine decoded on
 AGENT = AgentConfig(chunk_tokens=64, memory_tokens=32, answer_tokens=16, query_tokens=64)  # room for a field
 DOCUMENT = ("The weather service covers Paris, Lyon and Nice. " * 12).strip()
 
@@ -70,10 +72,19 @@ def served(tmp_path_factory):
 
     engine = scripted_engine(oracle, EngineConfig(engine="hf", model=MODEL, device="cpu", speculate=False),
                              batch_wait_s=0.01)
+    for name in ("chat", "chat_ids"):  # every decode notes the event loop it runs on
+        def noting(*args, _decode=getattr(engine, name), **kwargs):
+            LOOPS.add(asyncio.get_running_loop())
+            return _decode(*args, **kwargs)
+        setattr(engine, name, noting)
     cfg = BatchRunConfig(agent=AGENT, engine_model=MODEL, max_tokens=512)
-    service = BatchService(str(tmp_path_factory.mktemp("batches")), cfg, engine=engine)
+
+    def no_second_engine(config):
+        raise AssertionError("the batch built an engine of its own beside the server's")
+
+    service = BatchService(str(tmp_path_factory.mktemp("batches")), cfg, engine=engine, build_engine=no_second_engine)
     app = create_app(engine, ServeConfig(max_tokens=512), close_engine=False, agent=AGENT,
-                     extra_routers=[batch_router(service)])
+                     extra_routers=[batch_router(service)], on_startup=[service.attach])  # as `memagent serve`
     with TestClient(app) as http:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0), service
 
@@ -121,7 +132,8 @@ def batch(client: openai.OpenAI, service: BatchService, bodies: dict[str, dict])
 @pytest.mark.parametrize("model", ["memagent", MODEL])
 def test_a_batch_line_gets_the_chat_routes_reply(served, model):
     """For every body (tools, json_schema, stop, a cut, json_object, greedy and seeded, and two refusals), the
-    batch line's reply equals the chat route's, and a refusal is the same code and message (body.FIELD)."""
+    batch line's reply equals the chat route's, and a refusal is the same code and message (body.FIELD); the lines
+    decode on the server's own engine and event loop, as its requests do (no second engine, no second copy)."""
     client, service = served
     bodies = {name: {"model": model, "messages": conversation(model), **fields} for name, fields in BODIES.items()}
     lines = batch(client, service, bodies)
@@ -139,6 +151,7 @@ def test_a_batch_line_gets_the_chat_routes_reply(served, model):
     assert lines["stop"][1]["choices"][0]["message"]["content"].endswith(".")  # ended before "\nEND"
     assert lines["cut"][1]["choices"][0]["finish_reason"] == "length"
     assert set(json.loads(lines["schema"][1]["choices"][0]["message"]["content"])) == {"city"}  # the schema's object
+    assert len(LOOPS) == 1  # the lines ran on the server's loop and engine, as its requests did: one model copy
     if model == "memagent":
         assert lines["tools"][1]["memagent"]["n_chunks"] >= 2  # the document was read chunk by chunk
         assert lines["refused"][0] == "error" and "tools" in lines["refused"][1][1]

@@ -200,9 +200,12 @@ from pipelines.openai_batch import BatchRunConfig
 from pipelines.openai_batch_api import BatchService, batch_router
 cfg = BatchRunConfig.model_validate_json(sys.argv[3])
 engine = TransformersEngine.from_config(EngineConfig(model=sys.argv[4]), name="tiny-llama")
-service = BatchService(sys.argv[1], cfg).start()
-uvicorn.run(create_app(engine, extra_routers=[batch_router(service)]), host="127.0.0.1", port=int(sys.argv[2]),
-            log_level="warning")
+def no_second_engine(config):
+    raise AssertionError("the batch built an engine of its own beside the server's")
+# As `memagent serve --batch-root` runs it: the runner starts on the server's loop, its lines on the server's engine.
+service = BatchService(sys.argv[1], cfg, engine=engine, build_engine=no_second_engine)
+uvicorn.run(create_app(engine, extra_routers=[batch_router(service)], on_startup=[service.start]), host="127.0.0.1",
+            port=int(sys.argv[2]), log_level="warning")
 """
 
 
@@ -293,3 +296,20 @@ def test_run_batch_cli_resumes(tiny_llama_dir, tmp_path):
     content = lambda ls: {x["custom_id"]: x["response"] and x["response"]["body"]["choices"][0]["message"]["content"]
                           for x in ls}
     assert content(again) == content(lines)
+
+
+def test_serve_with_a_batch_root_answers_lines_with_its_own_engine(tiny_llama_dir, tmp_path, monkeypatch):
+    """`memagent serve --batch-root` gives the Batch API the engine it serves and starts the runner on the
+    server's loop (one copy of the model), with the lines' models, limits and reasoning field the server's."""
+    import memagent.serve
+    from memagent_cli.main import main
+
+    seen: dict = {}
+    monkeypatch.setattr(memagent.serve, "serve", lambda engine, server, agent, **kw: seen.update(engine=engine, **kw))
+    assert main(["serve", "--model", str(tiny_llama_dir), "--served-model", "tiny-llama", "--max-tokens", "64",
+                 "--batch-root", str(tmp_path / "batches")]) == 0
+    [hook] = seen["on_startup"]
+    service = hook.__self__
+    assert hook == service.start and service.engine is seen["engine"] and len(seen["extra_routers"]) == 1
+    assert (service.cfg.engine_model, service.cfg.max_tokens, service.cfg.memagent_model) == ("tiny-llama", 64,
+                                                                                            "memagent")

@@ -1,7 +1,7 @@
 """The conformance table: every request field of every surface (Chat, Responses, Messages, count_tokens,
 Files, Batches) sent through the official openai and anthropic clients to one app, each either honoured
-(its check on the reply holds) or refused (a 400 naming it); no field accepted and ignored, but for those
-the table marks ``accepted`` with the docs' reason. The docs list exactly the table's fields: each surface's
+(its check on the reply, or on the server's log for an end user's id, holds) or refused (a 400 naming it): no
+field accepted and ignored. The docs list exactly the table's fields: each surface's
 page holds a ``Request fields:`` line that must name the same set (and the request models declare it).
 
 The model is the scripted one (memagent_testing/oracle/scripted_lm.py behind the real hf engine): a tool call
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,17 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city",
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 HI = [{"role": "user", "content": "Weather?"}]
 REFUSED = "refused"
+MCP = {"type": "url", "url": "https://mcp.example.com/sse", "name": "example"}
+LOG: list[str] = []  # the server's log lines (an end user's id is written there)
+
+
+class _Lines(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        LOG.append(record.getMessage())
+
+
+def logged(text: str) -> bool:
+    return any(text in line for line in LOG)
 AGENT = AgentConfig(chunk_tokens=64, memory_tokens=32, answer_tokens=16, query_tokens=64)  # fits the window
 
 
@@ -43,6 +55,10 @@ def oracle(prompt: str) -> str:
 
 @pytest.fixture(scope="module")
 def clients(tmp_path_factory):
+    served = logging.getLogger("memagent.serve")
+    lines, level = _Lines(), served.level
+    served.addHandler(lines)
+    served.setLevel(logging.INFO)
     from memagent.serve import create_app
     from pipelines.openai_batch import BatchRunConfig
     from pipelines.openai_batch_api import BatchService, batch_router
@@ -51,9 +67,13 @@ def clients(tmp_path_factory):
                              batch_wait_s=0.01)
     service = BatchService(str(tmp_path_factory.mktemp("batches")), BatchRunConfig(engine_model=MODEL), engine=engine)
     app = create_app(engine, close_engine=False, agent=AGENT, extra_routers=[batch_router(service)])
-    with TestClient(app) as http:
-        yield (openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0),
-               anthropic.Anthropic(base_url="http://testserver", api_key="none", http_client=http, max_retries=0))
+    try:
+        with TestClient(app) as http:
+            yield (openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0),
+                   anthropic.Anthropic(base_url="http://testserver", api_key="none", http_client=http, max_retries=0))
+    finally:
+        served.removeHandler(lines)
+        served.setLevel(level)
 
 
 def _chat(oai, claude, **kw):
@@ -113,8 +133,8 @@ MESSAGES_TOOL = {"name": WEATHER["name"], "description": WEATHER["description"],
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "City", "schema": CITY}}
 Check = Callable[[Any], bool]
 # surface -> field -> (the call, its keyword arguments, a check of the reply that the field was honoured, or
-# REFUSED: a 400 naming the field, or "accepted: why" for a field taken that has nothing to do here).
-TABLE: dict[str, dict[str, tuple[Callable, dict, Check | str]]] = {
+# REFUSED: a 400 naming the field).
+TABLE: dict[str, dict[str, tuple[Callable, dict, Check | str]]] = {  # str: REFUSED
     "chat": {
         "model": (_chat, {"model": "memagent", "messages": HI * 2, "max_tokens": 8},
                   lambda r: r.model == "memagent" and "memagent" in r.model_dump()),
@@ -160,12 +180,15 @@ TABLE: dict[str, dict[str, tuple[Callable, dict, Check | str]]] = {
                                              "parallel_tool_calls": False},
                                 lambda r: [o.type for o in r.output] == ["function_call"]),
         "stream": (_stream_responses, {}, lambda events: events[-1].type == "response.completed"),
-        "store": (_responses, {"store": True}, "accepted: nothing is stored (the response says store: false)"),
+        "store": (_responses, {"store": True}, REFUSED),
         "previous_response_id": (_responses, {"previous_response_id": "resp_1"}, REFUSED),
         "conversation": (_responses, {"conversation": "conv_1"}, REFUSED),
         "metadata": (_responses, {"metadata": {"k": "v"}}, lambda r: r.metadata == {"k": "v"}),
-        "reasoning": (_responses, {"reasoning": {"effort": "low"}}, "accepted: the engine's model does not reason"),
-        "user": (_responses, {"user": "u1"}, "accepted: no per-user state"),
+        "reasoning": (_responses, {"model": "memagent", "input": HI * 2, "max_output_tokens": 8,
+                                   "reasoning": {"summary": "auto"}},
+                      lambda r: r.reasoning.summary == "auto" and r.output[0].type == "reasoning"
+                      and r.output[0].summary),
+        "user": (_responses, {"user": "u-responses"}, lambda r: logged("end user 'u-responses'")),
         "include": (_responses, {"include": ["reasoning.encrypted_content"]}, REFUSED),
         "truncation": (_responses, {"truncation": "auto"}, REFUSED),
     },
@@ -188,12 +211,12 @@ TABLE: dict[str, dict[str, tuple[Callable, dict, Check | str]]] = {
                                                                                     "schema": CITY}}}},
                           lambda r: set(json.loads(r.content[0].text)) == {"city"}),
         "top_k": (_messages, {"extra_body": {"top_k": 5}}, REFUSED),
-        "metadata": (_messages, {"metadata": {"user_id": "u1"}}, "accepted: no per-user state"),
-        "thinking": (_messages, {"thinking": {"type": "enabled", "budget_tokens": 1024}},
-                     "accepted: the engine's model does not think"),
-        "service_tier": (_messages, {"service_tier": "auto"}, "accepted: one tier"),
-        "container": (_messages, {"extra_body": {"container": "c1"}}, "accepted: server tools are skipped"),
-        "mcp_servers": (_messages, {"extra_body": {"mcp_servers": []}}, "accepted: server tools are skipped"),
+        "metadata": (_messages, {"metadata": {"user_id": "u-messages"}}, lambda r: logged("end user 'u-messages'")),
+        "thinking": (_messages, {"model": "memagent", "messages": [*HI, {"role": "assistant", "content": "ok"}, *HI],
+                                 "thinking": {"type": "disabled"}}, lambda r: [b.type for b in r.content] == ["text"]),
+        "service_tier": (_messages, {"service_tier": "standard_only"}, lambda r: r.usage.service_tier == "standard"),
+        "container": (_messages, {"extra_body": {"container": "c1"}}, REFUSED),
+        "mcp_servers": (_messages, {"extra_body": {"mcp_servers": [MCP]}}, REFUSED),
     },
     "count_tokens": {
         "model": (_count, {"model": "memagent"}, lambda r: r.input_tokens > 0),
@@ -202,9 +225,8 @@ TABLE: dict[str, dict[str, tuple[Callable, dict, Check | str]]] = {
         "tools": (_count, {"tools": [MESSAGES_TOOL]}, lambda r: r.input_tokens > 40),
         "tool_choice": (_count, {"tools": [MESSAGES_TOOL], "tool_choice": {"type": "auto"}},
                         lambda r: r.input_tokens > 40),
-        "thinking": (_count, {"thinking": {"type": "enabled", "budget_tokens": 1024}},
-                     "accepted: the engine's model does not think"),
-        "mcp_servers": (_count, {"extra_body": {"mcp_servers": []}}, "accepted: server tools are skipped"),
+        "thinking": (_count, {"thinking": {"type": "enabled", "budget_tokens": 1024}}, REFUSED),
+        "mcp_servers": (_count, {"extra_body": {"mcp_servers": [MCP]}}, REFUSED),
     },
     "files": {
         "file": (_files, {"file": ("named.jsonl", io.BytesIO(b"{}\n"))},
@@ -238,10 +260,7 @@ def test_each_field_is_honoured_or_refused(clients, surface, name):
         reply = call(*clients, **kwargs)
     except openai.NotFoundError as exc:  # a field whose honouring is a 404 (an unknown file)
         reply = exc.status_code
-    if isinstance(expect, str):
-        assert expect.startswith("accepted: ") and reply is not None
-    else:
-        assert expect(reply), reply
+    assert expect(reply), reply
 
 
 def _documented(page: str, surface: str) -> set[str]:
@@ -260,7 +279,7 @@ def test_the_docs_list_exactly_the_tables_fields(surface):
 
 def test_the_request_models_declare_exactly_the_tables_fields():
     """Each surface's request model takes exactly the table's fields (any other is a 400 by extra=forbid)."""
-    from memagent.serve.messages import CountTokensRequest, MessagesRequest
+    from memagent.serve.messages_request import CountTokensRequest, MessagesRequest
     from memagent.serve.protocol import ChatRequest
     from memagent.serve.responses import ResponsesRequest
     from pipelines.openai_batch_api import CREATE_FIELDS

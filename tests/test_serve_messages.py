@@ -9,6 +9,7 @@ reasons, errors), never the wording.
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import jsonschema
 import pytest
@@ -170,8 +171,9 @@ def test_x_api_key_is_the_key_on_a_guarded_server(engine, monkeypatch):
 
 
 def test_memagent_memory_updates_are_a_thinking_block(engine):
-    """The memagent model's message starts with a thinking block holding every memory update; streamed, one
-    thinking_delta per chunk read comes before any text_delta."""
+    """The memagent model's message starts with a thinking block holding every memory update (thinking omitted or
+    enabled); streamed, one thinking_delta per chunk read comes before any text_delta; thinking disabled, no
+    thinking block, whole or streamed; thinking asked of the engine's model, which does not think, is a 400."""
     from anthropic import Anthropic
 
     from memagent.config import AgentConfig
@@ -187,16 +189,63 @@ def test_memagent_memory_updates_are_a_thinking_block(engine):
         assert m.content[0].thinking.count("[memory after chunk") == n
         with client.messages.stream(model="memagent", max_tokens=12, system=DOC, messages=ask) as s:
             deltas = [e.delta.type for e in s if e.type == "content_block_delta"]
+        enabled = {"type": "enabled", "budget_tokens": 1024}
+        m = client.messages.create(model="memagent", max_tokens=1100, system=DOC, messages=ask, thinking=enabled)
+        assert [b.type for b in m.content] == ["thinking", "text"]
+        off = {"type": "disabled"}
+        assert [b.type for b in client.messages.create(model="memagent", max_tokens=12, system=DOC, messages=ask,
+                                                       thinking=off).content] == ["text"]
+        with client.messages.stream(model="memagent", max_tokens=12, system=DOC, messages=ask, thinking=off) as s:
+            assert {e.content_block.type for e in s if e.type == "content_block_start"} == {"text"}
+        with pytest.raises(anthropic.BadRequestError, match="thinking: the model `tiny-llama` does not reason"):
+            client.messages.create(model="tiny-llama", max_tokens=1100, messages=ask, thinking=enabled)
     thinking = [i for i, d in enumerate(deltas) if d == "thinking_delta"]
     text = [i for i, d in enumerate(deltas) if d == "text_delta"]
     assert len(thinking) == n and (not text or max(thinking) < min(text))
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1024}, "less than max_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 512}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled"}}, "budget_tokens is required with type enabled"),
+    ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, "only with it"),
+    ({"output_config": {"effort": "low"}}, "output_config.effort: not served"),
+    ({"container": "c1"}, "container: not served"),
+    ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers: MCP connectors"),
+    ({"metadata": {"user_id": "u", "plan": "pro"}}, "metadata.plan"),
+    ({"service_tier": "priority"}, "service_tier"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "auto", "parallel": False}}, "tool_choice.parallel"),
+])
+def test_fields_that_are_not_served_are_a_400_naming_them(fields, error):
+    """A Messages field this server cannot honour as sent is a 400 naming its path, never accepted and ignored."""
+    from memagent.serve.handling import validated
+    from memagent.serve.messages import to_chat
+    from memagent.serve.messages_request import MessagesRequest
+    from memagent.serve.protocol import APIError
+
+    body = {"model": "m", "max_tokens": 2048, "messages": [{"role": "user", "content": "hi"}], **fields}
+    with pytest.raises(APIError, match=error):
+        to_chat(validated(MessagesRequest, body))
+
+
+def test_disable_parallel_tool_use_is_one_call_at_most():
+    """``tool_choice.disable_parallel_tool_use`` is the chat's ``parallel_tool_calls: false`` (at most one tool_use)."""
+    from memagent.serve.messages import to_chat
+    from memagent.serve.messages_request import MessagesRequest
+
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    assert to_chat(MessagesRequest(**body)).parallel_tool_calls is None
+    for kind in ("auto", "any"):
+        choice = {"type": kind, "disable_parallel_tool_use": True}
+        assert to_chat(MessagesRequest(**body, tool_choice=choice)).parallel_tool_calls is False
 
 
 @pytest.mark.parametrize("top_k, temperature", [(1, 0.0), (None, 0.7)])
 def test_top_k_one_is_greedy_and_any_other_is_refused_naming_it(top_k, temperature):
     """``top_k: 1`` is served as greedy (``temperature: 0``), no ``top_k`` leaves the temperature as sent, and any
     other ``top_k`` is a 400 naming it: never accepted and ignored."""
-    from memagent.serve.messages import MessagesRequest, to_chat
+    from memagent.serve.messages import to_chat
+    from memagent.serve.messages_request import MessagesRequest
     from memagent.serve.protocol import APIError
 
     body = {"model": "m", "max_tokens": 8, "temperature": 0.7, "messages": [{"role": "user", "content": "hi"}]}

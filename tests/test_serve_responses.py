@@ -16,6 +16,7 @@ from typing import Annotated
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -139,12 +140,10 @@ def test_text_format_json_schema_parses_into_the_model(client):
 
 
 def test_stateless_server_refuses_previous_response_id_in_openai_shape(client, url):
-    """previous_response_id is a 400 in OpenAI's error shape naming the field; store is accepted; an image part is a
-    400 naming the item."""
-    import openai
-
+    """previous_response_id is a 400 in OpenAI's error shape naming the field (store false is served); an image part
+    is a 400 naming the item."""
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model="tiny-llama", input="more", previous_response_id="resp_123", store=True)
+        client.responses.create(model="tiny-llama", input="more", previous_response_id="resp_123", store=False)
     assert err.value.body["param"] == "previous_response_id" and "stateless" in err.value.body["message"]
     image = [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]
     r = httpx.post(f"{url}/v1/responses", json={"input": image}, timeout=60)
@@ -185,12 +184,14 @@ def test_agents_sdk_runs_a_function_tool_to_its_final_output(url):
 
 
 def test_memagent_memory_updates_are_a_reasoning_item(memagent_url):
-    """The memagent model's response holds one reasoning item, one summary part per chunk read, before the message;
-    streamed, each update is a reasoning_summary_text delta before any output_text delta."""
+    """The memagent model's response holds one reasoning item, one summary part per chunk read, before the message
+    (reasoning.summary omitted or asked, and echoed); streamed, each update is a reasoning_summary_text delta before
+    any output_text delta; a summary asked of the engine's model, which does not reason, is a 400."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{memagent_url}/v1", api_key="unused", max_retries=0, timeout=300)
     r = client.responses.create(model="memagent", instructions=DOC, input="What is the key of box 5?")
+    assert r.reasoning.summary is None and r.store is False  # summaries are the memagent model's default
     n = r.model_extra["memagent"]["n_chunks"]
     assert [o.type for o in r.output] == ["reasoning", "message"] and len(r.output[0].summary) == n > 1
     assert r.usage.output_tokens_details.reasoning_tokens > 0
@@ -199,3 +200,26 @@ def test_memagent_memory_updates_are_a_reasoning_item(memagent_url):
     thinking = [i for i, k in enumerate(kinds) if k == "response.reasoning_summary_text.delta"]
     text = [i for i, k in enumerate(kinds) if k == "response.output_text.delta"]
     assert len(thinking) == n and (not text or max(thinking) < min(text))
+    r = client.responses.create(model="memagent", instructions=DOC, input="Key of box 2?", max_output_tokens=8,
+                                reasoning={"summary": "detailed"})
+    assert r.reasoning.summary == "detailed" and r.output[0].type == "reasoning" and r.output[0].summary
+    with pytest.raises(openai.BadRequestError, match="reasoning.summary: the model `tiny-llama` does not reason"):
+        client.responses.create(model="tiny-llama", input="Hi", reasoning={"summary": "auto"})
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"reasoning": {"effort": "low"}}, "reasoning.effort: not served"),
+    ({"reasoning": {"summary": "brief"}}, "reasoning.summary"),
+    ({"store": True}, "store: .*stores no responses"),
+    ({"user": "u" * 257}, "user"),
+])
+def test_fields_that_are_not_served_are_a_400_naming_them(fields, error):
+    """A Responses field this server cannot honour as sent is a 400 naming its path; store false is served (it is
+    what the server does)."""
+    from memagent.serve.handling import validated
+    from memagent.serve.protocol import APIError
+    from memagent.serve.responses import ResponsesRequest, to_chat
+
+    with pytest.raises(APIError, match=error):
+        to_chat(validated(ResponsesRequest, {"model": "m", "input": "hi", **fields}))
+    assert to_chat(validated(ResponsesRequest, {"model": "m", "input": "hi", "store": False})).messages

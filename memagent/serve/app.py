@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -109,10 +110,12 @@ def _install_handlers(app: FastAPI) -> None:
 
 
 def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engine: bool = True,
-               agent: AgentConfig | None = None, extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
+               agent: AgentConfig | None = None, extra_routers: Sequence[APIRouter] = (),
+               on_startup: Sequence[Callable[[asyncio.AbstractEventLoop], Any]] = ()) -> FastAPI:
     """The FastAPI app serving ``engine`` (and the memory agent over it, reading with ``agent``:
     default the paper's budgets) behind ``config``'s guards; it closes the engine on shutdown
-    unless told not to. An unset ``auth_key_env`` variable is a ValueError."""
+    unless told not to. Each of ``on_startup`` is called with the server's event loop once it runs (work
+    outside a request that drives ``engine`` must run there). An unset ``auth_key_env`` variable is a ValueError."""
     config = config or ServeConfig()
     key = config.auth_key()
     redactor = AccessLogRedactor(key)
@@ -123,6 +126,8 @@ def create_app(engine: Engine, config: ServeConfig | None = None, *, close_engin
         # Added once the server has configured logging (uvicorn sets its loggers up before this).
         access = logging.getLogger("uvicorn.access")
         access.addFilter(redactor)
+        for hook in on_startup:
+            hook(asyncio.get_running_loop())
         try:
             yield
         finally:
@@ -171,12 +176,13 @@ def _routes(app: FastAPI, engine: Engine, models: dict[str, ServedModel], reason
 
 
 def serve(engine: Engine, config: ServeConfig | None = None, agent: AgentConfig | None = None,
-          extra_routers: Sequence[APIRouter] = ()) -> None:
+          extra_routers: Sequence[APIRouter] = (),
+          on_startup: Sequence[Callable[[asyncio.AbstractEventLoop], Any]] = ()) -> None:
     """Serve ``engine`` (and the memory agent reading with ``agent``) with uvicorn until interrupted."""
     import uvicorn
 
     config = config or ServeConfig()
     if warning := config.exposure_warning():
         log.warning(warning)
-    app = create_app(engine, config, agent=agent, extra_routers=extra_routers)
+    app = create_app(engine, config, agent=agent, extra_routers=extra_routers, on_startup=on_startup)
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)

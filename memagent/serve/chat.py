@@ -114,6 +114,8 @@ class ServedModel(Protocol):
     """What every route asks of a served model (:class:`EngineModel`, or the memory agent over it): settle a
     request (an :class:`APIError` for what it cannot serve, before any decoding), then answer it as events."""
 
+    reasons: bool  # whether its runs write reasoning (the memagent model's memory updates) before the reply
+
     async def prepare(self, req: ChatRequest) -> Settled:
         """The request settled (:class:`Settled`), whose events answer it."""
 
@@ -135,6 +137,8 @@ class Prepared:
 
 class EngineModel:
     """The engine itself, served under its name."""
+
+    reasons = False
 
     def __init__(self, engine: Engine, max_tokens: int):
         self.engine, self.max_tokens = engine, max_tokens

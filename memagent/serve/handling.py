@@ -179,6 +179,15 @@ async def unless_disconnected(request: Request, work: Any) -> Any:
         raise
 
 
+def refuse_reasoning(models: Mapping[str, ServedModel], name: str, field: str) -> None:
+    """A 400 naming ``field`` (which asks for reasoning) when ``name`` is a served model that writes none, as
+    OpenAI and Anthropic answer for their models that do not reason; an unknown model is left to its 404."""
+    model = models.get(name)
+    if model is not None and not model.reasons:
+        raise APIError(400, f"{field}: the model `{name}` does not reason; only the memagent model does (its memory "
+                       "updates are its reasoning): omit it", param=field.split(".")[0])
+
+
 def unknown_model(name: str, models: Mapping[str, object]) -> APIError:
     """The 404 of a model this server does not serve, naming those it does."""
     return APIError(404, f"The model `{name}` does not exist; this server serves "

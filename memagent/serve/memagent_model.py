@@ -96,6 +96,8 @@ class MemAgentModel:
     takes; the memory updates are sampled with the request's temperature and seed. ``json_schema``
     runs an extraction read instead (its answer is the schema's calls)."""
 
+    reasons = True  # the memory updates are its reasoning (thinking, reasoning summaries)
+
     def __init__(self, engine: Engine, max_tokens: int, config: AgentConfig | None = None):
         self.engine, self.max_tokens = engine, max_tokens
         self.config = config or AgentConfig()

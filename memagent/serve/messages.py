@@ -7,7 +7,8 @@ chat's function tools, ``stop_sequences`` its ``stop``, ``output_config.format``
 ``prepare``/``events`` as a chat completion does: the same decode, limits and error wording, every
 error in Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``). Server tools
 (``web_search_…``, ``bash_…``, ``text_editor_…``: the client's own) are skipped, as on
-``/v1/responses``. The memagent model's memory updates are a ``thinking`` block.
+``/v1/responses``. The memagent model's memory updates are a ``thinking`` block (unless ``thinking`` is
+disabled); thinking asked of the engine's model, which does not think, is a 400.
 """
 
 from __future__ import annotations
@@ -17,73 +18,20 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 import jiter
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from memagent.serve import tools as chat_tools
 from memagent.serve.chat import EngineModel, ServedModel, first_line
 from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import anthropic_body
-from memagent.serve.handling import Answer, handle, load_body, pieces, unknown_model, validated
+from memagent.serve.handling import Answer, handle, load_body, pieces, refuse_reasoning, unknown_model, validated
+from memagent.serve.messages_request import CountTokensRequest, Message, MessagesRequest
 from memagent.serve.protocol import APIError, ChatRequest, JSONBytes
 
 log = logging.getLogger(__name__)
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class CountTokensRequest(BaseModel):
-    """The fields of a Messages request that make its prompt; any other field is a 400 naming it, as Anthropic's
-    server answers (``foo: Extra inputs are not permitted``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = None
-    system: str | list[dict[str, Any]] | None = None
-    messages: list[Message] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None  # extended thinking budgets: accepted, nothing here thinks
-    mcp_servers: list[dict[str, Any]] | None = None  # accepted; server tools are skipped
-
-
-class OutputFormat(BaseModel):
-    """``output_config.format``: Anthropic's structured output (what ``messages.parse(output_format=…)`` sends)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    type: Literal["json_schema"]
-    schema_: dict[str, Any] = Field(alias="schema")
-
-
-class OutputConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    format: OutputFormat | None = None
-
-
-class MessagesRequest(CountTokensRequest):
-    """The subset of a Messages request this server serves; ``thinking``, ``mcp_servers`` and the fields after
-    ``output_config`` are accepted and do nothing here (docs/serve-messages.md says why each)."""
-
-    max_tokens: int = Field(gt=0, description="required, as Anthropic requires it")
-    stop_sequences: list[str] | None = None
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    stream: bool = False
-    output_config: OutputConfig | None = None
-    top_k: int | None = None
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
-    container: str | dict[str, Any] | None = None
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -132,7 +80,8 @@ def _turn(m: Message, i: int) -> list[dict[str, Any]]:
 
 
 def _tools(req: CountTokensRequest) -> tuple[list[dict[str, Any]] | None, Any]:
-    """The chat's function tools (server tools skipped) and its ``tool_choice``."""
+    """The chat's function tools (server tools skipped) and its ``tool_choice`` (``disable_parallel_tool_use`` is
+    the chat's ``parallel_tool_calls: false``, set by :func:`to_chat`)."""
     tools = []
     for i, tool in enumerate(req.tools or []):
         if tool.get("type") not in (None, "custom"):
@@ -143,6 +92,9 @@ def _tools(req: CountTokensRequest) -> tuple[list[dict[str, Any]] | None, Any]:
         tools.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     choice = req.tool_choice or {"type": "auto"}
     kind = choice.get("type")
+    unknown = sorted(set(choice) - {"type", "name", "disable_parallel_tool_use"})
+    if unknown:
+        raise APIError(400, f"tool_choice.{unknown[0]}: Extra inputs are not permitted", param="tool_choice")
     if kind == "tool":
         if not isinstance(choice.get("name"), str):
             raise APIError(400, 'tool_choice: {"type": "tool"} needs the tool\'s name', param="tool_choice")
@@ -161,6 +113,8 @@ def to_chat(req: CountTokensRequest) -> ChatRequest:
         messages += _turn(m, i)
     tools, choice = _tools(req)
     body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": tools, "tool_choice": choice}
+    if tools and (req.tool_choice or {}).get("disable_parallel_tool_use") is True:
+        body["parallel_tool_calls"] = False  # at most one tool_use
     if isinstance(req, MessagesRequest):
         body |= {"max_tokens": req.max_tokens, "stop": req.stop_sequences, "stream": req.stream}
         body |= {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
@@ -183,9 +137,9 @@ def _stop_reason(reply: Reply) -> str:
     return "stop_sequence" if reply.stop_sequence is not None else "end_turn"
 
 
-def _usage(reply: Reply) -> dict[str, int]:
+def _usage(reply: Reply) -> dict[str, Any]:
     return {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "service_tier": "standard"}
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -243,8 +197,9 @@ class _Blocks:
         return [_sse("content_block_stop", index=self.count - 1)]
 
 
-async def stream_message(model: str, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-    """Anthropic's event stream of one run; an error once begun is an ``error`` event."""
+async def stream_message(model: str, events: AsyncIterator[Event], thinking: bool = True) -> AsyncIterator[bytes]:
+    """Anthropic's event stream of one run (its memory updates a thinking block unless not ``thinking``); an
+    error once begun is an ``error`` event."""
     start = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model, "content": [],
              "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
     yield _sse("message_start", message=start)
@@ -253,6 +208,8 @@ async def stream_message(model: str, events: AsyncIterator[Event]) -> AsyncItera
     try:
         async for event in events:
             if isinstance(event, ReasoningDelta):
+                if not thinking:
+                    continue
                 if blocks.open != "thinking":
                     for chunk in blocks.start({"type": "thinking", "thinking": "", "signature": ""}):
                         yield chunk
@@ -326,16 +283,23 @@ class MessageWriter:
     tool_deltas = False  # a tool_use block is written once the reply ends
 
     def __init__(self, req: CountTokensRequest):
+        self.thinking = req.thinking is None or req.thinking.shown  # the memagent model thinks unless disabled
         custom = [i for i, t in enumerate(req.tools or []) if t.get("type") in (None, "custom")]  # as _tools keeps
         self.fields = {"stop": "stop_sequences", "response_format.json_schema.schema": "output_config.format.schema",
                        "response_format": "output_config.format"}
         self.fields |= {f"tools.{k}.function.parameters": f"tools.{i}.input_schema" for k, i in enumerate(custom)}
 
     def whole(self, model: str, answer: Answer) -> dict[str, Any]:
-        return message_body(model, answer.reasoning, answer.reply)
+        return message_body(model, answer.reasoning if self.thinking else [], answer.reply)
 
     def stream(self, model: str, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-        return stream_message(model, events)
+        return stream_message(model, events, self.thinking)
+
+
+def _check_thinking(req: CountTokensRequest, models: dict[str, ServedModel], default_model: str) -> None:
+    """A 400 for thinking asked of a model that does not think (as Anthropic answers for such models)."""
+    if req.thinking is not None and req.thinking.shown:
+        refuse_reasoning(models, req.model or default_model, "thinking")
 
 
 def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel]) -> None:
@@ -345,13 +309,19 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel])
     @_anthropic_errors
     async def create_message(request: Request) -> Any:
         req = validated(MessagesRequest, load_body(await request.body()))
+        _check_thinking(req, models, default_model)
+        if req.metadata is not None and req.metadata.user_id is not None:
+            log.info("messages request for model %s from end user %r", req.model or default_model,
+                     req.metadata.user_id)
         return await handle(request, lambda: to_chat(req), models, default_model, MessageWriter(req))
 
     @app.post("/v1/messages/count_tokens")
     @_anthropic_errors
     async def count_tokens(request: Request) -> Any:
         """The prompt's tokens as the engine's chat template renders it (tools included)."""
-        chat = to_chat(validated(CountTokensRequest, load_body(await request.body())))
+        req = validated(CountTokensRequest, load_body(await request.body()))
+        _check_thinking(req, models, default_model)
+        chat = to_chat(req)
         if (chat.model or default_model) not in models:
             raise unknown_model(chat.model or default_model, models)
         rendered = chat_tools.render_messages(chat.messages, chat_tools.plan(chat))

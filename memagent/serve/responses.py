@@ -6,7 +6,7 @@ its ``response_format``, ``max_output_tokens`` its ``max_tokens``) and runs thro
 model's ``prepare``/``events`` as a chat completion does: the same decode, limits and error wording.
 The events are then written as a ``response`` object, or streamed as Responses events.
 
-Stateless: nothing is stored (``store`` is accepted and ignored), so ``previous_response_id`` and
+Stateless: nothing is stored (``store: true`` is a 400), so ``previous_response_id`` and
 ``conversation`` are a 400. As llama.cpp's server does, tool types other than ``function`` (web
 search, file search, computer use: the client's hosted tools) are skipped, and an empty ``input``
 (a client's probe) is answered as an empty user turn. The memagent model's memory updates are one
@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memagent.serve.chat import ServedModel
 from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
-from memagent.serve.handling import Answer, handle, load_body, pieces, validated
+from memagent.serve.handling import Answer, handle, load_body, pieces, refuse_reasoning, validated
 from memagent.serve.protocol import APIError, ChatRequest
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,23 @@ class TextConfig(BaseModel):
     format: TextFormat = Field(default_factory=TextFormat)
 
 
+class Reasoning(BaseModel):
+    """``reasoning``: only the memagent model reasons (its memory updates, each one summary part)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Any = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+    @field_validator("effort")
+    @classmethod
+    def _no_effort(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("not served: the memagent model reads by its server's agent config (chunk and memory "
+                             "tokens), not by effort; omit it")
+        return None
+
+
 class ResponsesRequest(BaseModel):
     """The subset of a Responses request this server serves; any other field is a 400 naming it."""
 
@@ -71,15 +88,21 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     parallel_tool_calls: bool | None = None
     stream: bool = False
-    store: bool | None = None  # accepted (clients send it: OpenAI's default is true); nothing is stored
+    store: bool | None = Field(None, description="only false: nothing is stored (omitted, the reply says false)")
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None  # echoed
-    # What the Agents SDK and Codex send, documented as served (docs/serve-responses.md): nothing to do, or a 400.
-    reasoning: dict[str, Any] | None = None  # effort: the engine's model does not reason; memagent always writes memory
-    user: str | None = None
+    reasoning: Reasoning | None = None
+    user: str | None = Field(None, max_length=256, description="the end user's id, written to the server log")
     include: list[str] | None = Field(None, max_length=0, description="nothing extra to include: only []")
     truncation: Literal["disabled"] | None = None  # a prompt over the window is a 400, never cut
+
+    @field_validator("store")
+    @classmethod
+    def _not_stored(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("this server stores no responses (it is stateless): send store false or omit it")
+        return value
 
 
 def _new_id(prefix: str) -> str:
@@ -219,7 +242,8 @@ class ResponseWriter:
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "instructions": self.req.instructions, "max_output_tokens": self.req.max_output_tokens,
                 "output": self.output, "parallel_tool_calls": self.req.parallel_tool_calls is not False,
-                "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+                "previous_response_id": None, "store": False,
+                "reasoning": {"effort": None, "summary": self.req.reasoning.summary if self.req.reasoning else None},
                 "temperature": self.req.temperature if self.req.temperature is not None else 1.0,
                 "top_p": self.req.top_p if self.req.top_p is not None else 1.0, "text": {"format": fmt},
                 "tool_choice": self.req.tool_choice or "auto", "tools": self.req.tools or [], "truncation": "disabled",
@@ -374,4 +398,8 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel])
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Any:
         req = validated(ResponsesRequest, load_body(await request.body()))
+        if req.reasoning is not None and req.reasoning.summary is not None:
+            refuse_reasoning(models, req.model or default_model, "reasoning.summary")
+        if req.user is not None:
+            log.info("responses request for model %s from end user %r", req.model or default_model, req.user)
         return await handle(request, lambda: to_chat(req), models, default_model, ResponseWriter(req, fields(req)))
