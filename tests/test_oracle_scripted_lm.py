@@ -114,6 +114,20 @@ def test_concurrent_chats_each_get_their_own_reply(engine, pairs):
     assert any(n > before.get(size, 0) for size, n in engine.stats.batch_sizes.items() if size > 1)  # one batch
 
 
+@SETTINGS
+@given(name=names, n=st.integers(-10**6, 10**6), seed=st.integers(0, 2**32 - 1), constrained=st.booleans())
+def test_sampling_at_temperature_one_decodes_the_greedy_tokens(engine, name, n, seed, constrained):
+    """Sampled at temperature 1 (any seed), with or without a grammar, a reply is the tokens greedy decodes
+    (never a shorter split of the script's token, which a max_tokens cut would end earlier in the text)."""
+    reply = json.dumps({"name": name, "n": n}, separators=(",", ":"))  # ITEM's keys in its order
+    schema = json.dumps(ITEM) if constrained else None
+    greedy, sampled = run(engine, (ask("greedy", reply), SamplingParams(max_tokens=400, json_schema=schema)),
+                          (ask("sampled", reply), SamplingParams(max_tokens=400, json_schema=schema,
+                                                                 temperature=1.0, seed=seed)))
+    assert greedy.text == reply
+    assert sampled.token_ids == greedy.token_ids
+
+
 words = st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "memory", "the", "of", "42", ","]),
                  min_size=3, max_size=40).map(" ".join)
 

@@ -14,6 +14,9 @@ first while the tokens so far follow the script (token by token, or else by text
 force another split of the same text), then every token that writes a shorter start of the rest
 of the reply (so a grammar that allows only part of the script's token, e.g. ``}`` of ``},``
 at ``maxItems`` or a string's last allowed characters at ``maxLength``, still gets the script).
+Every rank sits ``LOGIT_GAP`` below the one before, so sampling at temperature <= 1 writes the
+tokens greedy decoding writes (a shorter split sampled instead would cut a reply at ``max_tokens``
+earlier in its text).
 
 Off the script (the grammar masked the scripted token, e.g. it closed an array at ``maxItems``,
 or the tokens so far are not a prefix of the reply), every token keeps a fixed rank, best first:
@@ -55,7 +58,6 @@ MODEL = "smollm2-135m"
 SCRIPT_LOGIT = 0.0  # the scripted token; every other token sits at least LOGIT_GAP below it
 LOGIT_GAP = 40.0  # per rank: sampling at temperature <= 1 picks the best allowed token (e^-40 ~ 4e-18)
 CLOSERS = ("]", "}", '"', ",", ":", "0")  # after EOS, the fallback's first choices, in this order
-QUOTE_LOGIT = -1.5 * LOGIT_GAP  # inside a JSON string: '"' just after EOS
 
 
 @dataclass
@@ -122,11 +124,6 @@ class ScriptedLM(torch.nn.Module):
         self.header = generation_header(self.tokenizer)
         quote = self.tokenizer.encode('"', add_special_tokens=False)
         self.quote_id = quote[0] if len(quote) == 1 else None
-        vocab = int(self.config.vocab_size)
-        base = torch.empty(vocab, dtype=torch.float32)
-        base[torch.tensor(fallback_ranks(self.tokenizer, vocab, self.eos_id))] = \
-            -LOGIT_GAP * torch.arange(1, vocab + 1, dtype=torch.float32)
-        self.register_buffer("fallback", base, persistent=False)
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # hidden size 1: the engine reads the device from it
         # Each ordinary token by its text (the lowest id where texts repeat): the prefixes of a reply.
         special = set(self.tokenizer.all_special_ids) | set(self.tokenizer.added_tokens_decoder)
@@ -136,6 +133,14 @@ class ScriptedLM(torch.nn.Module):
             if i not in special and piece and "\ufffd" not in piece:
                 self.pieces.setdefault(piece, i)
         self.longest_piece = max(map(len, self.pieces))
+        # The script's tokens take ranks 0..longest_piece (its own token, then each shorter start of the
+        # rest); the fallback's ranks follow, every rank LOGIT_GAP below the one before.
+        vocab, script_ranks = int(self.config.vocab_size), self.longest_piece + 1
+        base = torch.empty(vocab, dtype=torch.float32)
+        base[torch.tensor(fallback_ranks(self.tokenizer, vocab, self.eos_id))] = \
+            SCRIPT_LOGIT - LOGIT_GAP * torch.arange(script_ranks, script_ranks + vocab, dtype=torch.float32)
+        self.register_buffer("fallback", base, persistent=False)
+        self.quote_logit = float(base[self.eos_id]) - LOGIT_GAP / 2  # inside a JSON string: '"' just after EOS
         self.replies: dict[str, str] = {}  # prompt text -> reply text, one call of ``reply`` each
         self._scripts: dict[tuple[int, ...], tuple[str, list[int]]] = {}
 
@@ -227,9 +232,9 @@ class ScriptedLM(torch.nn.Module):
                     continue  # padding or a finished row: any logits do
                 best, in_string = self.next_tokens(row[: counts[slot]])
                 if in_string and self.quote_id is not None:  # the fallback, should the script's tokens be masked
-                    logits[i, j, self.quote_id] = QUOTE_LOGIT
-                for rank, tok in enumerate(best):  # all above EOS: at most longest_piece of them
-                    logits[i, j, tok] = SCRIPT_LOGIT - rank
+                    logits[i, j, self.quote_id] = self.quote_logit
+                for rank, tok in enumerate(best):  # all above EOS: at most longest_piece + 1 of them
+                    logits[i, j, tok] = SCRIPT_LOGIT - LOGIT_GAP * rank
         return ScriptedOutput(logits=logits, cache=cache)
 
 
