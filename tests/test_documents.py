@@ -5,7 +5,7 @@ bad files as typed errors."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from memagent.documents import Document, DocumentError, DocumentLimits, convert, converter_version, pages_of
@@ -210,6 +210,8 @@ def test_generated_pdf_content_comes_back_in_order_with_its_rows(content, column
 
 @settings(max_examples=25, deadline=None)
 @given(content=_CONTENT, fmt=st.sampled_from(["docx", "html"]))
+@example(content=(["ab cd ef"], [[["x", "y"], ["1", "2"]]]), fmt="html")  # under trafilatura's 250-char fallback
+@example(content=(["Short one."], [[["Region", "Rev"], ["N", "4"], ["S", "5"]]]), fmt="html")
 def test_generated_docx_and_html_content_comes_back_in_order_with_its_rows(content, fmt):
     """The same for DOCX (document model) and HTML (main-content extraction)."""
     paragraphs, tables = content

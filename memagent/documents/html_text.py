@@ -3,16 +3,31 @@
 trafilatura finds the article and leaves navigation, cookie banners, sidebars and footers out
 (what a tag stripper keeps); its tables come one row per line as ``| a | b |``, which become
 :func:`memagent.documents.layout.table_row` lines. An HTML page is one page.
+
+Its own extraction is kept however short (``MIN_EXTRACTED_SIZE`` 1, recall favoured): by default an article
+under 250 characters goes to a fallback extractor that writes each table cell on a line of its own (the rows
+lost) and keeps the navigation; a page where it finds nothing still goes there.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Any
 
 from memagent.documents.layout import table_row, tidy
 from memagent.documents.model import Document, DocumentError, PageSpan
 
 _RULE_ROW = re.compile(r"^\|(\s*:?-+:?\s*\|)+$")  # the |---|---| line under a table's header
+
+
+@functools.cache
+def _config() -> Any:
+    from trafilatura.settings import use_config
+
+    config = use_config()
+    config.set("DEFAULT", "MIN_EXTRACTED_SIZE", "1")
+    return config
 
 
 def convert_html(data: bytes) -> Document:
@@ -21,7 +36,8 @@ def convert_html(data: bytes) -> Document:
 
     try:
         text = trafilatura.extract(data, include_tables=True, include_comments=False, include_links=False,
-                                   include_images=False, output_format="txt", with_metadata=False)
+                                   include_images=False, output_format="txt", with_metadata=False,
+                                   favor_recall=True, config=_config())
     except (ValueError, TypeError) as exc:  # an undecodable or malformed page
         raise DocumentError("corrupt", f"corrupt: not a readable HTML page ({exc})") from None
     text = tidy("\n".join(_line(line) for line in (text or "").split("\n") if not _RULE_ROW.match(line.strip())))
