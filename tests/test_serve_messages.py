@@ -205,27 +205,31 @@ def test_memagent_memory_updates_are_a_thinking_block(engine):
 
 
 @pytest.mark.parametrize("fields, error", [
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1024}, "less than max_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1024}, "thinking.budget_tokens: 1024 must "
+     "be less than max_tokens"),
     ({"thinking": {"type": "enabled", "budget_tokens": 512}}, "thinking.budget_tokens"),
-    ({"thinking": {"type": "enabled"}}, "budget_tokens is required with type enabled"),
-    ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, "only with it"),
+    ({"thinking": {"type": "enabled"}}, "thinking: budget_tokens is required with type enabled"),
+    ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, "thinking: .*only with it"),
     ({"output_config": {"effort": "low"}}, "output_config.effort: not served"),
     ({"container": "c1"}, "container: not served"),
     ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers: MCP connectors"),
     ({"metadata": {"user_id": "u", "plan": "pro"}}, "metadata.plan"),
-    ({"service_tier": "priority"}, "service_tier"),
+    ({"service_tier": "priority"}, "service_tier:"),
     ({"tools": [WEATHER], "tool_choice": {"type": "auto", "parallel": False}}, "tool_choice.parallel"),
 ])
 def test_fields_that_are_not_served_are_a_400_naming_them(fields, error):
     """A Messages field this server cannot honour as sent is a 400 naming its path, never accepted and ignored."""
     from memagent.serve.handling import validated
-    from memagent.serve.messages import to_chat
+    from memagent.serve.messages import check_thinking, to_chat
     from memagent.serve.messages_request import MessagesRequest
     from memagent.serve.protocol import APIError
 
     body = {"model": "m", "max_tokens": 2048, "messages": [{"role": "user", "content": "hi"}], **fields}
-    with pytest.raises(APIError, match=error):
-        to_chat(validated(MessagesRequest, body))
+    with pytest.raises(APIError, match=error) as err:
+        req = validated(MessagesRequest, body)
+        check_thinking(req, {}, "m")  # as the route checks it, before the translation
+        to_chat(req)
+    assert err.value.status == 400 and err.value.param == error.split(".")[0].split(":")[0], err.value.param
 
 
 def test_disable_parallel_tool_use_is_one_call_at_most():

@@ -296,10 +296,16 @@ class MessageWriter:
         return stream_message(model, events, self.thinking)
 
 
-def _check_thinking(req: CountTokensRequest, models: dict[str, ServedModel], default_model: str) -> None:
-    """A 400 for thinking asked of a model that does not think (as Anthropic answers for such models)."""
-    if req.thinking is not None and req.thinking.shown:
-        refuse_reasoning(models, req.model or default_model, "thinking")
+def check_thinking(req: CountTokensRequest, models: dict[str, ServedModel], default_model: str) -> None:
+    """A 400 for thinking asked of a model that does not think (as Anthropic answers for such models), or with a
+    budget not under ``max_tokens`` (as Anthropic checks it)."""
+    if req.thinking is None or not req.thinking.shown:
+        return
+    budget = req.thinking.budget_tokens
+    if isinstance(req, MessagesRequest) and budget is not None and budget >= req.max_tokens:
+        raise APIError(400, f"thinking.budget_tokens: {budget} must be less than max_tokens ({req.max_tokens})",
+                       param="thinking")
+    refuse_reasoning(models, req.model or default_model, "thinking")
 
 
 def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel]) -> None:
@@ -309,7 +315,7 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel])
     @_anthropic_errors
     async def create_message(request: Request) -> Any:
         req = validated(MessagesRequest, load_body(await request.body()))
-        _check_thinking(req, models, default_model)
+        check_thinking(req, models, default_model)
         if req.metadata is not None and req.metadata.user_id is not None:
             log.info("messages request for model %s from end user %r", req.model or default_model,
                      req.metadata.user_id)
@@ -320,7 +326,7 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel])
     async def count_tokens(request: Request) -> Any:
         """The prompt's tokens as the engine's chat template renders it (tools included)."""
         req = validated(CountTokensRequest, load_body(await request.body()))
-        _check_thinking(req, models, default_model)
+        check_thinking(req, models, default_model)
         chat = to_chat(req)
         if (chat.model or default_model) not in models:
             raise unknown_model(chat.model or default_model, models)

@@ -113,10 +113,3 @@ class MessagesRequest(CountTokensRequest):
             raise ValueError("not served: this server runs no code-execution containers (its server tools are "
                              "skipped; omit it)")
         return None
-
-    @model_validator(mode="after")
-    def _budget_under_max_tokens(self) -> MessagesRequest:
-        budget = self.thinking.budget_tokens if self.thinking else None
-        if budget is not None and budget >= self.max_tokens:
-            raise ValueError(f"thinking.budget_tokens ({budget}) must be less than max_tokens ({self.max_tokens})")
-        return self
