@@ -281,7 +281,7 @@ def test_the_request_models_declare_exactly_the_tables_fields():
     """Each surface's request model takes exactly the table's fields (any other is a 400 by extra=forbid)."""
     from memagent.serve.messages_request import CountTokensRequest, MessagesRequest
     from memagent.serve.protocol import ChatRequest
-    from memagent.serve.responses import ResponsesRequest
+    from memagent.serve.responses_request import ResponsesRequest
     from pipelines.openai_batch_api import CREATE_FIELDS
 
     declared = {"chat": set(ChatRequest.model_fields), "responses": set(ResponsesRequest.model_fields),

@@ -218,7 +218,8 @@ def test_fields_that_are_not_served_are_a_400_naming_them(fields, error):
     what the server does)."""
     from memagent.serve.handling import validated
     from memagent.serve.protocol import APIError
-    from memagent.serve.responses import ResponsesRequest, to_chat
+    from memagent.serve.responses import to_chat
+    from memagent.serve.responses_request import ResponsesRequest
 
     with pytest.raises(APIError, match=error):
         to_chat(validated(ResponsesRequest, {"model": "m", "input": "hi", **fields}))
