@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memagent.serve.protocol import not_served
 
 
 class Message(BaseModel):
@@ -51,13 +53,8 @@ class CountTokensRequest(BaseModel):
     thinking: Thinking | None = None
     mcp_servers: list[dict[str, Any]] | None = Field(None, description="only []: MCP connectors are not served")
 
-    @field_validator("mcp_servers")
-    @classmethod
-    def _no_mcp_servers(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if value:
-            raise ValueError("MCP connectors are not served by this server: connect the MCP client's tools as "
-                             "custom tools (send [] or omit it)")
-        return value
+    _no_mcp_servers = not_served("mcp_servers", "MCP connectors are not served by this server: connect the MCP "
+                                 "client's tools as custom tools (send [] or omit it)", allowed=(None, []))
 
 
 class OutputFormat(BaseModel):
@@ -75,12 +72,7 @@ class OutputConfig(BaseModel):
     format: OutputFormat | None = None
     effort: Any = Field(None, description="not served: the engines have no effort setting")
 
-    @field_validator("effort")
-    @classmethod
-    def _no_effort(cls, value: Any) -> None:
-        if value is not None:
-            raise ValueError("not served: this server's models have no effort setting (omit it)")
-        return None
+    _no_effort = not_served("effort", "not served: this server's models have no effort setting (omit it)")
 
 
 class Metadata(BaseModel):
@@ -106,10 +98,5 @@ class MessagesRequest(CountTokensRequest):
                                                                    "(standard) tier; usage.service_tier says so")
     container: Any = Field(None, description="not served: no code-execution containers here")
 
-    @field_validator("container")
-    @classmethod
-    def _no_container(cls, value: Any) -> None:
-        if value is not None:
-            raise ValueError("not served: this server runs no code-execution containers (its server tools are "
-                             "skipped; omit it)")
-        return None
+    _no_container = not_served("container", "not served: this server runs no code-execution containers (its "
+                               "server tools are skipped; omit it)")

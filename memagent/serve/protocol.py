@@ -106,6 +106,18 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+def not_served(field: str, why: str, *, allowed: tuple[Any, ...] = (None,)) -> Any:
+    """A validator of a request model's ``field`` refusing any value but ``allowed`` with ``why``: a field taken only
+    so that a value this server cannot honour is a 400 naming it, never accepted and ignored."""
+
+    def refuse(cls: type, value: Any) -> Any:
+        if value not in allowed:
+            raise ValueError(why)
+        return value
+
+    return field_validator(field)(refuse)
+
+
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from memagent.serve.protocol import not_served
 
 
 class TextFormat(BaseModel):
@@ -34,13 +36,8 @@ class Reasoning(BaseModel):
     effort: Any = None
     summary: Literal["auto", "concise", "detailed"] | None = None
 
-    @field_validator("effort")
-    @classmethod
-    def _no_effort(cls, value: Any) -> None:
-        if value is not None:
-            raise ValueError("not served: the memagent model reads by its server's agent config (chunk and memory "
-                             "tokens), not by effort; omit it")
-        return None
+    _no_effort = not_served("effort", "not served: the memagent model reads by its server's agent config (chunk "
+                            "and memory tokens), not by effort; omit it")
 
 
 class ResponsesRequest(BaseModel):
@@ -68,9 +65,5 @@ class ResponsesRequest(BaseModel):
     include: list[str] | None = Field(None, max_length=0, description="nothing extra to include: only []")
     truncation: Literal["disabled"] | None = None  # a prompt over the window is a 400, never cut
 
-    @field_validator("store")
-    @classmethod
-    def _not_stored(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("this server stores no responses (it is stateless): send store false or omit it")
-        return value
+    _not_stored = not_served("store", "this server stores no responses (it is stateless): send store false or omit "
+                             "it", allowed=(None, False))
