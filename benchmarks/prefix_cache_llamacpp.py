@@ -54,13 +54,15 @@ class LlamaCppReader:
 
         return llama_cpp.llama_perf_context(self.llm._ctx.ctx).n_p_eval
 
-    def chat(self, messages: list[dict], max_tokens: int) -> dict:
+    def chat(self, messages: list[dict], max_tokens: int, stop: list[str] | None = None) -> dict:
         before = self._evaluated()
         out = self.llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=0.0,
-                                              top_k=1, seed=0)
+                                              top_k=1, seed=0, stop=stop or None)
         prompt = out["usage"]["prompt_tokens"]
         computed = min(prompt, self._evaluated() - before)
         return {"prompt_tokens": prompt, "reused_tokens": prompt - computed,
+                "completion_tokens": out["usage"]["completion_tokens"],
+                "finish_reason": "length" if out["choices"][0]["finish_reason"] == "length" else "stop",
                 "text": out["choices"][0]["message"]["content"]}
 
 
