@@ -216,11 +216,19 @@ def run_job(docs: list[Ledger], input_dir: str, output: str, s3: S3Options | Non
                 pass  # the run died or failed: what it committed stays, the rest is the rerun's
         injected += [(runs, *i) for i in counts.injected]
         calls.update({(runs, *key.split("/")): n for key, n in counts.counts.items()})
-        rows = _rows(job.cfg)
-        if ended and len(rows) == len(docs) and all(r["error"] is None for r in rows) and not _leftovers(job.cfg):
-            break  # a sweep or export a fault cut short (a lease a failed release left) is the next run's
-    return Outcome(_by_id(_rows(job.cfg)), _records(job.cfg), _exported(job.cfg), _leftovers(job.cfg),
-                   oracle.updates, runs, injected, calls)
+        rows, left = _rows(job.cfg), None
+        if ended and len(rows) == len(docs) and all(r["error"] is None for r in rows):
+            left = _left_behind(job.cfg)
+            if not left[2]:
+                break  # a sweep or export a fault cut short (a lease a failed release left) is the next run's
+    records, exported, leftovers = left or _left_behind(job.cfg)  # the last run's output, read once
+    return Outcome(_by_id(rows), records, exported, leftovers, oracle.updates, runs, injected, calls)
+
+
+def _left_behind(cfg: BatchQAConfig) -> tuple[list[dict], list[dict], list[str]]:
+    """The committed records, the records dataset's files read whole, and the leftovers."""
+    records, exported = _records(cfg), _exported(cfg)
+    return records, exported, _leftovers(cfg, records, exported)
 
 
 def _rows(cfg: BatchQAConfig) -> list[dict]:
@@ -252,9 +260,9 @@ def _exported(cfg: BatchQAConfig) -> list[dict]:
     return sorted(({k: r[k] for k in RECORD_KEYS} for r in rows), key=lambda r: (r["id"], r["record_index"]))
 
 
-def _leftovers(cfg: BatchQAConfig) -> list[str]:
+def _leftovers(cfg: BatchQAConfig, records: list[dict], exported: list[dict]) -> list[str]:
     """What a finished output should not hold: checkpoint logs, files in the records folder that are not
-    the committed records once, the lease."""
+    the committed records once (``exported`` is not ``records``, both as the output holds them now), the lease."""
     fs, path = storage.filesystem(cfg.output, cfg.s3)
     root = path.rstrip("/")
     left = [f.path for f in fs.get_file_info(pafs.FileSelector(f"{root}/{checkpoints.PROGRESS_DIR}", recursive=True,
@@ -262,7 +270,7 @@ def _leftovers(cfg: BatchQAConfig) -> list[str]:
     folder = fs.get_file_info(pafs.FileSelector(f"{root}/{records_output.RECORDS_DIR}", recursive=True,
                                                 allow_not_found=True))
     left += [f.path for f in folder if f.type == pafs.FileType.File and f.base_name.startswith(".")]
-    if _exported(cfg) != _records(cfg):
+    if exported != records:
         left.append(f"{root}/{records_output.RECORDS_DIR}: the records dataset is not the committed records once")
     left += [f"{root}/{lease.LEASE_NAME}"] if fs.get_file_info(f"{root}/{lease.LEASE_NAME}").type == pafs.FileType.File \
         else []
