@@ -5,7 +5,8 @@ Every walk of a JSON tree whose depth nothing has bounded yet goes through :func
 bodies and tool parameters (``serve.guard``, ``serve.tools``), a schema's size and depth check
 (``extraction.parse.check_size``, run before anything else reads a user's schema), its ``$ref`` s
 (``json_refs``), the engines' special literals, a model's reply losing its nulls
-(``extraction.shape.without_nulls``). A caller formats the path its way (:func:`json_pointer` for schemas,
+(``extraction.shape.without_nulls``), the records tagged in an object the model check pruned
+(``extraction.model_check._tagged_nodes``). A caller formats the path its way (:func:`json_pointer` for schemas,
 dotted for request bodies) and may raise at any node to stop the walk there (a depth or size limit).
 Nodes come depth first, a dict's last key first.
 
@@ -14,7 +15,8 @@ nodes cannot:
 
 - **two trees in step** (a schema and a value, a user's schema and its bounded copy; the walk is the
   pairing): ``extraction.answer_bounds.cut_values``, ``extraction.shape._fill_nulls``,
-  ``extraction.output._typed_object``, ``extraction.groups._prune`` and ``_merge_into``;
+  ``extraction.output._typed_object``, ``extraction.groups._prune`` and ``_merge_into``,
+  ``extraction.model_check._pruned`` (a record's values against its assembled node, before and after);
 - **specs, not JSON** (``FieldSpec``/``ObjectSpec`` trees, at most ``MAX_OBJECT_DEPTH`` objects deep):
   ``extraction.parse.iter_leaves`` and ``parse_object``, ``extraction.groups.reply_tokens`` and ``_pieces``;
 - **schemas rebuilt** from a schema ``check_size`` bounded to ``MAX_DEPTH`` levels (a new tree per node,

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from memagent.json_walk import walk_json
+
 MAX_ROUNDS = 8  # drops that expose further rejections (a record whose required value went) settle fast
 
 
@@ -114,15 +116,9 @@ def records_kept(resolved: Any, doc: Mapping[str, Any], records: Mapping[str, Se
 _TAG = "\x00record"  # never a property name a model or schema states
 
 
-def _tagged_nodes(node: Any) -> Iterator[tuple[tuple[str, int], dict[str, Any]]]:
-    if isinstance(node, dict):
-        if _TAG in node:
-            yield node[_TAG], node
-        for v in node.values():
-            yield from _tagged_nodes(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _tagged_nodes(v)
+def _tagged_nodes(tree: Any) -> Iterator[tuple[tuple[str, int], dict[str, Any]]]:
+    """(tag, node) of each tagged record in ``tree``."""
+    return ((node[_TAG], node) for _, node in walk_json(tree) if isinstance(node, dict) and _TAG in node)
 
 
 def _pruned(values: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
