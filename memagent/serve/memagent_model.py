@@ -173,11 +173,10 @@ class MemAgentModel:
                 updates.put_nowait(notes[-1])
 
         if run.question is None:
-            read = asyncio.ensure_future(read_document(self.engine, None, run.document, run.config, on_step=on_step,
-                                                       seed=req.seed))
+            reading = read_document(self.engine, None, run.document, run.config, on_step=on_step, seed=req.seed)
         else:
-            read = asyncio.ensure_future(read_memory(self.engine, run.question, run.document, run.config,
-                                                     on_step=on_step, seed=req.seed))
+            reading = read_memory(self.engine, run.question, run.document, run.config, on_step=on_step, seed=req.seed)
+        read = asyncio.ensure_future(reading)
         try:
             async for note in _as_written(read, updates):
                 yield ReasoningDelta(note)
