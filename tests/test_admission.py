@@ -190,6 +190,7 @@ def long_and_short_rows() -> list[dict]:
 
 @pytest.mark.slow
 def test_short_documents_finish_while_the_long_one_reads(ray_local, tiny_llama_dir, tmp_path):
+    """Short documents are admitted and finished while a long one reads, never more than 4 at once."""
     rows = long_and_short_rows()
     log = tmp_path / "calls.jsonl"
     summary, out = run_job(tiny_llama_dir, rows, tmp_path, "mix", log=log, sleep_s=0.05)
@@ -204,10 +205,12 @@ def test_short_documents_finish_while_the_long_one_reads(ray_local, tiny_llama_d
     long_start, long_end = spans.pop(long_q)
     assert len(spans) == 20
     assert out and next(r for r in out if r["id"] == rows[0]["id"])["n_chunks"] >= 80
-    # Every short document finished while the long one was still reading; those beyond the
-    # first admitted ones started while it read (no batch barrier held them back).
+    # Every short document finished while the long one was still reading (no batch barrier held them
+    # back). The long one's first call comes after its chunking, which a loaded machine can stretch: a
+    # short may start and end inside it, but at most 3 shorts are reading beside it at that call.
     assert all(t1 < long_end for _, t1 in spans.values()), (long_start, long_end, spans)
-    assert sum(long_start < t0 for t0, _ in spans.values()) >= 20 - 3, (long_start, spans)
+    assert sum(t0 <= long_start < t1 for t0, t1 in spans.values()) <= 3, (long_start, spans)
+    assert sum(long_start < t0 for t0, _ in spans.values()) >= 10, (long_start, spans)
     # Never more than 4 documents reading at once (the gate's own count, and the engine's view).
     assert summary.max_in_flight == 4 and summary.peak_in_flight == 4
     events = sorted([(t0, 1) for t0, _ in spans.values()] + [(t1, -1) for _, t1 in spans.values()])
