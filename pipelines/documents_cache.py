@@ -93,26 +93,51 @@ def convert_entry(data: bytes, name: str, limits: DocumentLimits) -> dict[str, A
     return {"text": doc.text, "pages": page_rows(doc.pages), "error": None}
 
 
-def convert_files(batch: pa.Table, root: str, cache: str, s3: S3Options | None, limits: DocumentLimits,
-                  schema: pa.Schema, questions: Any = None) -> pa.Table:
-    """Ray Data stage: ``read_binary_files`` rows (``path``, ``bytes``) to document rows of ``schema``, one
-    per file (the reader's ``partition_filter`` chose the files: pipelines.documents_input.PathFilter)."""
+def convert_files(batch: pa.Table, fs: pafs.FileSystem, root: str, cache: str, s3: S3Options | None,
+                  limits: DocumentLimits, schema: pa.Schema, questions: Any = None) -> pa.Table:
+    """Ray Data stage: listing rows (``path``, ``size``: pipelines/documents_listing.py) to document rows of
+    ``schema``, one per file, each file read here (one at a time: a worker holds one file's bytes)."""
     if questions is not None and not isinstance(questions, dict):
         import ray
 
         questions = ray.get(questions)
     store = DocumentCache(cache, s3)
     rows = []
-    for path, data in zip(batch.column("path").to_pylist(), batch.column("bytes").to_pylist()):
+    for path, size in zip(batch.column("path").to_pylist(), batch.column("size").to_pylist()):
         doc_id = path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path.rsplit("/", 1)[-1]
-        sha = hashlib.sha256(data).hexdigest()
-        entry = store.get(sha)
-        if entry is None:
-            entry = convert_entry(data, doc_id, limits)
-            store.put(sha, entry)
+        sha, entry = _converted(fs, path, size, doc_id, store, limits)
         row = {"id": doc_id, "context": entry["text"], PAGES_COLUMN: entry["pages"], DOCUMENT_SHA_COLUMN: sha,
                DOCUMENT_ERROR_COLUMN: f"{doc_id}: {entry['error']}" if entry["error"] else None}
         if questions is not None:
             row["question"] = questions.get(doc_id)
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _converted(fs: pafs.FileSystem, path: str, size: int | None, doc_id: str, store: DocumentCache,
+               limits: DocumentLimits) -> tuple[str | None, dict[str, Any]]:
+    """(content hash, cache entry) of one listed file. A file over ``limits.max_bytes`` is hashed as it
+    streams and never held whole; a file gone since it was listed is an error row, not a lost row."""
+    try:
+        if size is not None and size > limits.max_bytes:
+            return _streamed_sha256(fs, path), {"text": None, "pages": None, "error": (
+                f"oversized: {size} bytes, more than the limit of {limits.max_bytes}")}
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None, {"text": None, "pages": None, "error": "missing: the file was removed after it was listed"}
+    sha = hashlib.sha256(data).hexdigest()
+    entry = store.get(sha)
+    if entry is None:
+        entry = convert_entry(data, doc_id, limits)
+        if not (entry["error"] or "").startswith("oversized"):  # a limit's verdict, not the file's: not cached
+            store.put(sha, entry)
+    return sha, entry
+
+
+def _streamed_sha256(fs: pafs.FileSystem, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,11 +1,13 @@
 """Documents in: a folder, glob or S3 prefix of PDF, HTML, DOCX and text files as a batch job's input.
 
-    read_binary_files (Ray Data: its listing, filtered by :class:`PathFilter`) ─► id = path under the
-        input root ─► content hash ─► the cached conversion, or convert and cache it
+    the listing (a Ray Data read task walking the input, filtered by :class:`PathFilter`:
+        pipelines/documents_listing.py) ─► id = path under the input root ─► the file read, its
+        content hash ─► the cached conversion, or convert and cache it
         ─► document rows (id, context, pages, document_sha256, document_error[, question])
         ─► the job's stages, as Parquet rows go (pipelines/batch_qa.py)
 
-Nothing is staged and nothing lists the lake but Ray Data's reader: the rows stream from the files
+Nothing is staged and the driver never holds the lake's listing (it walks only up to the first file
+to read: :func:`first_file_to_read`): the rows stream from the files
 into the same stages as Parquet rows (the fingerprint, the actors, the writer), so nothing downstream
 knows documents. A file that cannot be converted is a row with a null context and its
 ``document_error``; its output row is an ``input:`` error naming the file and the reason, done (a
@@ -30,6 +32,7 @@ from memagent.documents.columns import DOCUMENT_COLUMNS
 from pipelines import storage, storage_errors
 from pipelines.batch_config import BatchQAConfig
 from pipelines.documents_cache import cache_uri, convert_files
+from pipelines.documents_listing import read_listing, walk_files
 
 GLOB_CHARS = "*?["
 NO_FILES = f"no files found (documents: {', '.join(DOCUMENT_SUFFIXES)}; names starting with _ or . are skipped)"
@@ -98,32 +101,27 @@ def _holds_parquet(fs: pafs.FileSystem, path: str) -> bool:
 
 
 class PathFilter:
-    """Ray Data's ``partition_filter`` of a documents read: the listed files under ``root`` that the glob
-    ``pattern`` matches (None: all), not under a name starting with ``_`` or ``.`` (as Parquet inputs skip
-    job markers, hidden directories, the conversion cache) and not in ``skip`` (ids done: never read).
-    It runs once, on the driver, as the reader plans; ``listed`` and ``kept`` count what it saw."""
+    """Which listed files a documents read keeps: those under ``root`` that the glob ``pattern`` matches
+    (None: all), not under a name starting with ``_`` or ``.`` (as Parquet inputs skip job markers, hidden
+    directories, the conversion cache) and not in ``skip`` (ids done: never read). It travels with the
+    listing's read task (pipelines/documents_listing.py), done ids included: nothing is filtered on the driver."""
 
-    def __init__(self, root: str, pattern: str | None, skip: set[str] | None = None):
-        self.root, self.pattern, self.skip = root, pattern, skip or set()
-        self.listed = self.kept = 0
+    def __init__(self, root: str, pattern: str | None, skip: set[str] | frozenset[str] | None = None):
+        self.root, self.pattern, self.skip = root, pattern, frozenset(skip or ())
 
     def doc_id(self, path: str) -> str:
         return path[len(self.root) + 1:] if self.root and path.startswith(self.root + "/") else path
 
-    def __call__(self, paths: list[str]) -> list[str]:
-        kept = []
-        for path in paths:
-            doc_id = self.doc_id(path)
-            if any(part.startswith(("_", ".")) for part in doc_id.split("/")):
-                continue
-            if self.pattern is not None and not _matches(doc_id, self.pattern):
-                continue
-            self.listed += 1
-            if doc_id not in self.skip:
-                kept.append(path)
-        self.kept = len(kept)
-        self.skip = set()  # the read tasks carry this filter: not the done ids
-        return kept
+    def listed(self, path: str) -> bool:
+        """Whether the input names the file ``path`` (done or not)."""
+        doc_id = self.doc_id(path)
+        if any(part.startswith(("_", ".")) for part in doc_id.split("/")):
+            return False
+        return self.pattern is None or _matches(doc_id, self.pattern)
+
+    def accepts(self, path: str) -> bool:
+        """Whether the file ``path`` is read: the input names it and its id is not done."""
+        return self.listed(path) and self.doc_id(path) not in self.skip
 
 
 def _matches(relative: str, pattern: str) -> bool:
@@ -140,24 +138,27 @@ def _match_parts(parts: list[str], patterns: list[str]) -> bool:
     return bool(parts) and fnmatch.fnmatchcase(parts[0], patterns[0]) and _match_parts(parts[1:], patterns[1:])
 
 
+def first_file_to_read(source: DocumentSource, keep: PathFilter) -> tuple[bool, bool]:
+    """(whether the input names any file, whether one of them is not done), walking the input on the driver
+    only until the first file to read: at once for a new job, the whole listing (streamed, nothing held)
+    for a rerun with nothing left to do, which then starts no Ray work and loads no model."""
+    named = PathFilter(keep.root, keep.pattern)
+    listed = False
+    for path, _ in walk_files(source.fs, source.paths, named):
+        listed = True
+        if keep.accepts(path):
+            return True, True
+    return listed, False
+
+
 def document_rows(cfg: BatchQAConfig, source: DocumentSource, paths: str | list[str], keep: PathFilter | None,
                   questions: Any = None) -> Any:
     """The Ray dataset of the document rows of ``paths`` (``source.paths``, or files named one by one: a
-    missing one is left out), converted as they stream; None when no file is left to read. Ray is started."""
-    import ray
-
-    try:
-        ds = ray.data.read_binary_files(paths, filesystem=source.fs, include_paths=True, partitioning=None,
-                                        partition_filter=keep, ignore_missing_paths=isinstance(paths, list))
-    except ValueError as exc:
-        if "No files found" not in str(exc) and "No input files found" not in str(exc):
-            raise
-        if keep is None or keep.listed:  # the files named are all gone, or every file listed is done
-            return None
-        raise ValueError(f"input {cfg.input}: {NO_FILES}") from None
+    missing one is left out), listed and converted as they stream (module doc). Ray is started."""
     schema = DOCUMENT_COLUMNS if questions is None else DOCUMENT_COLUMNS.append(pa.field("question", pa.string()))
-    return ds.map_batches(convert_files, batch_format="pyarrow", batch_size=8, fn_kwargs=dict(
-        root=source.root, cache=cache_uri(cfg), s3=cfg.s3, limits=cfg.document_limits, schema=schema,
+    return read_listing(source.fs, paths, keep).map_batches(convert_files, batch_format="pyarrow", batch_size=8,
+                                                            fn_kwargs=dict(
+        fs=source.fs, root=source.root, cache=cache_uri(cfg), s3=cfg.s3, limits=cfg.document_limits, schema=schema,
         questions=questions))
 
 

@@ -2,11 +2,11 @@
 
     the output's committed ids ─► their files, hashed and fingerprinted as the job would (Ray Data,
         the conversion cache: nothing converted twice) ─► changed ones refused, or redone
-    ─► the documents read: Ray Data's listing, less the done ids (never read again) ─► InputPlan
+    ─► the documents read: the streamed listing, less the done ids (never read again) ─► InputPlan
 
 Up front this reads only the output and the files of the ids it holds (O(committed rows), in Ray
-tasks): the lake itself is listed once, by Ray Data's reader as it plans the read, and converted as
-it streams into the job (pipelines/documents_input.py). Ray is started here, after the lease, so no
+tasks), and walks the input only up to its first file to read; the lake is listed as the job streams,
+in a read task, and converted as it goes (pipelines/documents_input.py, pipelines/documents_listing.py). Ray is started here, after the lease, so no
 conversion starts before this run holds the output.
 """
 
@@ -20,7 +20,9 @@ from memagent.documents.columns import DOCUMENT_COLUMNS
 from pipelines import fingerprint
 from pipelines.batch_config import BatchQAConfig
 from pipelines.documents_cache import sweep_staged
-from pipelines.documents_input import DocumentSource, PathFilter, document_rows, read_questions
+from pipelines.documents_input import (
+    NO_FILES, DocumentSource, PathFilter, document_rows, first_file_to_read, read_questions,
+)
 from pipelines.input_plan import InputPlan, check_output, committed_state, output_schema
 
 
@@ -45,10 +47,14 @@ def plan_documents(cfg: BatchQAConfig, source: DocumentSource, start_ray: Callab
     done, redo = committed_state(cfg, done_files, changed_of, lambda: pa.array(sorted(present), pa.string()))
     skip = set(done.to_pylist())
     keep = PathFilter(source.root, source.pattern, skip)
-    rows = document_rows(cfg, source, source.paths, keep, questions_ref)
+    listed, to_read = first_file_to_read(source, keep)
+    if not listed:
+        raise ValueError(f"input {cfg.input}: {NO_FILES}")
+    rows = document_rows(cfg, source, source.paths, keep, questions_ref) if to_read else None
     schema = DOCUMENT_COLUMNS if questions is None else DOCUMENT_COLUMNS.append(pa.field("question", pa.string()))
     skipped = sum(1 for i in skip & present if source.includes(i))
-    return InputPlan(schema=schema, total_rows=skipped + (keep.kept if rows is not None else 0), committed_ids=done,
+    # Rows in: counted as they stream (None) unless nothing is left to read.
+    return InputPlan(schema=schema, total_rows=None if to_read else skipped, committed_ids=done,
                      skipped=skipped, output_schema=output_schema(cfg, schema), redo_ids=redo, documents=rows)
 
 
@@ -57,9 +63,7 @@ def _fingerprints(cfg: BatchQAConfig, source: DocumentSource, ids: list[str], qu
     the cache, as the job's stages do), for the ids whose file is still there."""
     if not ids:
         return {}
-    rows = document_rows(cfg, source, [source.path_of(i) for i in ids], None, questions)
-    if rows is None:  # none of the files is there any more
-        return {}
+    rows = document_rows(cfg, source, [source.path_of(i) for i in ids], None, questions)  # the missing left out
     rows = rows.map_batches(fingerprint.add_fingerprints, fn_kwargs=dict(question=fingerprint.job_question(cfg),
                                                                          key=fingerprint.answer_key(cfg)),
                             batch_format="pyarrow", batch_size=None)

@@ -59,7 +59,7 @@ def run_phases(cfg: BatchQAConfig, write_rows: RowPhase, *, check_budget: bool,
         take_out_redo_rows(cfg, plan)
         # Logs of ids done before this run (a driver killed between commit and sweep): never resumed again.
         checkpoints.remove_logs(cfg.output, cfg.s3, plan.committed_ids.to_pylist())
-        if plan.skipped >= plan.total_rows:  # nothing to read (no rows, or all done): no Ray, no model
+        if plan.total_rows is not None and plan.skipped >= plan.total_rows:  # nothing to read: no Ray, no model
             log.info("all %d ids already in %s; nothing to do", plan.total_rows, cfg.output)
             export_records(cfg)  # what a run killed before its export left to do
             return summarise(cfg, plan, time.perf_counter() - started)
@@ -102,5 +102,6 @@ def summarise(cfg: BatchQAConfig, plan: InputPlan, seconds: float) -> BatchSumma
                                       "checkpoint_ignored", *(["answers"] if has_answers else []), *counts])
     if len(plan.committed_ids):
         table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=plan.committed_ids)))
-    return BatchSummary.from_rows(table, rows_in=plan.total_rows, skipped=plan.skipped, seconds=seconds,
+    rows_in = plan.total_rows if plan.total_rows is not None else plan.skipped + table.num_rows
+    return BatchSummary.from_rows(table, rows_in=rows_in, skipped=plan.skipped, seconds=seconds,
                                   output=cfg.output, require_grounding=cfg.agent.require_grounding)

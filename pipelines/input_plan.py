@@ -31,7 +31,7 @@ class InputPlan:
     """What the up-front validation found."""
 
     schema: pa.Schema
-    total_rows: int
+    total_rows: int | None  # None: a documents input with files to read, its rows counted as they stream
     committed_ids: pa.Array  # ids already committed to the output: skipped
     skipped: int  # input ids already in the output
     output_schema: pa.Schema
