@@ -156,10 +156,10 @@ def document_rows(cfg: BatchQAConfig, source: DocumentSource, paths: str | list[
     """The Ray dataset of the document rows of ``paths`` (``source.paths``, or files named one by one: a
     missing one is left out), listed and converted as they stream (module doc). Ray is started."""
     schema = DOCUMENT_COLUMNS if questions is None else DOCUMENT_COLUMNS.append(pa.field("question", pa.string()))
+    convert = dict(fs=source.fs, root=source.root, cache=cache_uri(cfg), s3=cfg.s3, limits=cfg.document_limits,
+                   schema=schema, questions=questions)
     return read_listing(source.fs, paths, keep).map_batches(convert_files, batch_format="pyarrow", batch_size=8,
-                                                            fn_kwargs=dict(
-        fs=source.fs, root=source.root, cache=cache_uri(cfg), s3=cfg.s3, limits=cfg.document_limits, schema=schema,
-        questions=questions))
+                                                            fn_kwargs=convert)
 
 
 def read_questions(cfg: BatchQAConfig) -> dict[str, str] | None:

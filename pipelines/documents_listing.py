@@ -1,12 +1,16 @@
-"""The files of a documents input, listed as they stream: in a Ray Data read task, never on the driver.
+"""The files of a documents input, listed as they stream: in a Ray Data read task, never held on the driver.
 
-    DocumentListing (a Ray Data datasource: one read task walks the input, directory by directory)
+    DocumentListing (a Ray Data datasource: get_read_tasks gives one read task, which walks the input
+        directory by directory; estimate_inmemory_data_size is unknown; get_name "ListDocuments" in
+        Ray Data's progress and stats)
         ─► blocks of (path, size), at most LISTING_BLOCK_FILES rows each, filtered by PathFilter
         ─► the conversion stage reads each file (pipelines/documents_cache.py)
 
 Ray Data's own file readers list every path (and its size) on the driver before the first file is read:
-for a lake of a million files that is the driver's memory and minutes before anything starts. Here the
-driver holds the input's root and the filter; the read task yields the listing in blocks as it walks, so
+over 200,000 files, 467 MB of the driver's memory and 19 s before the first row (benchmarks/
+documents_listing.py: ~2 KB a file; against 105 MB and 3.5 s here). Here the
+driver holds the input's root and the filter (it walks only up to the first file to read:
+pipelines/documents_input.py first_file_to_read); the read task yields the listing in blocks as it walks, so
 the first documents are converting while the walk goes on, and nothing anywhere holds the whole listing
 (one directory's entries at a time: a store lists a directory in one call). Names starting with ``_``
 or ``.`` are not descended into (job markers, hidden folders, the conversion cache).

@@ -18,10 +18,12 @@ from typing import Annotated, Any, Literal, Optional
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, create_model
 
+from memagent.extraction.schema import INPUT_COLUMNS
+from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, RESULT_COLUMNS
+
 _names = itertools.count()
 NAME = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True).filter(
-    lambda n: n not in {"id", "error", "question", "context", "answers", "metric", "model", "config", "response",
-                        "memory", "steps", "score", "seconds", "method", "prediction", "truncated", "extraction"}
+    lambda n: n not in {*INPUT_COLUMNS, *RESULT_COLUMNS, *EXTRA_OUTPUT_COLUMNS, "model", "config", "memory"}
     and not n.startswith(("n_records_", "record_", "evidence_", "answer_", "grounding_", "schema_", "field_",
                           "checkpoint", "resumed", "n_chunks", "context_", "node_", "input_", "mentions",
                           "first_chunk", "last_chunk", "records_")))

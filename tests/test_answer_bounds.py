@@ -19,6 +19,8 @@ from memagent.engines.json_schema import (
     FORMAT_PATTERNS, MIN_BUDGET_CHARS, MIN_BUDGET_ITEMS, TEXT_PATTERN, bound_to_budget, budget_bounds, longest_bytes,
     render_schema, text_bounded,
 )
+from memagent.extraction.schema import INPUT_COLUMNS
+from memagent.result_schema import EXTRA_OUTPUT_COLUMNS, RESULT_COLUMNS
 from memagent_testing.oracle.records_oracle import constrain
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=0, max_size=400)
@@ -30,7 +32,9 @@ LEAVES = st.sampled_from([
     *({"type": "string", "pattern": p} for p in FORMAT_PATTERNS.values()),  # formats the grammar holds to patterns
     {"type": "array", "items": {"type": "string", "pattern": FORMAT_PATTERNS["uri"]}},
 ])
-NAME = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
+# Not a name the job's columns take (``question``, ``error``, ...): such a schema is refused, naming the column.
+NAME = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12).filter(
+    lambda n: n not in (*INPUT_COLUMNS, *RESULT_COLUMNS, *EXTRA_OUTPUT_COLUMNS))
 
 
 def _objects(children):
