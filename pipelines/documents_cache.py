@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from memagent.documents import DocumentError, DocumentLimits, convert, converter_version
+from memagent.documents import DocumentError, DocumentLimits, check_file_size, convert, converter_version
 from memagent.documents.columns import DOCUMENT_ERROR_COLUMN, DOCUMENT_SHA_COLUMN, PAGES_COLUMN, page_rows
 from pipelines import storage
 from pipelines.batch_config import BatchQAConfig
@@ -84,13 +84,18 @@ class DocumentCache:
         storage.atomic_put(self.fs, self._entry(sha), write, f"{sha}-{uuid.uuid4().hex[:8]}")
 
 
-def convert_entry(data: bytes, name: str, limits: DocumentLimits) -> dict[str, Any]:
-    """A cache entry: the converted text and page map, or the reason the file cannot be converted."""
+def convert_entry(data: bytes, name: str, limits: DocumentLimits) -> tuple[dict[str, Any], bool]:
+    """A cache entry: the converted text and page map, or the reason the file cannot be converted; and whether
+    to cache it (an ``oversized`` file is the limit's verdict, not the file's: a raised limit converts it)."""
     try:
         doc = convert(data, name, limits)
     except DocumentError as exc:
-        return {"text": None, "pages": None, "error": str(exc)}
-    return {"text": doc.text, "pages": page_rows(doc.pages), "error": None}
+        return _error_entry(str(exc)), exc.kind != "oversized"
+    return {"text": doc.text, "pages": page_rows(doc.pages), "error": None}, True
+
+
+def _error_entry(reason: str) -> dict[str, Any]:
+    return {"text": None, "pages": None, "error": reason}
 
 
 def convert_files(batch: pa.Table, fs: pafs.FileSystem, root: str, cache: str, s3: S3Options | None,
@@ -119,18 +124,19 @@ def _converted(fs: pafs.FileSystem, path: str, size: int | None, doc_id: str, st
     """(content hash, cache entry) of one listed file. A file over ``limits.max_bytes`` is hashed as it
     streams and never held whole; a file gone since it was listed is an error row, not a lost row."""
     try:
-        if size is not None and size > limits.max_bytes:
-            return _streamed_sha256(fs, path), {"text": None, "pages": None, "error": (
-                f"oversized: {size} bytes, more than the limit of {limits.max_bytes}")}
+        try:
+            check_file_size(size or 0, limits)
+        except DocumentError as exc:
+            return _streamed_sha256(fs, path), _error_entry(str(exc))
         with fs.open_input_stream(path) as f:
             data = f.read()
     except FileNotFoundError:
-        return None, {"text": None, "pages": None, "error": "missing: the file was removed after it was listed"}
+        return None, _error_entry("missing: the file was removed after it was listed")
     sha = hashlib.sha256(data).hexdigest()
     entry = store.get(sha)
     if entry is None:
-        entry = convert_entry(data, doc_id, limits)
-        if not (entry["error"] or "").startswith("oversized"):  # a limit's verdict, not the file's: not cached
+        entry, cacheable = convert_entry(data, doc_id, limits)
+        if cacheable:
             store.put(sha, entry)
     return sha, entry
 

@@ -142,11 +142,10 @@ def first_file_to_read(source: DocumentSource, keep: PathFilter) -> tuple[bool, 
     """(whether the input names any file, whether one of them is not done), walking the input on the driver
     only until the first file to read: at once for a new job, the whole listing (streamed, nothing held)
     for a rerun with nothing left to do, which then starts no Ray work and loads no model."""
-    named = PathFilter(keep.root, keep.pattern)
     listed = False
-    for path, _ in walk_files(source.fs, source.paths, named):
+    for path, _ in walk_files(source.fs, source.paths, PathFilter(keep.root, keep.pattern)):  # done or not
         listed = True
-        if keep.accepts(path):
+        if keep.doc_id(path) not in keep.skip:
             return True, True
     return listed, False
 

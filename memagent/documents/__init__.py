@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 from memagent.documents.model import Document, DocumentError, DocumentLimits, PageSpan, pages_of
 
 __all__ = ["CONVERTER_VERSION", "DOCUMENT_SUFFIXES", "Document", "DocumentError", "DocumentLimits", "PageSpan",
-           "convert", "converter_version", "document_format", "pages_of"]
+           "check_file_size", "convert", "converter_version", "document_format", "pages_of"]
 
 CONVERTER_VERSION = "2"  # bump when a converter's output changes for the same file and libraries
 FORMATS = {".pdf": "pdf", ".html": "html", ".htm": "html", ".docx": "docx", ".txt": "text", ".md": "text"}
@@ -45,6 +45,13 @@ def converter_version() -> str:
     return hashlib.sha256(" ".join(parts).encode()).hexdigest()[:16]
 
 
+def check_file_size(size: int, limits: DocumentLimits) -> None:
+    """:class:`DocumentError` ``oversized`` for a file of ``size`` bytes over ``limits.max_bytes`` (checked before
+    a file is read, where its size is listed, and by :func:`convert`)."""
+    if size > limits.max_bytes:
+        raise DocumentError("oversized", f"oversized: {size} bytes, more than the limit of {limits.max_bytes}")
+
+
 def convert(data: bytes, name: str, limits: DocumentLimits | None = None) -> Document:
     """``data`` (the file named ``name``) converted by its format's converter; :class:`DocumentError`
     for a file that cannot be."""
@@ -53,8 +60,7 @@ def convert(data: bytes, name: str, limits: DocumentLimits | None = None) -> Doc
     if fmt is None:
         raise DocumentError("unsupported", f"unsupported: {PurePosixPath(name).suffix or 'no extension'} is not "
                             f"one of {', '.join(DOCUMENT_SUFFIXES)}")
-    if len(data) > limits.max_bytes:
-        raise DocumentError("oversized", f"oversized: {len(data)} bytes, more than the limit of {limits.max_bytes}")
+    check_file_size(len(data), limits)
     if not data:
         raise DocumentError("empty", "empty: the file has no bytes")
     if fmt == "pdf":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -27,6 +28,8 @@ from memagent.serve.chat import EngineModel, ServedModel, Settled
 from memagent.serve.events import Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import check_unicode
 from memagent.serve.protocol import APIError, ChatRequest
+
+log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 PIECE_CHARS = 16  # text and arguments that arrive whole are streamed in pieces of about this many characters
@@ -177,6 +180,13 @@ async def unless_disconnected(request: Request, work: Any) -> Any:
     except asyncio.CancelledError:
         task.cancel()
         raise
+
+
+def log_end_user(api: str, model: str, user: str | None) -> None:
+    """The end user's id a request names (Responses' ``user``, Messages' ``metadata.user_id``), written to the
+    server log with its API and model: where abuse is traced."""
+    if user is not None:
+        log.info("%s request for model %s from end user %r", api, model, user)
 
 
 def refuse_reasoning(models: Mapping[str, ServedModel], name: str, field: str) -> None:

@@ -27,7 +27,9 @@ from memagent.serve import tools as chat_tools
 from memagent.serve.chat import EngineModel, ServedModel, first_line
 from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
 from memagent.serve.guard import anthropic_body
-from memagent.serve.handling import Answer, handle, load_body, pieces, refuse_reasoning, unknown_model, validated
+from memagent.serve.handling import (
+    Answer, handle, load_body, log_end_user, pieces, refuse_reasoning, unknown_model, validated,
+)
 from memagent.serve.messages_request import CountTokensRequest, Message, MessagesRequest
 from memagent.serve.protocol import APIError, ChatRequest, JSONBytes
 
@@ -316,9 +318,7 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel])
     async def create_message(request: Request) -> Any:
         req = validated(MessagesRequest, load_body(await request.body()))
         check_thinking(req, models, default_model)
-        if req.metadata is not None and req.metadata.user_id is not None:
-            log.info("messages request for model %s from end user %r", req.model or default_model,
-                     req.metadata.user_id)
+        log_end_user("messages", req.model or default_model, req.metadata.user_id if req.metadata else None)
         return await handle(request, lambda: to_chat(req), models, default_model, MessageWriter(req))
 
     @app.post("/v1/messages/count_tokens")

@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 
 from memagent.serve.chat import ServedModel
 from memagent.serve.events import ContentDelta, Done, Event, ReasoningDelta, Reply
-from memagent.serve.handling import Answer, handle, load_body, pieces, refuse_reasoning, validated
+from memagent.serve.handling import Answer, handle, load_body, log_end_user, pieces, refuse_reasoning, validated
 from memagent.serve.protocol import APIError, ChatRequest
 from memagent.serve.responses_request import ResponsesRequest
 
@@ -333,6 +333,5 @@ def add_routes(app: FastAPI, default_model: str, models: dict[str, ServedModel])
         req = validated(ResponsesRequest, load_body(await request.body()))
         if req.reasoning is not None and req.reasoning.summary is not None:
             refuse_reasoning(models, req.model or default_model, "reasoning.summary")
-        if req.user is not None:
-            log.info("responses request for model %s from end user %r", req.model or default_model, req.user)
+        log_end_user("responses", req.model or default_model, req.user)
         return await handle(request, lambda: to_chat(req), models, default_model, ResponseWriter(req, fields(req)))
